@@ -1,0 +1,69 @@
+"""A global batch: the sequences one training step must consume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sequence:
+    """One training sequence (a document, or a truncated/split piece of one)."""
+
+    seq_id: int
+    """Identifier unique within its batch."""
+    length: int
+    """Number of tokens."""
+
+    def __post_init__(self) -> None:
+        if self.seq_id < 0:
+            raise ValueError(f"Sequence.seq_id must be >= 0, got {self.seq_id}")
+        if self.length <= 0:
+            raise ValueError(
+                f"Sequence.length must be a positive token count, got {self.length} "
+                f"(seq_id={self.seq_id})"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Batch:
+    """A global batch of sequences, with where it came from so it can be regenerated."""
+
+    sequences: tuple[Sequence, ...]
+    seed: int | None = None
+    """Seed of the sampler that drew it (None for a hand-built batch)."""
+    source: str = "manual"
+    """Profile name or file path it was drawn from."""
+    _lengths: dict[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.sequences:
+            raise ValueError("Batch.sequences must hold at least one sequence")
+        lengths: dict[int, int] = {}
+        for seq in self.sequences:
+            if seq.seq_id in lengths:
+                raise ValueError(f"Batch.sequences: duplicate seq_id {seq.seq_id}")
+            lengths[seq.seq_id] = seq.length
+        object.__setattr__(self, "_lengths", lengths)
+
+    @classmethod
+    def from_lengths(
+        cls, lengths: Iterable[int], *, seed: int | None = None, source: str = "manual"
+    ) -> Batch:
+        """Number the lengths 0..n-1 in the order given."""
+        seqs = tuple(Sequence(seq_id=i, length=int(n)) for i, n in enumerate(lengths))
+        return cls(sequences=seqs, seed=seed, source=source)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [s.length for s in self.sequences]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.length for s in self.sequences)
+
+    def length_of(self, seq_id: int) -> int:
+        return self._lengths[seq_id]
+
+    def __len__(self) -> int:
+        return len(self.sequences)

@@ -1,0 +1,1 @@
+"""The ``slimpack`` command line. One module per subcommand; ``main`` wires them together."""

@@ -1,0 +1,98 @@
+"""FLOP counts per layer for segments with a KV prefix (DESIGN section 5).
+
+A *piece of work* is ``(tokens, kv_prefix)``: ``tokens`` query tokens of one document whose
+keys/values include the ``kv_prefix`` tokens before them. A packed slice of several documents
+is a list of such pieces; attention is summed per document, never over the whole pack, which
+is what makes packing short documents cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from slimpack.specs.model import ModelSpec
+
+Piece = tuple[int, int]
+"""(query tokens, KV prefix tokens) of one document on one device."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FlopCount:
+    """Forward FLOPs of one layer split by kind, because their backward ratios differ."""
+
+    linear: float = 0.0
+    attention: float = 0.0
+
+    def __add__(self, other: FlopCount) -> FlopCount:
+        return FlopCount(linear=self.linear + other.linear,
+                         attention=self.attention + other.attention)
+
+    def scaled(self, factor: float) -> FlopCount:
+        return FlopCount(linear=self.linear * factor, attention=self.attention * factor)
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.attention
+
+
+def linear_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token per layer of QKV, out-projection and the SwiGLU MLP.
+
+    ``2*(h*(q + 2*kv) + q*h + 3*h*ffn*top_k)``; for MHA (q = kv = h) this is DESIGN's
+    ``2*(h*(h + 2*kv_dim) + h*h + 3*h*ffn)``. MoE multiplies the MLP term by top_k.
+    """
+    h = model.hidden
+    attn = h * (model.q_dim + 2 * model.kv_dim) + model.q_dim * h
+    mlp = 3 * h * model.ffn_hidden * model.moe_top_k
+    return 2.0 * (attn + mlp)
+
+
+def attention_flops(model: ModelSpec, tokens: int, kv_prefix: int) -> float:
+    """Causal attention forward FLOPs of one layer: ``4*q_dim*(l*p + l*(l+1)/2)``.
+
+    Each query attends to the prefix plus the causal part of its own segment (QK^T and PV,
+    2 FLOPs per multiply-add each).
+    """
+    if tokens < 0 or kv_prefix < 0:
+        raise ValueError(f"tokens and kv_prefix must be >= 0, got {tokens}, {kv_prefix}")
+    return 4.0 * model.q_dim * (tokens * kv_prefix + tokens * (tokens + 1) / 2)
+
+
+def layer_flops(model: ModelSpec, pieces: Iterable[Piece]) -> FlopCount:
+    """Forward FLOPs of one layer over pieces of (possibly several) documents."""
+    per_token = linear_flops_per_token(model)
+    linear = 0.0
+    attention = 0.0
+    for tokens, prefix in pieces:
+        linear += per_token * tokens
+        attention += attention_flops(model, tokens, prefix)
+    return FlopCount(linear=linear, attention=attention)
+
+
+def head_flops(model: ModelSpec, tokens: int) -> float:
+    """LM head forward FLOPs (``2*l*h*vocab``); the embedding is a gather and costs none."""
+    return 2.0 * tokens * model.hidden * model.vocab_size
+
+
+def model_flops(model: ModelSpec, sequence_lengths: Iterable[int]) -> float:
+    """FLOPs the step *needs*, for MFU: forward + backward at the conventional 2x.
+
+    Causal attention is counted once (no recompute, no padding, no softmax recompute of
+    FlashAttention's backward): linear terms grow with sum L, attention with sum L^2,
+    Megatron-LM's varlen form.
+    """
+    per_token = linear_flops_per_token(model)
+    total = 0.0
+    for length in sequence_lengths:
+        fwd = model.num_layers * (per_token * length + attention_flops(model, length, 0))
+        fwd += head_flops(model, length)
+        total += 3.0 * fwd
+    return total
+
+
+def mfu(needed_flops: float, step_time_s: float, num_gpus: int, peak_flops: float) -> float:
+    """Model FLOPs utilisation: needed FLOPs / (elapsed * GPUs * peak)."""
+    if step_time_s <= 0 or num_gpus <= 0:
+        raise ValueError(f"step_time_s and num_gpus must be > 0, got {step_time_s}, {num_gpus}")
+    return needed_flops / (step_time_s * num_gpus * peak_flops)

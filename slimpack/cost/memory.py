@@ -1,0 +1,168 @@
+"""Memory model (bytes) for activations, model states, KV caches and logits (DESIGN section 5).
+
+Assumptions are the SlimPipe artifact's: bf16, sequence parallelism, FlashAttention, SwiGLU,
+no recompute unless asked. Activation bytes per token per layer are
+``a = 12*h + 4*kv_dim + 6*ffn`` (MHA: ``16*h + 6*ffn``) before dividing by tp*cp; its
+``4*kv_dim`` term is the K and V tensors, so the forward KV cache of in-flight slices is part of
+the activations and is reported separately only as an "of which" figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slimpack.specs.model import ModelSpec
+
+GIB = 2**30
+BF16 = 2
+FP32 = 4
+SCHEDULE_KINDS = ("1f1b", "interleaved", "slimpipe")
+
+
+def activation_bytes_per_token_per_layer(model: ModelSpec, recompute: str = "none") -> int:
+    """Saved activation bytes per token per layer, before tp*cp sharding.
+
+    * ``none``: ``12h + 4*kv_dim + 6*ffn*top_k`` (SlimPipe artifact; llama-13b 164,864 B).
+    * ``selective``: the SwiGLU intermediates are recomputed (``6*ffn`` -> ``2*ffn``, the MLP
+      input to the down projection is kept). *Reconstructed*: Megatron's selective mode with
+      FlashAttention saves little else.
+    * ``full``: only each layer's bf16 input is kept (``2h``).
+    """
+    h, kv, ffn = model.hidden, model.kv_dim, model.ffn_hidden * model.moe_top_k
+    if recompute == "none":
+        return 12 * h + 4 * kv + 6 * ffn
+    if recompute == "selective":
+        return 12 * h + 4 * kv + 2 * ffn
+    if recompute == "full":
+        return 2 * h
+    raise ValueError(f"recompute must be one of none, selective, full; got {recompute!r}")
+
+
+def kv_bytes_per_token_per_layer(model: ModelSpec, tp: int = 1) -> float:
+    """bf16 K and V of one token on one tensor-parallel rank (KV heads replicate past tp)."""
+    kv_heads_per_rank = max(model.num_kv_heads / tp, 1.0)
+    return 2 * BF16 * kv_heads_per_rank * model.head_dim
+
+
+def inflight_units(schedule: str, *, pp: int, rank: int = 0, vpp: int = 1, slices: int = 1) -> int:
+    """Peak number of activation units alive on pipeline rank ``rank`` (rank 0 is worst).
+
+    Units: a micro-batch-stage for 1F1B, a micro-batch-chunk for interleaved 1F1B and a
+    slice-chunk for SlimPipe (DESIGN section 5 table, from the SlimPipe artifact).
+    """
+    if not 0 <= rank < pp:
+        raise ValueError(f"rank must be in [0, {pp}), got {rank}")
+    if schedule == "1f1b":
+        return pp - rank
+    if schedule == "interleaved":
+        return 2 * (pp - 1 - rank) + (vpp - 1) * pp + 1
+    if schedule == "slimpipe":
+        return slices * vpp + 2 * (pp - 1 - rank)
+    raise ValueError(f"schedule must be one of {SCHEDULE_KINDS}, got {schedule!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """Peak memory of one pipeline rank, in bytes."""
+
+    activation_bytes: float
+    kv_cache_bytes: float
+    """Forward KV of in-flight slices: *included in* activation_bytes."""
+    kv_grad_bytes: float
+    model_state_bytes: float
+    logits_bytes: float
+    inflight_units: int
+    unit_bytes: float
+
+    @property
+    def peak_bytes(self) -> float:
+        return (self.activation_bytes + self.kv_grad_bytes + self.model_state_bytes
+                + self.logits_bytes)
+
+    def as_gib(self) -> dict[str, float]:
+        return {
+            "activation_gib": self.activation_bytes / GIB,
+            "kv_cache_gib": self.kv_cache_bytes / GIB,
+            "kv_grad_gib": self.kv_grad_bytes / GIB,
+            "model_state_gib": self.model_state_bytes / GIB,
+            "logits_gib": self.logits_bytes / GIB,
+            "peak_gib": self.peak_bytes / GIB,
+        }
+
+
+def model_state_bytes(model: ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
+                      ep: int = 1, distributed_optimizer: bool = True,
+                      include_embedding: bool = True) -> float:
+    """Parameters, gradients and Adam states on the heaviest pipeline rank.
+
+    Mixed precision: bf16 parameters (2 B) + fp32 main gradients (4 B) + fp32 master weights
+    and Adam moments (12 B); the distributed optimizer shards the 12 B over dp*cp (Megatron's
+    data-parallel-with-context group). The first stage also holds the embedding table.
+    """
+    layers = model.num_layers / pp
+    dense = model.attention_params_per_layer + 2 * model.hidden
+    if model.is_moe:
+        router = model.hidden * model.num_experts
+        experts = 3 * model.hidden * model.ffn_hidden * model.num_experts / ep
+        per_layer = dense + router + experts
+    else:
+        per_layer = dense + model.mlp_params_per_layer
+    params = layers * per_layer / tp
+    if include_embedding:
+        params += model.embedding_params / tp
+    shard = dp * cp if distributed_optimizer else 1
+    return params * (BF16 + FP32 + 12 / shard)
+
+
+def logits_bytes(model: ModelSpec, tokens: int, *, tp: int = 1, cp: int = 1,
+                 spread_over_pp: int = 1) -> float:
+    """fp32 logits of ``tokens`` tokens, vocab sharded over tp (and over pp for SlimPipe)."""
+    return tokens * model.vocab_size * FP32 / (tp * cp * spread_over_pp)
+
+
+def estimate_memory(model: ModelSpec, *, seq_len: int, schedule: str, tp: int = 1, cp: int = 1,
+                    pp: int = 1, vpp: int = 1, slices: int = 1, dp: int = 1, rank: int = 0,
+                    recompute: str = "none", vocab_parallel_pp: bool | None = None) -> MemoryEstimate:
+    """Peak memory on pipeline ``rank`` for micro-batches of one ``seq_len``-token sequence.
+
+    One unit of activations is ``(s / (n*tp*cp)) * (L / (pp*vpp)) * a`` bytes with n slices
+    (n = 1 for 1F1B and interleaved); it is multiplied by :func:`inflight_units`. With
+    llama-13b, s = 256K, tp*cp = 16, pp = 8, n = 16, v = 5 this gives 14.78 GiB on rank 0 (the
+    SlimPipe artifact's value).
+    """
+    if seq_len <= 0:
+        raise ValueError(f"seq_len must be > 0, got {seq_len}")
+    if schedule not in SCHEDULE_KINDS:
+        raise ValueError(f"schedule must be one of {SCHEDULE_KINDS}, got {schedule!r}")
+    if schedule == "1f1b":
+        vpp = 1
+    if schedule != "slimpipe":
+        slices = 1
+    if model.num_layers % (pp * vpp):
+        raise ValueError(f"pp*vpp = {pp * vpp} must divide num_layers = {model.num_layers}")
+    if slices < 1 or seq_len % slices:
+        raise ValueError(f"slices must be >= 1 and divide seq_len ({seq_len}), got {slices}")
+    if vocab_parallel_pp is None:
+        vocab_parallel_pp = schedule == "slimpipe"
+    a = activation_bytes_per_token_per_layer(model, recompute)
+    layers_per_chunk = model.num_layers // (pp * vpp)
+    unit_tokens = seq_len / (slices * tp * cp)
+    unit_bytes = unit_tokens * layers_per_chunk * a
+    units = inflight_units(schedule, pp=pp, rank=rank, vpp=vpp, slices=slices)
+    activation = units * unit_bytes
+    kv_per_unit = unit_tokens * tp * layers_per_chunk * kv_bytes_per_token_per_layer(model, tp)
+    kv_cache = units * kv_per_unit if recompute != "full" else 0.0
+    # dK/dV accumulators of the sequence being backwarded, one model chunk at a time (only
+    # sliced schedules need them: an unsliced micro-batch has no later slice to receive from).
+    kv_grad = 0.0
+    if slices > 1:
+        kv_grad = (seq_len / cp) * layers_per_chunk * kv_bytes_per_token_per_layer(model, tp)
+    states = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp)
+    logit_tokens = seq_len // slices
+    if vocab_parallel_pp:
+        logits = logits_bytes(model, logit_tokens, tp=tp, cp=cp, spread_over_pp=pp)
+    else:
+        logits = logits_bytes(model, logit_tokens, tp=tp, cp=cp) if rank == pp - 1 else 0.0
+    return MemoryEstimate(activation_bytes=activation, kv_cache_bytes=kv_cache,
+                          kv_grad_bytes=kv_grad, model_state_bytes=states, logits_bytes=logits,
+                          inflight_units=units, unit_bytes=unit_bytes)

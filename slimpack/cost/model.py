@@ -1,0 +1,158 @@
+"""The cost-model interface and its analytic (roofline) implementation.
+
+Planners and the simulator price work only through :class:`CostModel`, so a calibrated
+implementation built from runtime profiles (``slimpack profile``) can replace the analytic one
+without touching them. Times are seconds on one GPU; work is given per device as pieces
+``(tokens, kv_prefix)`` (see :mod:`slimpack.cost.flops`), so callers that shard work over CP
+ranks describe each rank's actual share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from slimpack.cost.comm import CommModel
+from slimpack.cost.flops import FlopCount, Piece, head_flops, layer_flops
+from slimpack.specs.hardware import HardwareSpec
+from slimpack.specs.model import ModelSpec
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PassTimes:
+    """Forward and backward seconds of some work (backward includes any recompute)."""
+
+    forward_s: float
+    backward_s: float
+
+    def __add__(self, other: PassTimes) -> PassTimes:
+        return PassTimes(forward_s=self.forward_s + other.forward_s,
+                         backward_s=self.backward_s + other.backward_s)
+
+    def scaled(self, factor: float) -> PassTimes:
+        return PassTimes(forward_s=self.forward_s * factor, backward_s=self.backward_s * factor)
+
+
+ZERO_TIMES = PassTimes(forward_s=0.0, backward_s=0.0)
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What every planner and the simulator may ask about time."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    comm: CommModel
+
+    def layer_times(self, pieces: Sequence[Piece], *, tp: int = 1,
+                    recompute: str = "none") -> PassTimes:
+        """One transformer layer over ``pieces`` on one GPU of a ``tp``-way tensor group."""
+        ...
+
+    def head_times(self, tokens: int, *, tp: int = 1, vocab_shards: int = 1) -> PassTimes:
+        """LM head + loss over ``tokens`` tokens, vocabulary split ``tp*vocab_shards`` ways."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyticCostModel:
+    """Roofline pricing: FLOPs / (peak * efficiency), with efficiency falling for small work.
+
+    The backward ratios are kept separate because their gap is what asymmetric forward and
+    backward MicroPacks exploit: linear layers take 2x their forward FLOPs backward, causal
+    FlashAttention about 2.5x (its backward recomputes the softmax).
+    """
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    backward_linear_ratio: float = 2.0
+    backward_attention_ratio: float = 2.5
+    kernel_overhead_s: float = 40e-6
+    """Fixed launch and synchronisation cost per layer per pass (about a dozen kernels)."""
+    tp_comm: bool = True
+    """Price the sequence-parallel all-gather/reduce-scatter of each layer (2 fwd, 2 bwd)."""
+    comm: CommModel = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.backward_linear_ratio <= 0 or self.backward_attention_ratio <= 0:
+            raise ValueError("backward_linear_ratio and backward_attention_ratio must be > 0")
+        object.__setattr__(self, "comm", CommModel(hardware=self.hardware))
+
+    # -- efficiency -------------------------------------------------------------------------
+    def _gemm_rate(self, rows: float) -> float:
+        hw = self.hardware
+        saturation = rows / (rows + hw.half_efficiency_tokens) if rows > 0 else 1.0
+        return hw.peak_flops * hw.gemm_efficiency * saturation
+
+    def _attention_rate(self, mean_query_tokens: float) -> float:
+        hw = self.hardware
+        # FlashAttention tiles are 128 queries: short documents leave tiles part-empty.
+        saturation = mean_query_tokens / (mean_query_tokens + 128) if mean_query_tokens > 0 else 1.0
+        return hw.peak_flops * hw.attention_efficiency * saturation
+
+    def compute_seconds(self, flops: FlopCount, *, rows: float, mean_query_tokens: float) -> float:
+        """Seconds for ``flops`` on one GPU (``rows`` tokens in the GEMMs)."""
+        t = 0.0
+        if flops.linear:
+            t += flops.linear / self._gemm_rate(rows)
+        if flops.attention:
+            t += flops.attention / self._attention_rate(mean_query_tokens)
+        return t
+
+    # -- CostModel ----------------------------------------------------------------------------
+    def layer_times(self, pieces: Sequence[Piece], *, tp: int = 1,
+                    recompute: str = "none") -> PassTimes:
+        if recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+        pieces = [p for p in pieces if p[0] > 0]
+        if not pieces:
+            return ZERO_TIMES
+        fwd_flops = layer_flops(self.model, pieces).scaled(1.0 / tp)
+        tokens = sum(p[0] for p in pieces)
+        mean_q = tokens / len(pieces)
+        rows = tokens  # sequence parallelism: each TP rank runs GEMMs over all tokens' rows / tp
+        fwd = self.compute_seconds(fwd_flops, rows=rows, mean_query_tokens=mean_q)
+        bwd_flops = FlopCount(linear=fwd_flops.linear * self.backward_linear_ratio,
+                              attention=fwd_flops.attention * self.backward_attention_ratio)
+        bwd = self.compute_seconds(bwd_flops, rows=rows, mean_query_tokens=mean_q)
+        if recompute == "full":
+            bwd += fwd
+        elif recompute == "selective":
+            # SwiGLU activation recompute is elementwise: price it as a memory pass.
+            bwd += tokens * self.model.ffn_hidden * self.model.moe_top_k * 2 * 3 / tp / (
+                self.hardware.hbm_tbps * 1e12)
+        fwd += self.kernel_overhead_s
+        bwd += 2 * self.kernel_overhead_s
+        if self.tp_comm and tp > 1:
+            # Sequence parallelism: all-gather before and reduce-scatter after both the
+            # attention and the MLP block, on the layer's bf16 hidden states.
+            nbytes = tokens * self.model.hidden * 2
+            one = self.comm.all_gather(nbytes, tp, intra_node=True)
+            fwd += 4 * one
+            bwd += 4 * one
+        return PassTimes(forward_s=fwd, backward_s=bwd)
+
+    def head_times(self, tokens: int, *, tp: int = 1, vocab_shards: int = 1) -> PassTimes:
+        if tokens <= 0:
+            return ZERO_TIMES
+        flops = head_flops(self.model, tokens) / (tp * vocab_shards)
+        fwd = flops / self._gemm_rate(tokens) + self.kernel_overhead_s
+        return PassTimes(forward_s=fwd, backward_s=2 * fwd)
+
+    # -- conveniences built on the two primitives ---------------------------------------------
+    def stage_times(self, pieces: Sequence[Piece], *, num_layers: int, tp: int = 1,
+                    recompute: str = "none", head_tokens: int = 0,
+                    vocab_shards: int = 1) -> PassTimes:
+        """A pipeline stage (or virtual chunk) of ``num_layers`` layers, plus the head if any."""
+        times = self.layer_times(pieces, tp=tp, recompute=recompute).scaled(num_layers)
+        if head_tokens:
+            times = times + self.head_times(head_tokens, tp=tp, vocab_shards=vocab_shards)
+        return times
+
+
+def sequence_pieces(lengths: Iterable[int]) -> list[Piece]:
+    """Whole documents, no prefix: the pieces of a packed micro-batch on one device."""
+    return [(int(n), 0) for n in lengths]

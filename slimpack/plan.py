@@ -1,0 +1,421 @@
+"""The plan IR: what every planner emits and what the simulator and the runtime consume.
+
+Vocabulary (DESIGN section 6):
+
+* ``Segment``  a contiguous token range ``[start, end)`` of one sequence; ``start`` is also its
+  KV prefix (the tokens of the same sequence before it, whose keys/values it attends to).
+* ``Slice``    one or more segments packed into one token buffer; the atomic unit of compute
+  with its own autograd graph.
+* ``Unit``     a MicroPack: an ordered set of slices executed as one pipeline step.
+* ``Group``    a set of devices running one pipeline over some slices, with its own degrees,
+  its ordered forward units and its ordered backward units (two partitions of the same
+  slices; identical for every classic method).
+* ``Phase``    groups that run at the same time on disjoint devices.
+* ``Plan``     phases run one after another, then data-parallel gradient synchronisation.
+
+Order rules that ``Plan.validate`` enforces on every group (the pipeline runs the same order
+on every stage): a sequence's segments are forwarded in increasing ``start`` order and
+backwarded in decreasing ``start`` order, because a slice's backward needs dK/dV from every
+later slice of its sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from slimpack.specs.parallel import ParallelSpec
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe", "asymmetric")
+ScheduleKind = Literal["gpipe", "1f1b", "interleaved", "slimpipe", "asymmetric"]
+CP_SHARDINGS = ("per-sequence", "per-document")
+CP_KINDS = ("ring", "ulysses")
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+class PlanError(ValueError):
+    """A plan that breaks an IR rule; the message names the group, unit, slice or sequence."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Segment:
+    seq_id: int
+    start: int
+    """First token (inclusive); equals the KV prefix length."""
+    end: int
+    """One past the last token."""
+
+    def __post_init__(self) -> None:
+        if self.seq_id < 0:
+            raise PlanError(f"Segment.seq_id must be >= 0, got {self.seq_id}")
+        if self.start < 0 or self.end <= self.start:
+            raise PlanError(
+                f"Segment of seq {self.seq_id} needs 0 <= start < end, got [{self.start}, {self.end})"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    @property
+    def kv_prefix_tokens(self) -> int:
+        return self.start
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Slice:
+    slice_id: int
+    segments: tuple[Segment, ...]
+
+    def __post_init__(self) -> None:
+        if not self.segments:
+            raise PlanError(f"Slice {self.slice_id} has no segments")
+        seen = set()
+        for seg in self.segments:
+            if seg.seq_id in seen:
+                raise PlanError(
+                    f"Slice {self.slice_id} holds two segments of seq {seg.seq_id}; "
+                    f"merge them into one segment"
+                )
+            seen.add(seg.seq_id)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.segments)
+
+    @property
+    def seq_ids(self) -> tuple[int, ...]:
+        return tuple(s.seq_id for s in self.segments)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unit:
+    """A MicroPack: slices run together in one pipeline step, in this order."""
+
+    slice_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.slice_ids:
+            raise PlanError("Unit has no slices")
+        if len(set(self.slice_ids)) != len(self.slice_ids):
+            raise PlanError(f"Unit lists a slice twice: {self.slice_ids}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group:
+    """One pipeline over ``ranks`` (tp*cp*pp devices) and the slices it trains."""
+
+    group_id: int
+    ranks: tuple[int, ...]
+    """Global ranks, ordered (pp, cp, tp) with tp fastest: stage s owns ranks[s*cp*tp:(s+1)*cp*tp]."""
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    slices: tuple[Slice, ...]
+    forward_units: tuple[Unit, ...]
+    backward_units: tuple[Unit, ...]
+    schedule: ScheduleKind = "1f1b"
+    cp_sharding: Literal["per-sequence", "per-document"] = "per-sequence"
+    cp_kind: Literal["ring", "ulysses"] = "ring"
+    recompute: Literal["none", "selective", "full"] = "none"
+    vocab_parallel_pp: bool = False
+    """LM head and loss spread over pipeline ranks (SlimPipe) instead of on the last stage."""
+    _slice_index: dict[int, Slice] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "cp", "pp", "vpp"):
+            if getattr(self, name) < 1:
+                raise PlanError(f"Group {self.group_id}: {name} must be >= 1")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"Group {self.group_id}: schedule {self.schedule!r} not in {SCHEDULES}")
+        if self.cp_sharding not in CP_SHARDINGS:
+            raise PlanError(
+                f"Group {self.group_id}: cp_sharding {self.cp_sharding!r} not in {CP_SHARDINGS}"
+            )
+        if self.cp_kind not in CP_KINDS:
+            raise PlanError(f"Group {self.group_id}: cp_kind {self.cp_kind!r} not in {CP_KINDS}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise PlanError(
+                f"Group {self.group_id}: recompute {self.recompute!r} not in {RECOMPUTE_MODES}"
+            )
+        index: dict[int, Slice] = {}
+        for sl in self.slices:
+            if sl.slice_id in index:
+                raise PlanError(f"Group {self.group_id}: slice id {sl.slice_id} used twice")
+            index[sl.slice_id] = sl
+        object.__setattr__(self, "_slice_index", index)
+
+    @property
+    def num_devices(self) -> int:
+        return self.tp * self.cp * self.pp
+
+    def slice(self, slice_id: int) -> Slice:
+        try:
+            return self._slice_index[slice_id]
+        except KeyError:
+            raise PlanError(f"Group {self.group_id}: no slice with id {slice_id}") from None
+
+    def unit_slices(self, unit: Unit) -> list[Slice]:
+        return [self.slice(i) for i in unit.slice_ids]
+
+    def stage_ranks(self, stage: int) -> tuple[int, ...]:
+        width = self.tp * self.cp
+        return self.ranks[stage * width:(stage + 1) * width]
+
+    @property
+    def is_asymmetric(self) -> bool:
+        return self.forward_units != self.backward_units
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.slices)
+
+    def validate(self) -> None:
+        """Check units against slices and the causal order rules; raise PlanError."""
+        gid = self.group_id
+        if len(self.ranks) != self.num_devices:
+            raise PlanError(
+                f"Group {gid}: tp*cp*pp = {self.tp}*{self.cp}*{self.pp} = {self.num_devices} "
+                f"but it lists {len(self.ranks)} ranks"
+            )
+        if len(set(self.ranks)) != len(self.ranks):
+            raise PlanError(f"Group {gid}: a rank is listed twice")
+        if not self.forward_units:
+            raise PlanError(f"Group {gid}: no forward units")
+        all_ids = set(self._slice_index)
+        for kind, units in (("forward", self.forward_units), ("backward", self.backward_units)):
+            covered: list[int] = [i for u in units for i in u.slice_ids]
+            unknown = set(covered) - all_ids
+            if unknown:
+                raise PlanError(f"Group {gid}: {kind} units refer to missing slices {sorted(unknown)}")
+            if len(covered) != len(set(covered)):
+                dup = sorted({i for i in covered if covered.count(i) > 1})
+                raise PlanError(f"Group {gid}: {kind} units run slices {dup} more than once")
+            if set(covered) != all_ids:
+                raise PlanError(
+                    f"Group {gid}: forward and backward units must each partition the group's "
+                    f"slices; {kind} units miss slices {sorted(all_ids - set(covered))}"
+                )
+        self._check_order(
+            [i for u in self.forward_units for i in u.slice_ids], increasing=True, kind="forward"
+        )
+        self._check_order(
+            [i for u in self.backward_units for i in u.slice_ids], increasing=False, kind="backward"
+        )
+
+    def _check_order(self, order: list[int], *, increasing: bool, kind: str) -> None:
+        last_start: dict[int, int] = {}
+        for sid in order:
+            for seg in self.slice(sid).segments:
+                prev = last_start.get(seg.seq_id)
+                if prev is not None and (seg.start < prev if increasing else seg.start > prev):
+                    rule = "in order (increasing start)" if increasing else "in reverse order"
+                    raise PlanError(
+                        f"Group {self.group_id}: seq {seg.seq_id} is {kind}ed out of order at "
+                        f"slice {sid} (segment start {seg.start} after {prev}); its segments "
+                        f"must be {kind}ed {rule}"
+                    )
+                last_start[seg.seq_id] = seg.start
+
+
+@dataclass(frozen=True, kw_only=True)
+class Phase:
+    groups: tuple[Group, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A whole training step: phases in order, then DP gradient synchronisation."""
+
+    method: str
+    parallel: ParallelSpec
+    """The cluster's base layout; its world size is the plan's world size."""
+    sequence_lengths: dict[int, int]
+    """Every sequence this step trains: seq_id -> length in tokens."""
+    phases: tuple[Phase, ...]
+    model: str = ""
+    """Model preset name (informational; the runtime and simulator are given a ModelSpec)."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Planner extras (plan time, chosen options, delayed sequences...). JSON-serialisable."""
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world
+
+    def groups(self) -> Iterator[Group]:
+        for phase in self.phases:
+            yield from phase.groups
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.sequence_lengths.values())
+
+    # -- validation ---------------------------------------------------------------------------
+    def validate(self) -> Plan:
+        """Raise PlanError on any broken rule; return self so calls can chain."""
+        world = self.parallel.world
+        if self.parallel.world_size is not None and self.parallel.world_size != world:
+            raise PlanError(f"Plan: degrees multiply to {world}, world_size says "
+                            f"{self.parallel.world_size}")
+        if not self.phases:
+            raise PlanError("Plan has no phases")
+        owner: dict[int, int] = {}  # seq_id -> group_id: a sequence lives in one group only
+        covered: dict[int, list[tuple[int, int]]] = {}
+        group_ids: set[int] = set()
+        for p_idx, phase in enumerate(self.phases):
+            if not phase.groups:
+                raise PlanError(f"Plan: phase {p_idx} has no groups")
+            used: set[int] = set()
+            for group in phase.groups:
+                if group.group_id in group_ids:
+                    raise PlanError(f"Plan: group id {group.group_id} used twice")
+                group_ids.add(group.group_id)
+                group.validate()
+                bad = [r for r in group.ranks if not 0 <= r < world]
+                if bad:
+                    raise PlanError(
+                        f"Group {group.group_id}: ranks {bad} outside the world of {world} "
+                        f"devices ({self.parallel.describe()})"
+                    )
+                clash = used.intersection(group.ranks)
+                if clash:
+                    raise PlanError(
+                        f"Plan: phase {p_idx} runs ranks {sorted(clash)[:8]} in two groups at once"
+                    )
+                used.update(group.ranks)
+                for sl in group.slices:
+                    for seg in sl.segments:
+                        if seg.seq_id not in self.sequence_lengths:
+                            raise PlanError(
+                                f"Group {group.group_id}: slice {sl.slice_id} holds unknown "
+                                f"seq {seg.seq_id}"
+                            )
+                        prev = owner.setdefault(seg.seq_id, group.group_id)
+                        if prev != group.group_id:
+                            raise PlanError(
+                                f"Plan: seq {seg.seq_id} is split across groups {prev} and "
+                                f"{group.group_id}; its KV history must stay in one group"
+                            )
+                        covered.setdefault(seg.seq_id, []).append((seg.start, seg.end))
+        for seq_id, length in self.sequence_lengths.items():
+            ranges = sorted(covered.get(seq_id, []))
+            if not ranges:
+                raise PlanError(f"Plan: seq {seq_id} ({length} tokens) is never covered")
+            pos = 0
+            for start, end in ranges:
+                if start < pos:
+                    raise PlanError(f"Plan: seq {seq_id} tokens [{start}, {min(end, pos)}) are "
+                                    f"covered twice")
+                if start > pos:
+                    raise PlanError(f"Plan: seq {seq_id} tokens [{pos}, {start}) are never covered")
+                pos = end
+            if pos != length:
+                if pos < length:
+                    raise PlanError(f"Plan: seq {seq_id} tokens [{pos}, {length}) are never covered")
+                raise PlanError(f"Plan: seq {seq_id} has {length} tokens but segments reach {pos}")
+        return self
+
+    # -- JSON -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "slimpack-plan/1",
+            "method": self.method,
+            "model": self.model,
+            "parallel": self.parallel.to_dict(),
+            "sequence_lengths": {str(k): v for k, v in sorted(self.sequence_lengths.items())},
+            "phases": [{"groups": [_group_to_dict(g) for g in ph.groups]} for ph in self.phases],
+            "metadata": self.metadata,
+        }
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically, so an interrupted save never leaves half a plan behind."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json(indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        fmt = data.get("format")
+        if fmt != "slimpack-plan/1":
+            raise PlanError(f"Plan JSON: format must be 'slimpack-plan/1', got {fmt!r}")
+        try:
+            return cls(
+                method=data["method"],
+                model=data.get("model", ""),
+                parallel=ParallelSpec.from_dict(data["parallel"]),
+                sequence_lengths={int(k): int(v) for k, v in data["sequence_lengths"].items()},
+                phases=tuple(
+                    Phase(groups=tuple(_group_from_dict(g) for g in ph["groups"]))
+                    for ph in data["phases"]
+                ),
+                metadata=data.get("metadata", {}),
+            )
+        except KeyError as exc:
+            raise PlanError(f"Plan JSON: missing field {exc.args[0]!r}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        path = Path(path)
+        if not path.is_file():
+            raise PlanError(f"plan file {str(path)!r} does not exist")
+        try:
+            return cls.from_json(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"plan file {str(path)!r} is not valid JSON: {exc}") from None
+
+
+def _group_to_dict(g: Group) -> dict[str, Any]:
+    return {
+        "group_id": g.group_id,
+        "ranks": list(g.ranks),
+        "tp": g.tp, "cp": g.cp, "pp": g.pp, "vpp": g.vpp,
+        "schedule": g.schedule,
+        "cp_sharding": g.cp_sharding,
+        "cp_kind": g.cp_kind,
+        "recompute": g.recompute,
+        "vocab_parallel_pp": g.vocab_parallel_pp,
+        # Segments as compact [seq_id, start, end] triples: plans hold thousands of them.
+        "slices": [{"id": s.slice_id, "segments": [[x.seq_id, x.start, x.end] for x in s.segments]}
+                   for s in g.slices],
+        "forward_units": [list(u.slice_ids) for u in g.forward_units],
+        "backward_units": [list(u.slice_ids) for u in g.backward_units],
+    }
+
+
+def _group_from_dict(d: dict[str, Any]) -> Group:
+    return Group(
+        group_id=d["group_id"],
+        ranks=tuple(d["ranks"]),
+        tp=d.get("tp", 1), cp=d.get("cp", 1), pp=d.get("pp", 1), vpp=d.get("vpp", 1),
+        schedule=d.get("schedule", "1f1b"),
+        cp_sharding=d.get("cp_sharding", "per-sequence"),
+        cp_kind=d.get("cp_kind", "ring"),
+        recompute=d.get("recompute", "none"),
+        vocab_parallel_pp=d.get("vocab_parallel_pp", False),
+        slices=tuple(
+            Slice(slice_id=s["id"],
+                  segments=tuple(Segment(seq_id=a, start=b, end=c) for a, b, c in s["segments"]))
+            for s in d["slices"]
+        ),
+        forward_units=tuple(Unit(slice_ids=tuple(u)) for u in d["forward_units"]),
+        backward_units=tuple(Unit(slice_ids=tuple(u)) for u in d["backward_units"]),
+    )
+
+
+def units_from_slices(slices: Iterable[Slice], slices_per_unit: int = 1) -> tuple[Unit, ...]:
+    """Group consecutive slices into units of ``slices_per_unit`` (a helper for planners)."""
+    ids = [s.slice_id for s in slices]
+    return tuple(Unit(slice_ids=tuple(ids[i:i + slices_per_unit]))
+                 for i in range(0, len(ids), slices_per_unit))

@@ -1,0 +1,45 @@
+"""The reference planner: one whole sequence per micro-batch, no packing, no slicing.
+
+It exists so the pipeline (plan -> simulator -> runtime) can be exercised end to end before
+any real method, and as the plainest possible point of comparison. Sequences are dealt to
+data-parallel replicas round-robin in batch order; each replica runs 1F1B (or interleaved
+1F1B when vpp > 1) over its sequences with the static CP degree of ``parallel``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slimpack.batch import Batch
+from slimpack.cost.model import CostModel
+from slimpack.plan import Group, Phase, Plan, Segment, Slice, Unit
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+
+def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
+         cost: CostModel, **options: Any) -> Plan:
+    if options:
+        raise ValueError(f"reference planner takes no options, got {sorted(options)}")
+    parallel.validate_for_model(model)
+    per_replica: list[list[Slice]] = [[] for _ in range(parallel.dp)]
+    for i, seq in enumerate(batch.sequences):
+        slices = per_replica[i % parallel.dp]
+        segment = Segment(seq_id=seq.seq_id, start=0, end=seq.length)
+        slices.append(Slice(slice_id=len(slices), segments=(segment,)))
+    groups = []
+    for dp_rank, slices in enumerate(per_replica):
+        if not slices:
+            continue
+        units = tuple(Unit(slice_ids=(s.slice_id,)) for s in slices)
+        groups.append(Group(
+            group_id=dp_rank,
+            ranks=parallel.replica_ranks(dp_rank),
+            tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
+            slices=tuple(slices), forward_units=units, backward_units=units,
+            schedule="interleaved" if parallel.vpp > 1 else "1f1b",
+        ))
+    return Plan(
+        method="reference", model=model.name, parallel=parallel,
+        sequence_lengths={s.seq_id: s.length for s in batch.sequences},
+        phases=(Phase(groups=tuple(groups)),),
+    ).validate()

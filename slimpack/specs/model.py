@@ -1,0 +1,126 @@
+"""Transformer model shapes (``ModelSpec``) and the presets the papers use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from slimpack.specs._validate import require_positive, unknown_preset
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A Llama-style decoder (RMSNorm, RoPE, GQA, SwiGLU), optionally with MoE MLPs."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    ffn_hidden: int
+    """SwiGLU inner width (each of the gate and up projections is hidden x ffn_hidden)."""
+    num_heads: int
+    num_kv_heads: int
+    """Key/value heads (GQA); equal to num_heads for multi-head attention."""
+    head_dim: int = 0
+    """0 means hidden // num_heads."""
+    vocab_size: int = 128_256
+    tied_embeddings: bool = False
+    num_experts: int = 1
+    """1 for a dense model."""
+    moe_top_k: int = 1
+    """Experts each token is routed to (MoE only)."""
+
+    def __post_init__(self) -> None:
+        for field_name in ("num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_heads",
+                           "vocab_size", "num_experts", "moe_top_k"):
+            require_positive("ModelSpec", field_name, getattr(self, field_name))
+        if self.head_dim == 0:
+            if self.hidden % self.num_heads:
+                raise ValueError(
+                    f"ModelSpec.hidden ({self.hidden}) must be divisible by num_heads "
+                    f"({self.num_heads}) unless head_dim is given"
+                )
+            object.__setattr__(self, "head_dim", self.hidden // self.num_heads)
+        require_positive("ModelSpec", "head_dim", self.head_dim)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelSpec.num_kv_heads ({self.num_kv_heads}) must divide num_heads "
+                f"({self.num_heads})"
+            )
+        if self.moe_top_k > self.num_experts:
+            raise ValueError(
+                f"ModelSpec.moe_top_k ({self.moe_top_k}) must be <= num_experts "
+                f"({self.num_experts})"
+            )
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): num_kv_heads * head_dim."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        return self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """All experts' SwiGLU weights (gate, up, down) plus the router for MoE."""
+        router = self.hidden * self.num_experts if self.is_moe else 0
+        return 3 * self.hidden * self.ffn_hidden * self.num_experts + router
+
+    @property
+    def params_per_layer(self) -> int:
+        return self.attention_params_per_layer + self.mlp_params_per_layer + 2 * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden
+
+    @property
+    def num_params(self) -> int:
+        head = 0 if self.tied_embeddings else self.embedding_params
+        return self.num_layers * self.params_per_layer + self.embedding_params + head + self.hidden
+
+
+def _llama(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int) -> ModelSpec:
+    return ModelSpec(name=name, num_layers=layers, hidden=hidden, ffn_hidden=ffn,
+                     num_heads=heads, num_kv_heads=kv_heads)
+
+
+# Shapes from DESIGN section 4 (the SlimPack/SlimPipe artifacts); vocab 128,256 throughout.
+MODEL_PRESETS: dict[str, Callable[[], ModelSpec]] = {
+    "llama-7b": lambda: _llama("llama-7b", 32, 4096, 11008, 32, 32),
+    "llama-13b": lambda: _llama("llama-13b", 40, 5120, 13824, 40, 40),
+    "llama-34b": lambda: _llama("llama-34b", 48, 8192, 22016, 64, 8),
+    "llama-70b": lambda: _llama("llama-70b", 80, 8192, 28672, 64, 8),
+    "llama-150b": lambda: _llama("llama-150b", 96, 12288, 32768, 96, 8),
+    "mixtral-8x7b": lambda: ModelSpec(name="mixtral-8x7b", num_layers=32, hidden=4096,
+                                      ffn_hidden=14336, num_heads=32, num_kv_heads=8,
+                                      num_experts=8, moe_top_k=2),
+    "mixtral-8x22b": lambda: ModelSpec(name="mixtral-8x22b", num_layers=56, hidden=6144,
+                                       ffn_hidden=16384, num_heads=48, num_kv_heads=8,
+                                       num_experts=8, moe_top_k=2),
+    # Tiny models for runtime tests: small enough for fp32 gradient parity on 2 CPU cores.
+    "tiny": lambda: ModelSpec(name="tiny", num_layers=4, hidden=64, ffn_hidden=128,
+                              num_heads=4, num_kv_heads=2, vocab_size=256),
+    "tiny-mha": lambda: ModelSpec(name="tiny-mha", num_layers=2, hidden=32, ffn_hidden=64,
+                                  num_heads=4, num_kv_heads=4, vocab_size=128,
+                                  tied_embeddings=True),
+    "small": lambda: ModelSpec(name="small", num_layers=8, hidden=256, ffn_hidden=688,
+                               num_heads=8, num_kv_heads=4, vocab_size=4096),
+}
+
+
+def model_preset(name: str) -> ModelSpec:
+    """Return the preset called ``name`` (e.g. ``"llama-70b"``)."""
+    try:
+        return MODEL_PRESETS[name]()
+    except KeyError:
+        raise unknown_preset("model", name, list(MODEL_PRESETS)) from None
