@@ -1,0 +1,68 @@
+# SlimPack suite. Every target sets itself up: a fresh clone needs only `make test` or
+# `make reproduce`. CPU installs pin the CPU build of torch 2.13.0 through
+# constraints-cpu.txt (a loose torch pin pulls a multi-GB CUDA build); `make install GPU=1`
+# installs the CUDA stack and the gpu extra (flash-attn, megatron-core) instead.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+GPU ?=
+JOBS ?= 2
+
+ifeq ($(GPU),)
+PIP_CONSTRAINT := -c constraints-cpu.txt
+EXTRAS := dev
+else
+PIP_CONSTRAINT :=
+EXTRAS := dev,gpu
+endif
+
+.PHONY: install test lint reproduce reproduce-quick reproduce-gpu report bench gpu-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+ifeq ($(GPU),)
+	$(PY) -m pip install -q $(PIP_CONSTRAINT) torch==2.13.0
+endif
+	$(PY) -m pip install -q $(PIP_CONSTRAINT) -e '.[$(EXTRAS)]'
+	@touch $(STAMP)
+
+lint: install
+	$(PY) -m ruff check .
+
+test: install lint
+	$(PY) -m pytest -q
+
+reproduce: install
+	$(PY) -m repro run all --jobs $(JOBS)
+	$(PY) -m repro plot all
+	$(PY) -m repro report
+
+reproduce-quick: install
+	$(PY) -m repro run all --quick --jobs $(JOBS)
+	$(PY) -m repro plot all
+	$(PY) -m repro report
+
+reproduce-gpu: install
+	$(PY) -m repro run all --backend runtime
+	$(PY) -m repro plot all
+	$(PY) -m repro report
+
+report: install
+	$(PY) -m repro report
+
+bench: install
+	mkdir -p results/bench
+	$(PY) -m pytest -q tests/benchmarks --benchmark-enable --benchmark-only \
+		--benchmark-storage=file://results/bench --benchmark-autosave \
+		$(if $(wildcard results/bench/*/*.json),--benchmark-compare,)
+
+gpu-check: install
+	$(PY) -m slimpack.runtime.gpu_check --out results/gpu
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Reproduction harness: experiments, sweep runner, figures and the claims report."""
