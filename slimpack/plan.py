@@ -168,7 +168,11 @@ class Group:
 
     @property
     def is_asymmetric(self) -> bool:
-        return self.forward_units != self.backward_units
+        """True when forward and backward units are different partitions of the slices
+        (order aside: classic schedules run the same units backward, often in reverse)."""
+        def partition(units: tuple[Unit, ...]) -> set[frozenset[int]]:
+            return {frozenset(u.slice_ids) for u in units}
+        return partition(self.forward_units) != partition(self.backward_units)
 
     @property
     def num_tokens(self) -> int:

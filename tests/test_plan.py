@@ -33,10 +33,13 @@ def slimpack_style_slices():
 
 
 def test_asymmetric_plan_validates_and_round_trips(tmp_path):
-    plan = make_plan(slices=slimpack_style_slices(), fwd=[(0, 1), (2,)], bwd=[(2,), (1, 0)],
+    plan = make_plan(slices=slimpack_style_slices(), fwd=[(0, 1), (2,)], bwd=[(2, 1), (0,)],
                      lengths={0: 12, 1: 3, 2: 2})
     plan.validate()
     assert next(plan.groups()).is_asymmetric
+    mirrored = make_plan(slices=slimpack_style_slices(), fwd=[(0, 1), (2,)], bwd=[(2,), (1, 0)],
+                         lengths={0: 12, 1: 3, 2: 2})
+    assert not next(mirrored.groups()).is_asymmetric
     path = tmp_path / "plan.json"
     plan.save(path)
     again = Plan.load(path)

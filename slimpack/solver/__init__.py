@@ -1,0 +1,106 @@
+"""The SlimPack planner (*reconstructed* from the paper's public summary, arXiv 2509.26246).
+
+``plan(batch, model, hardware, parallel, cost, **options)`` runs:
+
+1. **Slicing** at slice length S (searched, or given);
+2. **Phase 1, DP-aware assignment** of sequences to data-parallel replicas, balanced on
+   estimated forward+backward time (LPT, optionally refined by a HiGHS MILP);
+3. **DP-Merge** of k replicas into one CP-k group for outlier sequences, as a phase of its own;
+4. **Phase 2, asymmetric partitioning** of each replica's slices into forward MicroPacks
+   balanced on forward cost and backward MicroPacks balanced on backward cost;
+5. **Simulator-guided search** over S (and merge on/off), keeping the fastest plan that fits.
+
+Every component has a switch (``no_slicing``, ``no_asymmetric``, ``no_dp_aware``,
+``no_dp_merge``) so the ablation can price what each buys.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from slimpack.batch import Batch
+from slimpack.cost.model import CostModel
+from slimpack.plan import Plan
+from slimpack.solver.build import BuildContext, build_plan
+from slimpack.solver.options import SlimPackOptions
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+__all__ = ["SlimPackOptions", "plan", "default_slice_tokens"]
+
+
+def default_slice_tokens(batch: Batch, parallel: ParallelSpec) -> int:
+    """Heuristic S: about 2*pp*vpp MicroPacks for the longest sequence, 1K-32K, 128-aligned."""
+    longest = max(batch.lengths)
+    align = max(128, 2 * parallel.cp)
+    s = longest / (2 * parallel.pp * parallel.vpp)
+    s = min(max(s, 1024), 32768)
+    return max(align, int(round(s / align)) * align)
+
+
+def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
+         cost: CostModel, **options: Any) -> Plan:
+    started = time.perf_counter()
+    opts = SlimPackOptions.from_kwargs(options)
+    parallel.validate_for_model(model)
+    if opts.slice_tokens is not None and opts.slice_tokens % (2 * parallel.cp):
+        raise ValueError(
+            f"slice_tokens ({opts.slice_tokens}) must be a multiple of 2*cp = {2 * parallel.cp}"
+        )
+    ctx = BuildContext(batch=batch, model=model, hardware=hardware, parallel=parallel,
+                       cost=cost, options=opts)
+    candidates = _slice_candidates(batch, parallel, opts)
+    merge_choices = (True,) if opts.no_dp_merge else (True, False)
+    if not opts.search:
+        best = build_plan(ctx, candidates[0], use_merge=True)
+        tried = [{"slice_tokens": candidates[0], "merge": True}]
+    else:
+        best, tried = _search(ctx, candidates, merge_choices, started)
+    best.metadata["plan_seconds"] = time.perf_counter() - started
+    best.metadata["search"] = tried
+    return best.validate()
+
+
+def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOptions) -> list[int | None]:
+    if opts.no_slicing:
+        return [None]
+    if opts.slice_tokens is not None:
+        return [opts.slice_tokens]
+    default = default_slice_tokens(batch, parallel)
+    if not opts.search:
+        return [default]
+    longest = max(batch.lengths)
+    align = 2 * parallel.cp
+    cands = sorted({s for s in opts.slice_candidates if s < longest and s % align == 0}
+                   | {default})
+    # Try the heuristic first so a tight time limit still returns its answer.
+    return [default] + [s for s in cands if s != default]
+
+
+def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tuple[bool, ...],
+            started: float) -> tuple[Plan, list[dict]]:
+    from slimpack.sim import simulate
+
+    best: Plan | None = None
+    best_key: tuple[bool, float] | None = None
+    tried: list[dict] = []
+    deadline = started + ctx.options.time_limit_s
+    for s in candidates:
+        for use_merge in merge_choices:
+            if best is not None and time.perf_counter() > deadline:
+                return best, tried
+            candidate = build_plan(ctx, s, use_merge=use_merge)
+            if not use_merge and best is not None and not candidate.metadata["slimpack"]["outliers"] \
+                    and len(merge_choices) > 1 and tried and tried[-1]["slice_tokens"] == s \
+                    and not tried[-1]["outliers"]:
+                continue  # no outliers: the no-merge plan is the same plan
+            record = simulate(candidate, model=ctx.model, hardware=ctx.hardware,
+                              cost=ctx.cost).record
+            tried.append({"slice_tokens": s, "merge": use_merge,
+                          "outliers": len(candidate.metadata["slimpack"]["outliers"]),
+                          "step_time_s": record.step_time_s, "oom": record.oom})
+            key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
+            if best_key is None or key < best_key:
+                best, best_key = candidate, key
+    assert best is not None
+    return best, tried

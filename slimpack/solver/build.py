@@ -1,0 +1,141 @@
+"""Assemble a SlimPack plan for one slice length: phase 1, DP-Merge, phase 2."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slimpack.batch import Batch
+from slimpack.cost.memory import (
+    activation_bytes_per_token_per_layer,
+    model_state_bytes,
+)
+from slimpack.cost.model import CostModel
+from slimpack.plan import Group, Phase, Plan
+from slimpack.solver.assign import bin_loads, lpt_assign, milp_assign, token_assign
+from slimpack.solver.estimate import WorkEstimator
+from slimpack.solver.merge import MergeDecision, find_outliers
+from slimpack.solver.micropacks import pack_replica
+from slimpack.solver.options import SlimPackOptions
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildContext:
+    batch: Batch
+    model: ModelSpec
+    hardware: HardwareSpec
+    parallel: ParallelSpec
+    cost: CostModel
+    options: SlimPackOptions
+
+
+def max_tokens_in_flight(ctx: BuildContext, cp: int) -> int:
+    """Tokens whose activations fit on the worst pipeline stage of one group with CP ``cp``."""
+    par, model = ctx.parallel, ctx.model
+    budget = ctx.hardware.usable_memory_bytes * ctx.options.memory_headroom
+    budget -= model_state_bytes(model, tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp)
+    per_token = (activation_bytes_per_token_per_layer(model) * model.num_layers / par.pp
+                 / (par.tp * cp))
+    return max(int(budget / per_token), 0)
+
+
+def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) -> Plan:
+    par, opts = ctx.parallel, ctx.options
+    lengths = {s.seq_id: s.length for s in ctx.batch.sequences}
+    est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp)
+    work = {s: est.total(n) for s, n in lengths.items()}
+    # In flight per stage: one round plus the 1F1B warm-up of ~2(p-1) MicroPacks.
+    warmup_tokens = 2 * (par.pp - 1) * (slice_tokens or 0)
+    fit_tokens = max(max_tokens_in_flight(ctx, par.cp) - warmup_tokens, 128)
+
+    decision = MergeDecision(outliers=(), merge_factor=1)
+    if use_merge and not opts.no_dp_merge:
+        decision = find_outliers(lengths, work, dp=par.dp, max_tokens_per_replica=fit_tokens)
+    regular = {s: n for s, n in lengths.items() if s not in set(decision.outliers)}
+
+    phases: list[Phase] = []
+    info: dict = {"slice_tokens": slice_tokens, "outliers": list(decision.outliers),
+                  "merge_factor": decision.merge_factor}
+    next_group = 0
+    if decision.outliers:
+        k = decision.merge_factor
+        merged_groups = par.dp // k
+        m_est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp * k)
+        out_work = [m_est.total(lengths[s]) for s in decision.outliers]
+        bins = lpt_assign(out_work, merged_groups)
+        target = _unit_target(m_est, {s: lengths[s] for s in decision.outliers}, merged_groups,
+                              slice_tokens, par)
+        groups = []
+        for g, members in enumerate(bins):
+            if not members:
+                continue
+            replicas = list(range(g * k, (g + 1) * k))
+            seqs = {decision.outliers[i]: lengths[decision.outliers[i]] for i in members}
+            groups.append(_group(ctx, next_group, replicas, seqs, m_est, slice_tokens,
+                                 max(max_tokens_in_flight(ctx, par.cp * k) - warmup_tokens, 128),
+                                 target))
+            next_group += 1
+        phases.append(Phase(groups=tuple(groups)))
+
+    if regular:
+        ids = sorted(regular)
+        if opts.no_dp_aware:
+            bins = token_assign([regular[s] for s in ids], par.dp)
+            info["phase1"] = "tokens"
+        elif opts.milp:
+            bins, milp_info = milp_assign([work[s] for s in ids], par.dp,
+                                          time_limit_s=opts.milp_time_limit_s)
+            info.update(milp_info)
+            info["phase1"] = "milp"
+        else:
+            bins = lpt_assign([work[s] for s in ids], par.dp)
+            info["phase1"] = "lpt"
+        loads = bin_loads(bins, [work[s] for s in ids])
+        info["replica_load_spread"] = max(loads) / max(min(loads), 1e-12)
+        target = _unit_target(est, regular, par.dp, slice_tokens, par)
+        groups = []
+        for r, members in enumerate(bins):
+            if not members:
+                continue
+            seqs = {ids[i]: regular[ids[i]] for i in members}
+            groups.append(_group(ctx, next_group, [r], seqs, est, slice_tokens, fit_tokens, target))
+            next_group += 1
+        phases.append(Phase(groups=tuple(groups)))
+
+    return Plan(method="slimpack", model=ctx.model.name, parallel=par,
+                sequence_lengths=lengths, phases=tuple(phases), metadata={"slimpack": info})
+
+
+def _unit_target(est: WorkEstimator, lengths: dict[int, int], replicas: int,
+                 slice_tokens: int | None, par: ParallelSpec) -> float:
+    """Forward seconds per MicroPack: a replica's forward work over its number of steps.
+
+    The step count aims at ``total tokens / S`` per replica, and at least 2*pp*vpp so the
+    pipeline has steady state to hide its fill and drain in.
+    """
+    total_fwd = sum(est.forward(n) for n in lengths.values()) / replicas
+    tokens = sum(lengths.values()) / replicas
+    if slice_tokens is None:
+        steps = max(len(lengths) / replicas, 1)
+    else:
+        steps = max(tokens / slice_tokens, 2 * par.pp * par.vpp, 1)
+    return total_fwd / steps
+
+
+def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],
+           est: WorkEstimator, slice_tokens: int | None, round_capacity: int,
+           target: float) -> Group:
+    par = ctx.parallel
+    k = len(replicas)
+    packs = pack_replica(seqs, est, slice_tokens=slice_tokens, round_capacity=round_capacity,
+                         unit_forward_target=target, asymmetric=not ctx.options.no_asymmetric)
+    # Ranks ordered (pp, cp, tp): a merged group's CP index runs over its replicas' CP ranks.
+    ranks = tuple(par.rank(dp=r, pp=s, cp=c, tp=t)
+                  for s in range(par.pp) for r in replicas for c in range(par.cp)
+                  for t in range(par.tp))
+    return Group(
+        group_id=group_id, ranks=ranks, tp=par.tp, cp=par.cp * k, pp=par.pp, vpp=par.vpp,
+        slices=tuple(packs.slices), forward_units=tuple(packs.forward_units),
+        backward_units=tuple(packs.backward_units), schedule="asymmetric",
+        cp_sharding="per-document", cp_kind="ring",
+    )

@@ -1,0 +1,55 @@
+"""Options of the SlimPack planner; each ``no_*`` switch turns one component off for ablation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlimPackOptions:
+    slice_tokens: int | None = None
+    """Slice length S (a multiple of 128 and of 2*cp). None: searched with the simulator."""
+    slice_candidates: tuple[int, ...] = (2048, 4096, 8192, 16384, 32768)
+    """Values of S tried by the search (those above the context are dropped)."""
+    search: bool = True
+    """Simulate every candidate and keep the fastest that fits; False = heuristic mode."""
+    milp: bool = False
+    """Refine phase 1 with a HiGHS MILP (warm-started from the heuristic)."""
+    time_limit_s: float = 2.0
+    """Wall-clock budget for the whole planner; the search stops early when it runs out."""
+    milp_time_limit_s: float = 1.0
+    no_slicing: bool = False
+    """Ablation: whole sequences only (no cutting long sequences into slices)."""
+    no_asymmetric: bool = False
+    """Ablation: backward MicroPacks mirror the forward ones."""
+    no_dp_aware: bool = False
+    """Ablation: phase 1 deals sequences to replicas by token count, blind to their cost."""
+    no_dp_merge: bool = False
+    """Ablation: outliers stay on one replica instead of a temporary CP merge."""
+    memory_headroom: float = 0.9
+    """Fraction of usable device memory the planner lets activations and states take."""
+
+    def __post_init__(self) -> None:
+        if self.slice_tokens is not None and (self.slice_tokens <= 0 or self.slice_tokens % 128):
+            raise ValueError(
+                f"SlimPackOptions.slice_tokens must be a positive multiple of 128, got {self.slice_tokens}"
+            )
+        if not self.slice_candidates or any(s <= 0 or s % 128 for s in self.slice_candidates):
+            raise ValueError("SlimPackOptions.slice_candidates must be positive multiples of 128")
+        if self.time_limit_s <= 0 or self.milp_time_limit_s <= 0:
+            raise ValueError("SlimPackOptions.time_limit_s and milp_time_limit_s must be > 0")
+        if not 0 < self.memory_headroom <= 1:
+            raise ValueError(f"SlimPackOptions.memory_headroom must be in (0, 1], got {self.memory_headroom}")
+
+    @classmethod
+    def from_kwargs(cls, options: dict[str, Any]) -> SlimPackOptions:
+        """Build from planner ``**options`` (dashes allowed); unknown names are an error."""
+        names = {f.name for f in fields(cls)}
+        clean = {k.replace("-", "_"): v for k, v in options.items()}
+        unknown = sorted(set(clean) - names)
+        if unknown:
+            raise ValueError(f"slimpack planner: unknown options {unknown}; allowed: {sorted(names)}")
+        if "slice_candidates" in clean:
+            clean["slice_candidates"] = tuple(clean["slice_candidates"])
+        return cls(**clean)
