@@ -130,7 +130,9 @@ class Profile:
 
 
 def _compact_number(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else float(f"{x:.6g}")
+    # One monotone rounding rule for every value, so a non-decreasing table stays so.
+    rounded = float(f"{x:.7g}")
+    return int(rounded) if rounded.is_integer() else rounded
 
 
 def profiles_dir() -> Path:
