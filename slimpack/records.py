@@ -25,6 +25,9 @@ class OpTiming:
     start_s: float
     end_s: float
     lane: str = "compute"
+    """'compute', or a communication lane ('send-next', 'send-prev', 'dp-sync')."""
+    group: int = 0
+    """Plan group the op belongs to (stage numbers restart in every group)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,125 @@
+"""``slimpack simulate``: time a plan, or a uniform synthetic workload, with the simulator.
+
+    slimpack simulate PLAN.json [--model M] [--hardware H] [--json] [--trace FILE] [--gantt PNG]
+    slimpack simulate --uniform --schedule slimpipe --pp 16 --vpp 5 --slices 16 \\
+        --microbatches 16 --json
+
+The uniform mode prices every unit the same (UniformCostModel, free communication), so its
+bubble fraction must equal the closed forms of DESIGN section 5; it prints them side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+UNIFORM_SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="simulate one training step of a plan (or a uniform workload)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("plan", nargs="?", help="plan JSON written by a planner")
+    p.add_argument("--model", help="model preset (default: the plan's model)")
+    p.add_argument("--hardware", default="h100-80g", help="hardware preset (default h100-80g)")
+    p.add_argument("--json", action="store_true", help="print the record as JSON")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
+    p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart")
+    p.add_argument("--no-overlap-dp-sync", action="store_true",
+                   help="start gradient synchronisation only after the last backward")
+    u = p.add_argument_group("uniform synthetic workload")
+    u.add_argument("--uniform", action="store_true",
+                   help="simulate m sequences of n equal slices with uniform unit costs")
+    u.add_argument("--schedule", choices=UNIFORM_SCHEDULES, default="1f1b")
+    u.add_argument("--pp", type=int, default=4)
+    u.add_argument("--vpp", type=int, default=1)
+    u.add_argument("--slices", type=int, default=1)
+    u.add_argument("--microbatches", type=int, default=8)
+    p.set_defaults(handler=run)
+
+
+def closed_form_bubble(schedule: str, *, pp: int, vpp: int, slices: int,
+                       microbatches: int) -> float:
+    """(p-1)/(v*n*m + p-1): 1F1B and GPipe (v = n = 1), interleaved (n = 1), SlimPipe."""
+    return (pp - 1) / (vpp * slices * microbatches + pp - 1)
+
+
+def run(args: argparse.Namespace) -> int:
+    from slimpack.specs import hardware_preset, model_preset
+
+    hardware = hardware_preset(args.hardware)
+    extra: dict[str, Any] = {}
+    if args.uniform:
+        if args.plan:
+            raise ValueError("give either PLAN.json or --uniform, not both")
+        plan, model, cost = _uniform(args, hardware)
+        extra["closed_form_bubble_fraction"] = closed_form_bubble(
+            args.schedule, pp=args.pp, vpp=args.vpp, slices=args.slices,
+            microbatches=args.microbatches)
+    else:
+        if not args.plan:
+            raise ValueError("give a plan JSON file, or --uniform for a synthetic workload")
+        from slimpack.plan import Plan
+
+        plan = Plan.load(args.plan)
+        name = args.model or plan.model
+        if not name:
+            raise ValueError(f"plan {args.plan} names no model; pass --model")
+        model = model_preset(name)
+        cost = None
+    from slimpack.sim import plot_gantt, simulate, to_chrome_trace
+
+    want_ops = bool(args.trace or args.gantt)
+    result = simulate(plan, model=model, hardware=hardware, cost=cost, trace=want_ops,
+                      overlap_dp_sync=not args.no_overlap_dp_sync)
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(to_chrome_trace(result)))
+    if args.gantt:
+        plot_gantt(result, args.gantt)
+    summary = _summary(result.record) | extra
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        for key in ("method", "model", "step_time_s", "ideal_step_time_s", "step_over_ideal",
+                    "bubble_fraction", "mfu", "tokens_per_s", "imbalance_degree",
+                    "peak_memory_gib", "oom", *extra):
+            print(f"{key:28s} {summary[key]}")
+    return 0
+
+
+def _summary(record) -> dict[str, Any]:
+    out = asdict(record)
+    out.pop("ops")
+    out["step_over_ideal"] = record.step_over_ideal
+    out["peak_memory_gib"] = record.peak_memory_gib
+    return out
+
+
+def _uniform(args: argparse.Namespace, hardware):
+    from slimpack.sim import UniformCostModel, uniform_plan
+    from slimpack.specs import ModelSpec, model_preset
+
+    if args.schedule == "1f1b" and args.vpp > 1:
+        raise ValueError("--schedule 1f1b needs --vpp 1; use --schedule interleaved")
+    stages = args.pp * args.vpp
+    if args.model:
+        model = model_preset(args.model)
+        if model.num_layers % stages:
+            raise ValueError(f"--pp * --vpp = {stages} must divide {model.name}'s "
+                             f"{model.num_layers} layers")
+    else:
+        # One layer per virtual stage: only the unit count matters to uniform costs.
+        model = ModelSpec(name=f"uniform-{stages}l", num_layers=stages, hidden=64,
+                          ffn_hidden=128, num_heads=4, num_kv_heads=4, vocab_size=128)
+    plan = uniform_plan(schedule=args.schedule, pp=args.pp, vpp=args.vpp, slices=args.slices,
+                        microbatches=args.microbatches, model=model.name)
+    # A whole sequence takes 1 ms forward and 2 ms backward on one stage, however cut.
+    layers_per_stage = model.num_layers / args.pp
+    per_layer = 1e-3 / (layers_per_stage * args.slices)
+    cost = UniformCostModel(model=model, hardware=hardware, forward_s=per_layer,
+                            backward_s=2 * per_layer)
+    return plan, model, cost

@@ -1,0 +1,103 @@
+"""Schedule builders: a plan group -> one ordered op list per pipeline stage.
+
+Every kind is the same construction with different warm-up lengths. All stages share one
+forward order and one backward order (:mod:`slimpack.schedules.orders`); stage ``r`` runs
+``count_r(j)`` forwards before its ``j``-th backward, where
+
+    count_r(j) = min(total F, max(warmup_r + j, need(j), count_r(j-1)))
+
+``need(j)`` is one past the position, in the forward order, of the last forward op the
+``j``-th backward transitively needs on this stage: F of each of its slices on *every*
+chunk (its gradient comes back through all later virtual stages). So a backward unit never
+waits for a forward its own stage has not scheduled yet, whatever the unit partitions.
+
+Warm-up (``warmup_r = need(0) + offset_r``), rank ``r`` of ``p``:
+
+* ``gpipe``: all forwards, then all backwards.
+* ``1f1b``: ``offset = p-1-r``, so rank r holds ``p - r`` micro-batches (Megatron-LM).
+* ``interleaved``: ``offset = 2(p-1-r)``; with ``need(0) = (v-1)p + 1`` this is Megatron's
+  ``2(p-1-r) + (v-1)p + 1`` chunk-micro-batches in flight.
+* ``slimpipe``: ``offset = 2(p-1-r)``; the first backward is the *last* slice of the first
+  sequence on the last chunk, so ``need(0) = n*v`` and rank r runs ``n*v + 2(p-1-r)``
+  slice-chunks before its first backward (SlimPipe's rule).
+* ``asymmetric`` (forward units != backward units): same as slimpipe. The first backward unit
+  on the last stage may only start once every slice in it has been forwarded there, which
+  ``need`` guarantees, and the shared backward order keeps the reverse-slice rule per
+  sequence. The ``2(p-1-r)`` offset keeps rank r busy with forwards while the first gradient
+  travels down and back up the pipeline (bubble-light, at SlimPipe's memory cost).
+
+The result is checked for deadlock with :func:`progress`; for unusual asymmetric
+partitions with virtual stages where the rule above is not enough, the stuck stages' warm-up
+is doubled until it runs (GPipe, all forwards first, always does).
+"""
+
+from __future__ import annotations
+
+from slimpack.plan import Group
+from slimpack.schedules.ops import Op
+from slimpack.schedules.orders import backward_order, forward_order
+from slimpack.schedules.validate import ScheduleError, describe_stuck, progress
+
+MAX_REPAIRS = 64
+
+
+def build_schedule(group: Group) -> list[list[Op]]:
+    """One ordered op list per pipeline stage, for ``group.schedule``.
+
+    Raises ScheduleError for a kind that cannot run this group (e.g. ``1f1b`` with vpp > 1).
+    """
+    kind = group.schedule
+    p, v = group.pp, group.vpp
+    if kind == "1f1b" and v > 1:
+        raise ScheduleError(f"Group {group.group_id}: schedule '1f1b' needs vpp = 1, got {v}; "
+                            f"use 'interleaved'")
+    fwd = forward_order(group)
+    bwd = backward_order(group)
+    needs = _backward_needs(group, fwd, bwd)
+    extra = [0] * p
+    for _ in range(MAX_REPAIRS):
+        ops = [_interleave(fwd, bwd, needs, _offset(kind, p, v, r) + extra[r], kind == "gpipe")
+               for r in range(p)]
+        pos = progress(group, ops)
+        stuck_stages = [r for r in range(p) if pos[r] < len(ops[r])]
+        if not stuck_stages:
+            return ops
+        for r in stuck_stages:
+            extra[r] = max(1, 2 * extra[r])
+        # A stage may not hold fewer forwards than the one after it (the 1F1B invariant).
+        for r in range(p - 2, -1, -1):
+            extra[r] = max(extra[r], extra[r + 1])
+    raise ScheduleError(f"Group {group.group_id}: no deadlock-free {kind} schedule found; "
+                        f"{describe_stuck(ops, pos, p)}")
+
+
+def _offset(kind: str, p: int, v: int, rank: int) -> int:
+    if kind == "1f1b" or (kind == "interleaved" and v == 1):
+        return p - 1 - rank
+    return 2 * (p - 1 - rank)
+
+
+def _backward_needs(group: Group, fwd: list[Op], bwd: list[Op]) -> list[int]:
+    """For each backward op: forwards that must precede it on a stage (all chunks)."""
+    last_pos_of_slice: dict[int, int] = {}
+    for pos, op in enumerate(fwd):
+        for sid in group.forward_units[op.unit].slice_ids:
+            last_pos_of_slice[sid] = pos  # forward order visits chunks in increasing order
+    unit_need = [1 + max(last_pos_of_slice[sid] for sid in unit.slice_ids)
+                 for unit in group.backward_units]
+    return [unit_need[op.unit] for op in bwd]
+
+
+def _interleave(fwd: list[Op], bwd: list[Op], needs: list[int], offset: int,
+                all_forwards_first: bool) -> list[Op]:
+    total = len(fwd)
+    out: list[Op] = []
+    done = 0
+    warmup = (needs[0] if needs else 0) + offset
+    for j, op in enumerate(bwd):
+        count = total if all_forwards_first else min(total, max(warmup + j, needs[j], done))
+        out.extend(fwd[done:count])
+        done = count
+        out.append(op)
+    out.extend(fwd[done:])
+    return out

@@ -1,0 +1,108 @@
+"""The forward and backward op orders every stage of a group shares.
+
+All stages run forwards in one order and backwards in one order; only how the two are
+interleaved (the warm-up) differs between stages. Keeping the orders identical across stages
+is what makes every F and B arrive in the order its receiver expects it.
+
+With virtual stages (vpp > 1) the orders are chunk-major within *groups* of units, as in
+Megatron-LM's interleaved 1F1B: a group's units all pass chunk 0, then chunk 1, ... Groups
+hold at least ``pp`` units, so by the time chunk 0 of stage 0 needs a group's first unit again
+at chunk 1, the last stage has already produced it. Groups never split a sequence (a *run* of
+units connected by shared sequences stays whole), which is how SlimPipe's "all slices of a
+sequence per chunk" order falls out: each sequence is a run of n slice units.
+"""
+
+from __future__ import annotations
+
+from slimpack.plan import Group, Unit
+from slimpack.schedules.ops import Op
+
+
+def unit_sequences(group: Group, units: tuple[Unit, ...]) -> list[frozenset[int]]:
+    return [frozenset(seg.seq_id for sid in u.slice_ids for seg in group.slice(sid).segments)
+            for u in units]
+
+
+def sequence_runs(group: Group) -> list[list[int]]:
+    """Maximal runs of consecutive forward units that share no sequence with other runs."""
+    seqs = unit_sequences(group, group.forward_units)
+    last_unit: dict[int, int] = {}
+    for i, ss in enumerate(seqs):
+        for s in ss:
+            last_unit[s] = i
+    runs: list[list[int]] = []
+    current: list[int] = []
+    reach = -1
+    for i, ss in enumerate(seqs):
+        current.append(i)
+        for s in ss:
+            reach = max(reach, last_unit[s])
+        if reach <= i:
+            runs.append(current)
+            current = []
+    if current:
+        runs.append(current)
+    return runs
+
+
+def forward_groups(group: Group, min_size: int) -> list[list[int]]:
+    """Consecutive runs merged until each group holds at least ``min_size`` units.
+
+    A short tail joins the group before it: a group smaller than ``pp`` would make stage 0
+    wait, at chunk c+1, for the last stage that is still busy with backwards (a deadlock).
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for run in sequence_runs(group):
+        current.extend(run)
+        if len(current) >= min_size:
+            groups.append(current)
+            current = []
+    if current:
+        if groups:
+            groups[-1].extend(current)
+        else:
+            groups.append(current)
+    return groups
+
+
+def forward_order(group: Group) -> list[Op]:
+    """Forward ops in execution order, identical on every stage."""
+    v = group.vpp
+    if v == 1:
+        return [Op("F", u, 0) for u in range(len(group.forward_units))]
+    order: list[Op] = []
+    for members in forward_groups(group, group.pp):
+        for c in range(v):
+            order.extend(Op("F", u, c) for u in members)
+    return order
+
+
+def backward_order(group: Group) -> list[Op]:
+    """Backward ops in execution order, identical on every stage.
+
+    Backward units run in the plan's order (which ``Plan.validate`` has checked backwards
+    every sequence in reverse slice order). With vpp > 1 each backward unit belongs to the
+    latest forward group holding one of its slices; consecutive backward units of one forward
+    group run chunk-major from the last chunk down, mirroring the forward order.
+    """
+    v = group.vpp
+    nb = len(group.backward_units)
+    if v == 1:
+        return [Op("B", u, 0) for u in range(nb)]
+    owner_of_slice: dict[int, int] = {}
+    for g, members in enumerate(forward_groups(group, group.pp)):
+        for u in members:
+            for sid in group.forward_units[u].slice_ids:
+                owner_of_slice[sid] = g
+    owners = [max(owner_of_slice[sid] for sid in bu.slice_ids) for bu in group.backward_units]
+    order: list[Op] = []
+    start = 0
+    while start < nb:
+        end = start
+        while end < nb and owners[end] == owners[start]:
+            end += 1
+        for c in reversed(range(v)):
+            order.extend(Op("B", u, c) for u in range(start, end))
+        start = end
+    return order

@@ -1,0 +1,155 @@
+"""Per-unit durations of one group, computed once before the timing walk.
+
+Every forward unit and every backward unit gets its own price from the cost model (what
+makes variable-length plans simulable): its pieces per CP rank, priced per layer, the
+slowest CP rank setting the pace, times the layers of each virtual stage, plus the LM head
+where it lives. Communication that travels between stages (activations, gradients) is priced
+here too but scheduled on the comm lanes by the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slimpack.cost.memory import kv_bytes_per_token_per_layer
+from slimpack.cost.model import CostModel
+from slimpack.plan import Group, Unit
+from slimpack.sim.sharding import slice_pieces
+from slimpack.specs.model import ModelSpec
+
+BF16 = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupCosts:
+    """Seconds per op of one group; lists indexed [virtual stage][unit] or [stage][unit]."""
+
+    layers: list[int]
+    """Transformer layers of each virtual stage (``chunk*pp + stage``)."""
+    fwd_s: list[list[float]]
+    bwd_s: list[list[float]]
+    fwd_ideal_s: list[list[float]]
+    """Mean over CP ranks and without CP communication: the perfectly balanced compute."""
+    bwd_ideal_s: list[list[float]]
+    fwd_send_s: list[list[float]]
+    """p2p of a forward unit's output from a stage to the next virtual stage's stage."""
+    bwd_send_s: list[list[float]]
+    fwd_unit_tokens: list[int]
+    bwd_unit_tokens: list[int]
+
+
+def layers_per_virtual_stage(num_layers: int, pp: int, vpp: int) -> list[int]:
+    """Even split; when it does not divide, the earliest virtual stages take one more."""
+    stages = pp * vpp
+    if num_layers < stages:
+        raise ValueError(f"pp*vpp = {stages} exceeds num_layers = {num_layers}")
+    base, rem = divmod(num_layers, stages)
+    return [base + (1 if vs < rem else 0) for vs in range(stages)]
+
+
+def head_virtual_stages(group: Group) -> list[int]:
+    """Virtual stages that run (a share of) the LM head and loss."""
+    pp, vpp = group.pp, group.vpp
+    if group.vocab_parallel_pp:
+        # SlimPipe spreads the output layer over all pipeline ranks; each rank's share is
+        # charged to its last model chunk (*reconstructed* placement, the total is exact).
+        return [(vpp - 1) * pp + s for s in range(pp)]
+    return [pp * vpp - 1]
+
+
+def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_node: int,
+                slice_cache: dict | None = None) -> GroupCosts:
+    pp, vpp, tp, cp = group.pp, group.vpp, group.tp, group.cp
+    layers = layers_per_virtual_stage(model.num_layers, pp, vpp)
+    stage_nodes = [{r // gpus_per_node for r in group.stage_ranks(s)} for s in range(pp)]
+    cp_intra = all(len(nodes) == 1 for nodes in stage_nodes)
+    pieces_of = slice_cache if slice_cache is not None else {}
+
+    def rank_pieces(unit: Unit) -> list[list[tuple[int, int]]]:
+        per_rank: list[list[tuple[int, int]]] = [[] for _ in range(cp)]
+        for sid in unit.slice_ids:
+            key = (group.group_id, sid)
+            shards = pieces_of.get(key)
+            if shards is None:
+                shards = slice_pieces(group.slice(sid), cp, group.cp_sharding)
+                pieces_of[key] = shards
+            for r in range(cp):
+                per_rank[r].extend(shards[r])
+        return per_rank
+
+    def price(unit: Unit) -> tuple[float, float, float, float, int]:
+        """Per-layer (fwd, bwd) seconds of the slowest rank with CP comm, the balanced
+        (fwd, bwd) seconds, and the unit's tokens."""
+        per_rank = rank_pieces(unit)
+        tokens = sum(t for r in per_rank for t, _ in r)
+        if cp > 1 and group.cp_kind == "ulysses":
+            # Heads are split over the CP group after the all-to-all: every rank does 1/cp of
+            # all the unit's work, so it is balanced by construction.
+            all_pieces = [p for r in per_rank for p in r]
+            t = cost.layer_times(all_pieces, tp=tp * cp, recompute=group.recompute)
+            comm = _ulysses_comm(model, cost, tokens / cp, tp, cp, cp_intra)
+            return t.forward_s + comm, t.backward_s + comm, t.forward_s, t.backward_s, tokens
+        times = [cost.layer_times(r, tp=tp, recompute=group.recompute) for r in per_rank]
+        fwd = max(t.forward_s for t in times)
+        bwd = max(t.backward_s for t in times)
+        if cp > 1:
+            # Ring attention ships each rank's K,V chunk round the ring (cp-1 steps) and, in
+            # backward, dK/dV too; it overlaps with attention, so a layer takes the longer.
+            rank_tokens = max(sum(t for t, _ in r) for r in per_rank)
+            step = cost.comm.p2p(rank_tokens * kv_bytes_per_token_per_layer(model, tp),
+                                 intra_node=cp_intra)
+            fwd = max(fwd, (cp - 1) * step)
+            bwd = max(bwd, 2 * (cp - 1) * step)
+        return (fwd, bwd, sum(t.forward_s for t in times) / cp,
+                sum(t.backward_s for t in times) / cp, tokens)
+
+    fwd_priced = [price(u) for u in group.forward_units]
+    bwd_priced = (fwd_priced if group.backward_units == group.forward_units
+                  else [price(u) for u in group.backward_units])
+    fwd = [(f[0], f[2], f[4]) for f in fwd_priced]
+    bwd = [(b[1], b[3], b[4]) for b in bwd_priced]
+    fwd_tokens = [f[2] for f in fwd]
+    bwd_tokens = [b[2] for b in bwd]
+
+    head_vs = set(head_virtual_stages(group))
+    shards = pp if group.vocab_parallel_pp else 1
+
+    def head(tokens: int, backward: bool) -> float:
+        t = cost.head_times(-(-tokens // cp), tp=tp, vocab_shards=shards)
+        return t.backward_s if backward else t.forward_s
+
+    fwd_head = [head(t, False) for t in fwd_tokens] if head_vs else []
+    bwd_head = [head(t, True) for t in bwd_tokens] if head_vs else []
+    fwd_s, bwd_s, fwd_ideal, bwd_ideal = [], [], [], []
+    for vs, n in enumerate(layers):
+        with_head = vs in head_vs
+        fwd_s.append([f[0] * n + (fwd_head[u] if with_head else 0.0) for u, f in enumerate(fwd)])
+        bwd_s.append([b[0] * n + (bwd_head[u] if with_head else 0.0) for u, b in enumerate(bwd)])
+        fwd_ideal.append([f[1] * n + (fwd_head[u] if with_head else 0.0)
+                          for u, f in enumerate(fwd)])
+        bwd_ideal.append([b[1] * n + (bwd_head[u] if with_head else 0.0)
+                          for u, b in enumerate(bwd)])
+
+    def sends(tokens: list[int], step: int) -> list[list[float]]:
+        out = []
+        for s in range(pp):
+            peer = (s + step) % pp
+            intra = len(stage_nodes[s] | stage_nodes[peer]) == 1
+            # Sequence parallelism: each TP rank sends its 1/tp share of the hidden states.
+            out.append([cost.comm.p2p(t / (tp * cp) * model.hidden * BF16, intra_node=intra)
+                        for t in tokens])
+        return out
+
+    return GroupCosts(layers=layers, fwd_s=fwd_s, bwd_s=bwd_s, fwd_ideal_s=fwd_ideal,
+                      bwd_ideal_s=bwd_ideal, fwd_send_s=sends(fwd_tokens, 1),
+                      bwd_send_s=sends(bwd_tokens, -1), fwd_unit_tokens=fwd_tokens,
+                      bwd_unit_tokens=bwd_tokens)
+
+
+def _ulysses_comm(model: ModelSpec, cost: CostModel, rank_tokens: float, tp: int, cp: int,
+                  intra: bool) -> float:
+    """Four all-to-alls per layer and pass (q, k, v in; attention output back)."""
+    q_bytes = rank_tokens * model.q_dim / tp * BF16
+    kv_bytes = rank_tokens * kv_bytes_per_token_per_layer(model, tp) / 2  # K or V alone
+    a2a = cost.comm.all_to_all
+    return 2 * a2a(q_bytes, cp, intra_node=intra) + 2 * a2a(kv_bytes, cp, intra_node=intra)

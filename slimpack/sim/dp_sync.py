@@ -1,0 +1,85 @@
+"""Data-parallel gradient synchronisation at the end of the step.
+
+Megatron-LM's distributed optimizer reduce-scatters the fp32 gradients and all-gathers the
+bf16 parameters over the data-parallel-with-context group (dp*cp ranks of the base layout).
+Each base pipeline stage synchronises its own layers once every group stage holding one of
+those layers is done. With ``overlap`` the buckets start as the last backward produces them,
+so a stage's sync may begin at its last backward's start (but cannot end before it does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slimpack.cost.comm import CommModel
+from slimpack.plan import Group, Plan
+from slimpack.records import OpTiming
+from slimpack.sim.costs import layers_per_virtual_stage
+from slimpack.sim.engine import GroupTimeline
+from slimpack.specs.model import ModelSpec
+
+FP32 = 4
+BF16 = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DpSync:
+    stage_end_s: tuple[float, ...]
+    """Per base pipeline stage: when its synchronisation ends."""
+    duration_s: float
+    """Longest single stage synchronisation (seconds of communication)."""
+    ops: tuple[OpTiming, ...] = ()
+
+    @property
+    def end_s(self) -> float:
+        return max(self.stage_end_s, default=0.0)
+
+
+def stage_layers(pp: int, vpp: int, num_layers: int) -> list[set[int]]:
+    """Layer indices held by each pipeline stage (chunk c of stage s = block c*pp + s)."""
+    counts = layers_per_virtual_stage(num_layers, pp, vpp)
+    out: list[set[int]] = [set() for _ in range(pp)]
+    first = 0
+    for vs, n in enumerate(counts):
+        out[vs % pp].update(range(first, first + n))
+        first += n
+    return out
+
+
+def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: ModelSpec,
+            comm: CommModel, overlap: bool) -> DpSync:
+    base = plan.parallel
+    sync_size = base.dp * base.cp
+    base_layers = stage_layers(base.pp, base.vpp, model.num_layers)
+    ready = [0.0] * base.pp
+    done = [0.0] * base.pp
+    for group, tl in groups:
+        same_layout = group.pp == base.pp and group.vpp == base.vpp
+        g_layers = None if same_layout else stage_layers(group.pp, group.vpp, model.num_layers)
+        for s in range(group.pp):
+            targets = [s] if same_layout else [
+                b for b in range(base.pp) if base_layers[b] & g_layers[s]]  # type: ignore[index]
+            start = tl.last_backward_start[s] if overlap else tl.compute_end[s]
+            for b in targets:
+                ready[b] = max(ready[b], start)
+                done[b] = max(done[b], tl.compute_end[s])
+    if sync_size == 1:
+        return DpSync(stage_end_s=tuple(done), duration_s=0.0)
+    ends = []
+    ops = []
+    longest = 0.0
+    for b in range(base.pp):
+        params = len(base_layers[b]) * model.params_per_layer / base.tp
+        if b == 0:
+            params += model.embedding_params / base.tp
+        if b == base.pp - 1 and not model.tied_embeddings:
+            params += model.embedding_params / base.tp
+        intra = base.same_node(base.dp_group(base.rank(pp=b)))
+        seconds = (comm.reduce_scatter(params * FP32, sync_size, intra_node=intra)
+                   + comm.all_gather(params * BF16, sync_size, intra_node=intra))
+        longest = max(longest, seconds)
+        end = max(done[b], ready[b] + seconds)
+        ends.append(end)
+        ops.append(OpTiming(stage=b, kind="dp-sync", unit=-1, chunk=-1, start_s=end - seconds,
+                            end_s=end, lane="dp-sync", group=-1))
+    return DpSync(stage_end_s=tuple(ends), duration_s=longest, ops=tuple(ops))

@@ -1,0 +1,97 @@
+"""What each op allocates and frees on its stage, in the units of slimpack.cost.memory.
+
+The engine walks each stage's ops in order and keeps a running total, so the peak is exact
+for the schedule that ran. Per rank of a stage (one of its tp*cp devices):
+
+* activations: a slice's ``tokens/(tp*cp) * layers * a`` bytes (``a`` from
+  :func:`activation_bytes_per_token_per_layer`, which already holds the slice's K and V, i.e.
+  the KV cache later slices attend to) alive from the start of its F to the end of its B;
+* dK/dV accumulators: for a sequence whose slices are backwarded in several units, its
+  ``tokens/cp * layers * kv_bytes`` from the start of its first B to the end of its last B on
+  that chunk (they collect the gradients later slices send to earlier ones);
+* constant: model states (embedding on the first stage, LM head on the last or spread over
+  all stages) and the fp32 logits of one slice where the head runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slimpack.cost.memory import (
+    activation_bytes_per_token_per_layer,
+    kv_bytes_per_token_per_layer,
+    logits_bytes,
+    model_state_bytes,
+)
+from slimpack.plan import Group
+from slimpack.sim.costs import head_virtual_stages
+from slimpack.specs.model import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupMemory:
+    """Bytes per layer (multiply by a virtual stage's layers) and constant bytes per stage."""
+
+    fwd_alloc: list[float]
+    """Per forward unit: activations allocated at F start, per layer."""
+    bwd_free: list[float]
+    """Per backward unit: activations freed at B end, per layer."""
+    kvgrad_alloc: list[float]
+    """Per backward unit: dK/dV accumulators allocated at B start, per layer."""
+    kvgrad_free: list[float]
+    """Per backward unit: dK/dV accumulators freed at B end, per layer."""
+    static_bytes: list[float]
+    """Per stage: model states plus logits."""
+    model_state_bytes: list[float]
+    logits_bytes: list[float]
+    kv_share: float
+    """Fraction of activation bytes that are the forward K,V (the KV cache)."""
+
+
+def group_memory(group: Group, *, model: ModelSpec, dp: int) -> GroupMemory:
+    tp, cp, pp = group.tp, group.cp, group.pp
+    a = activation_bytes_per_token_per_layer(model, group.recompute)
+    per_token = a / (tp * cp)
+    slice_act = {sl.slice_id: sl.num_tokens * per_token for sl in group.slices}
+    fwd_alloc = [sum(slice_act[s] for s in u.slice_ids) for u in group.forward_units]
+    bwd_free = [sum(slice_act[s] for s in u.slice_ids) for u in group.backward_units]
+
+    # dK/dV buffers: only for sequences spread over several backward units.
+    kv_per_token = kv_bytes_per_token_per_layer(model, tp) / cp
+    seq_tokens: dict[int, int] = {}
+    first_unit: dict[int, int] = {}
+    last_unit: dict[int, int] = {}
+    for i, unit in enumerate(group.backward_units):
+        for sid in unit.slice_ids:
+            for seg in group.slice(sid).segments:
+                seq_tokens[seg.seq_id] = seq_tokens.get(seg.seq_id, 0) + seg.num_tokens
+                first_unit.setdefault(seg.seq_id, i)
+                last_unit[seg.seq_id] = i
+    nb = len(group.backward_units)
+    kvgrad_alloc = [0.0] * nb
+    kvgrad_free = [0.0] * nb
+    for seq, first in first_unit.items():
+        if last_unit[seq] != first:
+            kvgrad_alloc[first] += seq_tokens[seq] * kv_per_token
+            kvgrad_free[last_unit[seq]] += seq_tokens[seq] * kv_per_token
+
+    states_no_embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp,
+                                            include_embedding=False)
+    embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp) - states_no_embedding
+    states = [states_no_embedding] * pp
+    states[0] += embedding
+    if not model.tied_embeddings:
+        if group.vocab_parallel_pp:
+            states = [s + embedding / pp for s in states]
+        else:
+            states[pp - 1] += embedding
+    max_slice = max(sl.num_tokens for sl in group.slices)
+    logits = [0.0] * pp
+    shards = pp if group.vocab_parallel_pp else 1
+    for vs in head_virtual_stages(group):
+        logits[vs % pp] = logits_bytes(model, max_slice, tp=tp, cp=cp, spread_over_pp=shards)
+    kv_share = 0.0 if group.recompute == "full" else kv_per_token * cp * tp / a
+    return GroupMemory(fwd_alloc=fwd_alloc, bwd_free=bwd_free, kvgrad_alloc=kvgrad_alloc,
+                       kvgrad_free=kvgrad_free,
+                       static_bytes=[s + lg for s, lg in zip(states, logits, strict=True)],
+                       model_state_bytes=states, logits_bytes=logits, kv_share=kv_share)

@@ -1,0 +1,147 @@
+"""``simulate``: time a whole plan and report it in the shared StepRecord schema.
+
+Phases run one after another (a stage of a later phase starts when its devices are free),
+the groups of a phase independently on disjoint devices, then data-parallel gradient
+synchronisation closes the step. Per-unit costs are computed once per group before the walk,
+so planners can call this inside a search loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from slimpack.cost.flops import mfu, model_flops
+from slimpack.cost.model import AnalyticCostModel, CostModel
+from slimpack.plan import Group, Plan
+from slimpack.records import OpTiming, StepRecord
+from slimpack.schedules import Op, build_schedule, validate_schedule
+from slimpack.sim.costs import GroupCosts, group_costs
+from slimpack.sim.dp_sync import DpSync, dp_sync
+from slimpack.sim.engine import GroupTimeline, run_group
+from slimpack.sim.memory import GroupMemory, group_memory
+from slimpack.specs.hardware import HardwareSpec
+from slimpack.specs.model import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    """A simulated step: its record, and (with ``trace=True``) every op's timing."""
+
+    record: StepRecord
+    plan: Plan
+    ops: tuple[OpTiming, ...] = ()
+    schedules: Mapping[int, list[list[Op]]] = field(default_factory=dict)
+    """Op lists per group id, as simulated."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _GroupRun:
+    group: Group
+    costs: GroupCosts
+    memory: GroupMemory
+    timeline: GroupTimeline
+
+
+def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
+             cost: CostModel | None = None, trace: bool = False, overlap_dp_sync: bool = True,
+             schedules: Mapping[int, list[list[Op]]] | None = None,
+             validate: bool = True) -> SimResult:
+    """Simulate one training step of ``plan``.
+
+    ``cost`` defaults to :class:`AnalyticCostModel`. ``schedules`` overrides the op lists of
+    some groups (by group id; they are checked with ``validate_schedule``); the others use
+    :func:`build_schedule`. ``validate=False`` skips ``Plan.validate`` for planners that
+    already validated. Raises PlanError for a malformed plan or schedule and DeadlockError
+    (a RuntimeError) if op lists cannot complete.
+    """
+    wall = time.perf_counter()
+    if validate:
+        plan.validate()
+    cost = cost if cost is not None else AnalyticCostModel(model=model, hardware=hardware)
+    world = plan.world_size
+    gpus_per_node = plan.parallel.gpus_per_node
+    rank_free = [0.0] * world
+    runs: list[_GroupRun] = []
+    used_schedules: dict[int, list[list[Op]]] = {}
+    slice_cache: dict = {}
+    for phase in plan.phases:
+        for group in phase.groups:
+            if schedules is not None and group.group_id in schedules:
+                ops = schedules[group.group_id]
+                validate_schedule(group, ops)
+            else:
+                ops = build_schedule(group)
+            used_schedules[group.group_id] = ops
+            costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
+                                slice_cache=slice_cache)
+            memory = group_memory(group, model=model, dp=plan.parallel.dp)
+            start = [max(rank_free[r] for r in group.stage_ranks(s)) for s in range(group.pp)]
+            timeline = run_group(group_id=group.group_id, ops=ops, costs=costs, memory=memory,
+                                 start_s=start, record=trace)
+            for s in range(group.pp):
+                for r in group.stage_ranks(s):
+                    rank_free[r] = timeline.compute_end[s]
+            runs.append(_GroupRun(group=group, costs=costs, memory=memory, timeline=timeline))
+    sync = dp_sync(plan, [(r.group, r.timeline) for r in runs], model=model, comm=cost.comm,
+                   overlap=overlap_dp_sync)
+    record = _record(plan, runs, sync, model=model, hardware=hardware, trace=trace,
+                     wall_s=time.perf_counter() - wall)
+    return SimResult(record=record, plan=plan, ops=record.ops, schedules=used_schedules)
+
+
+def _record(plan: Plan, runs: list[_GroupRun], sync: DpSync, *, model: ModelSpec,
+            hardware: HardwareSpec, trace: bool, wall_s: float) -> StepRecord:
+    world = plan.world_size
+    compute_end = max((max(r.timeline.compute_end) for r in runs), default=0.0)
+    step = max(compute_end, sync.end_s)
+    busy = sum(sum(r.timeline.busy_s) * r.group.tp * r.group.cp for r in runs)
+    ideal = sum(r.timeline.ideal_s * r.group.tp * r.group.cp for r in runs) / world
+    num_stages = max(r.group.pp for r in runs)
+    peak = [0.0] * num_stages
+    peak_act = [0.0] * num_stages
+    kv_cache = [0.0] * num_stages
+    states = [0.0] * num_stages
+    logits = [0.0] * num_stages
+    for r in runs:
+        for s in range(r.group.pp):
+            total = r.timeline.peak_dynamic[s] + r.memory.static_bytes[s]
+            peak[s] = max(peak[s], total)
+            peak_act[s] = max(peak_act[s], r.timeline.peak_activation[s])
+            kv_cache[s] = max(kv_cache[s], r.timeline.peak_activation[s] * r.memory.kv_share)
+            states[s] = max(states[s], r.memory.model_state_bytes[s])
+            logits[s] = max(logits[s], r.memory.logits_bytes[s])
+    unit_fwd = [sum(col[u] for col in r.costs.fwd_s) for r in runs
+                for u in range(len(r.group.forward_units))]
+    unit_bwd = [sum(col[u] for col in r.costs.bwd_s) for r in runs
+                for u in range(len(r.group.backward_units))]
+    total_fwd = sum(unit_fwd)
+    imbalance = max(unit_fwd) * len(unit_fwd) / total_fwd if total_fwd > 0 else 1.0
+    ops: tuple[OpTiming, ...] = ()
+    if trace:
+        ops = tuple(op for r in runs for op in r.timeline.ops) + sync.ops
+    needed = model_flops(model, plan.sequence_lengths.values())
+    return StepRecord(
+        method=plan.method, backend="sim", model=model.name, hardware=hardware.name,
+        parallel=plan.parallel.to_dict(), num_gpus=world,
+        num_sequences=len(plan.sequence_lengths), num_tokens=plan.num_tokens,
+        step_time_s=step, tokens_per_s=plan.num_tokens / step if step > 0 else 0.0,
+        mfu=mfu(needed, step, world, hardware.peak_flops) if step > 0 else 0.0,
+        bubble_fraction=1.0 - busy / (step * world) if step > 0 else 0.0,
+        peak_memory_bytes=tuple(peak),
+        oom=any(p > hardware.usable_memory_bytes for p in peak),
+        imbalance_degree=imbalance, ideal_step_time_s=ideal,
+        unit_forward_s=tuple(unit_fwd), unit_backward_s=tuple(unit_bwd), ops=ops,
+        extra={
+            "peak_activation_bytes": peak_act,
+            "kv_cache_bytes": kv_cache,
+            "model_state_bytes": states,
+            "logits_bytes": logits,
+            "usable_memory_bytes": hardware.usable_memory_bytes,
+            "compute_end_s": compute_end,
+            "dp_sync_s": sync.duration_s,
+            "num_ops": sum(r.timeline.num_ops for r in runs) + len(sync.stage_end_s),
+            "sim_wall_s": wall_s,
+        },
+    )

@@ -1,0 +1,162 @@
+"""Schedule builders: warm-up counts from the papers' artifacts, causality, deadlock-freedom.
+
+Warm-up counts (forwards before the first backward on pipeline rank r of p): Megatron-LM 1F1B
+``p - r``; interleaved ``2(p-1-r) + (v-1)p + 1``; SlimPipe ``n*v + 2(p-1-r)`` (DESIGN section
+5 table, SlimPipe artifact).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slimpack.plan import Group, Segment, Slice, Unit
+from slimpack.schedules import (
+    Op,
+    ScheduleError,
+    build_schedule,
+    find_deadlock,
+    validate_schedule,
+)
+from slimpack.sim.synthetic import uniform_plan
+
+
+def _group(schedule: str, *, pp: int, vpp: int = 1, slices: int = 1, m: int = 4) -> Group:
+    plan = uniform_plan(schedule=schedule, pp=pp, vpp=vpp, slices=slices, microbatches=m)
+    return next(plan.validate().groups())
+
+
+def _forwards_before_first_backward(ops: list[Op]) -> int:
+    return next(i for i, op in enumerate(ops) if op.kind == "B")
+
+
+def test_op_is_frozen_and_hashable():
+    op = Op("F", 3, 1)
+    assert (op.kind, op.unit, op.chunk) == ("F", 3, 1)
+    assert {op, Op("F", 3, 1)} == {op}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        op.unit = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (3, 2)])
+def test_1f1b_warmup_is_p_minus_r(p, m):
+    ops = build_schedule(_group("1f1b", pp=p, m=m))
+    assert [_forwards_before_first_backward(o) for o in ops] == [min(p - r, m) for r in range(p)]
+
+
+@pytest.mark.parametrize("p,v,m", [(4, 2, 8), (8, 5, 8), (2, 3, 4)])
+def test_interleaved_warmup_matches_megatron(p, v, m):
+    ops = build_schedule(_group("interleaved", pp=p, vpp=v, m=m))
+    expected = [min(2 * (p - 1 - r) + (v - 1) * p + 1, m * v) for r in range(p)]
+    assert [_forwards_before_first_backward(o) for o in ops] == expected
+
+
+@pytest.mark.parametrize("p,v,n,m", [(4, 2, 4, 3), (8, 5, 16, 2), (4, 1, 6, 3)])
+def test_slimpipe_warmup_is_nv_plus_2_p_minus_1_minus_r(p, v, n, m):
+    ops = build_schedule(_group("slimpipe", pp=p, vpp=v, slices=n, m=m))
+    expected = [min(n * v + 2 * (p - 1 - r), n * v * m) for r in range(p)]
+    assert [_forwards_before_first_backward(o) for o in ops] == expected
+    # The first backward is the last slice of the first sequence on the last chunk.
+    first_b = ops[0][expected[0]]
+    assert first_b == Op("B", 0, v - 1)  # backward unit 0 holds slice n-1 (reverse order)
+
+
+@pytest.mark.parametrize("kind,v,n", [("gpipe", 1, 1), ("1f1b", 1, 1), ("interleaved", 3, 1),
+                                      ("slimpipe", 2, 4), ("slimpipe", 3, 2)])
+def test_built_schedules_validate(kind, v, n):
+    group = _group(kind, pp=4, vpp=v, slices=n, m=5)
+    validate_schedule(group, build_schedule(group))
+
+
+def test_1f1b_with_virtual_stages_is_rejected():
+    group = _group("interleaved", pp=2, vpp=2)
+    group = dataclasses.replace(group, schedule="1f1b")
+    with pytest.raises(ScheduleError, match="vpp = 1"):
+        build_schedule(group)
+
+
+def test_validate_catches_duplicates_missing_and_order():
+    group = _group("1f1b", pp=2, m=2)
+    ops = build_schedule(group)
+    with pytest.raises(ScheduleError, match="more than once"):
+        validate_schedule(group, [ops[0] + [ops[0][0]], ops[1]])
+    with pytest.raises(ScheduleError, match="missing"):
+        validate_schedule(group, [ops[0][:-1], ops[1]])
+    with pytest.raises(ScheduleError, match="before slice"):
+        validate_schedule(group, [[Op("B", 0, 0)] + [o for o in ops[0] if o != Op("B", 0, 0)],
+                                  ops[1]])
+
+
+def test_validate_catches_kv_order():
+    group = _group("slimpipe", pp=2, slices=2, m=1)  # slices 0 then 1 of one sequence
+    bad = [[Op("F", 1, 0), Op("F", 0, 0), Op("B", 0, 0), Op("B", 1, 0)]] * 2
+    with pytest.raises(ScheduleError, match="KV cache"):
+        validate_schedule(group, bad)
+
+
+def test_deadlock_names_the_stuck_ops():
+    group = _group("1f1b", pp=2, m=2)
+    # Stage 0 waits for B0's gradient before it sends F1; stage 1 needs F1 before B0.
+    ops = [[Op("F", 0, 0), Op("B", 0, 0), Op("F", 1, 0), Op("B", 1, 0)],
+           [Op("F", 0, 0), Op("F", 1, 0), Op("B", 0, 0), Op("B", 1, 0)]]
+    message = find_deadlock(group, ops)
+    assert message is not None
+    assert "stage 0 stuck at op #1 B(unit 0, chunk 0)" in message
+    assert "stage 1 stuck at op #1 F(unit 1, chunk 0)" in message
+    with pytest.raises(ScheduleError, match="deadlocks"):
+        validate_schedule(group, ops)
+
+
+def _asymmetric_group(lengths: list[int], slice_tokens: int, fwd_cuts: list[int],
+                      bwd_cuts: list[int], *, pp: int, vpp: int) -> Group:
+    """Sequences cut into slices; forward/backward units cut the slice list at given points.
+
+    Backward units are built over the per-sequence-reversed slice order, so each sequence is
+    backwarded last slice first, as Plan.validate requires.
+    """
+    slices: list[Slice] = []
+    runs: list[list[int]] = []
+    for seq, n in enumerate(lengths):
+        run = []
+        for start in range(0, n, slice_tokens):
+            slices.append(Slice(slice_id=len(slices), segments=(
+                Segment(seq_id=seq, start=start, end=min(n, start + slice_tokens)),)))
+            run.append(slices[-1].slice_id)
+        runs.append(run)
+    fwd_ids = [s.slice_id for s in slices]
+    bwd_ids = [sid for run in runs for sid in reversed(run)]
+
+    def cut(ids: list[int], cuts: list[int]) -> tuple[Unit, ...]:
+        points = sorted({c % len(ids) for c in cuts if c % len(ids)} | {0, len(ids)})
+        return tuple(Unit(slice_ids=tuple(ids[a:b])) for a, b in zip(points, points[1:], strict=False))
+
+    group = Group(group_id=0, ranks=tuple(range(pp)), pp=pp, vpp=vpp, slices=tuple(slices),
+                  forward_units=cut(fwd_ids, fwd_cuts), backward_units=cut(bwd_ids, bwd_cuts),
+                  schedule="asymmetric")
+    group.validate()
+    return group
+
+
+def test_asymmetric_hand_case():
+    # One 8-slice sequence: forward units {0,1} {2} {3} {4,5} {6,7}; backward {7} {6,5}
+    # {4,3,2} {1,0}: later slices cost more forward, so they travel in smaller packs.
+    group = _asymmetric_group([8], 1, [2, 3, 4, 6], [1, 3, 6], pp=4, vpp=1)
+    ops = build_schedule(group)
+    validate_schedule(group, ops)
+    # The last stage's first backward (slice 7) needs every forward unit first: the sequence
+    # is backwarded from its end. Rank 0 runs all 5 forward units before it.
+    assert ops[3][:6] == [Op("F", u, 0) for u in range(5)] + [Op("B", 0, 0)]
+    assert _forwards_before_first_backward(ops[0]) == 5
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+       fwd_cuts=st.lists(st.integers(1, 60), max_size=8),
+       bwd_cuts=st.lists(st.integers(1, 60), max_size=8),
+       pp=st.integers(1, 4), vpp=st.integers(1, 3))
+def test_asymmetric_schedules_are_valid_and_deadlock_free(lengths, fwd_cuts, bwd_cuts, pp, vpp):
+    group = _asymmetric_group(lengths, 2, fwd_cuts, bwd_cuts, pp=pp, vpp=vpp)
+    validate_schedule(group, build_schedule(group))
