@@ -46,10 +46,15 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) 
     work = {s: est.total(n) for s, n in lengths.items()}
     # In flight per stage: one round plus the 1F1B warm-up of ~2(p-1) MicroPacks.
     warmup_tokens = 2 * (par.pp - 1) * (slice_tokens or 0)
-    fit_tokens = max(max_tokens_in_flight(ctx, par.cp) - warmup_tokens, 128)
+    fit_tokens = max_tokens_in_flight(ctx, par.cp) - warmup_tokens
+    feasible = fit_tokens >= (slice_tokens or 1)
+    # A slice length whose warm-up alone overflows memory is infeasible: build the plan
+    # anyway (rounds of one slice) and let the simulator flag it, rather than declaring every
+    # sequence an outlier.
+    fit_tokens = max(fit_tokens, slice_tokens or 128)
 
     decision = MergeDecision(outliers=(), merge_factor=1)
-    if use_merge and not opts.no_dp_merge:
+    if use_merge and feasible and not opts.no_dp_merge:
         decision = find_outliers(lengths, work, dp=par.dp, max_tokens_per_replica=fit_tokens)
     regular = {s: n for s, n in lengths.items() if s not in set(decision.outliers)}
 
@@ -71,8 +76,9 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) 
                 continue
             replicas = list(range(g * k, (g + 1) * k))
             seqs = {decision.outliers[i]: lengths[decision.outliers[i]] for i in members}
-            groups.append(_group(ctx, next_group, replicas, seqs, m_est, slice_tokens,
-                                 max(max_tokens_in_flight(ctx, par.cp * k) - warmup_tokens, 128),
+            capacity = max(max_tokens_in_flight(ctx, par.cp * k) - warmup_tokens,
+                           slice_tokens or 128)
+            groups.append(_group(ctx, next_group, replicas, seqs, m_est, slice_tokens, capacity,
                                  target))
             next_group += 1
         phases.append(Phase(groups=tuple(groups)))
@@ -138,4 +144,8 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
         slices=tuple(packs.slices), forward_units=tuple(packs.forward_units),
         backward_units=tuple(packs.backward_units), schedule="asymmetric",
         cp_sharding="per-document", cp_kind="ring",
+        # The LM head on the last stage alone makes that stage the pipeline's bottleneck
+        # (~6% for llama-70b at pp 8); spreading the vocabulary over the pipeline ranks as
+        # SlimPipe does removes it.
+        vocab_parallel_pp=par.pp > 1,
     )

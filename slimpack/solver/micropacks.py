@@ -45,7 +45,7 @@ def cost_balanced_cuts(length: int, pieces: int, est: WorkEstimator, *, align: i
     """Boundaries 0 = b0 < b1 < ... < bk = length giving segments of equal forward cost."""
     if pieces <= 1 or length <= align:
         return [0, length]
-    lin, att = est.linear_s_per_token, est.attention_s_per_pair
+    lin, att = est.fwd_per_token, est.fwd_per_pair
     total = lin * length + att * length * (length + 1) / 2
 
     def inverse(target: float) -> float:  # solve lin*x + att*x^2/2 = target
