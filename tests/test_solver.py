@@ -30,8 +30,8 @@ def test_cost_balanced_cuts_equalise_forward_cost_and_shrink_later_slices():
     cuts = cost_balanced_cuts(131072, 8, EST)
     assert cuts[0] == 0 and cuts[-1] == 131072 and all(c % 128 == 0 for c in cuts)
     costs = [EST.forward(b - a, a) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-    # Equal up to the 128-token rounding: within 1% of each other.
-    assert max(costs) / min(costs) < 1.01
+    # Equal up to the 128-token rounding (+-64 tokens on ~10K-token slices, <1% each way).
+    assert max(costs) / min(costs) < 1.02
     sizes = [b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
 
