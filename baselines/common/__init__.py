@@ -1,0 +1,1 @@
+"""Pieces several baselines share: fixed-length sample layout and plan finishing."""

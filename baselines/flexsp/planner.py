@@ -1,0 +1,177 @@
+"""FlexSP (arXiv 2412.01523) as a planner: heterogeneous Ulysses SP groups per micro-batch.
+
+1. Sort the batch; for each micro-batch count M from M_min (memory) to M_min+4, cut the sorted
+   sequences into M consecutive micro-batches balanced by tokens (linear-partition DP).
+2. Per micro-batch, bucket the lengths (DP, Q=16) and choose SP groups: the greedy homogeneous
+   answer first, then the MILP with HiGHS under its share of the time limit, warm-started
+   from the greedy answer; keep whichever is faster at true lengths.
+3. Keep the M with the smallest total estimated time. Each micro-batch is one phase whose
+   groups (degree d = CP size, ``cp_kind='ulysses'``) tile the dp*cp slots.
+
+The slots are the (dp, cp) positions of ``parallel``; tp and pp are kept (FlexSP itself runs
+tp = pp = 1 with ZeRO-3: the auto-parallel search finds that configuration).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from baselines.common.finish import finish_plan
+from baselines.flexsp.assignment import Assignment, greedy, milp
+from baselines.flexsp.bucketing import dp_buckets
+from baselines.flexsp.constants import FlexSPConstants, from_cost_model, paper_a100_gpt7b
+from slimpack.batch import Batch
+from slimpack.cost.model import CostModel
+from slimpack.plan import Phase, Plan
+from slimpack.planning import (
+    Deadline,
+    GroupLayout,
+    aligned_blocks,
+    build_options,
+    contiguous_partition,
+    lpt_partition,
+    num_slots,
+    packed_group,
+    slot_ranks,
+    whole,
+)
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+CONSTANT_SOURCES = ("cost-model", "paper-a100-gpt7b")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlexSPOptions:
+    context: int | None = None
+    """Accepted for a uniform interface; FlexSP never packs to a fixed length."""
+    num_buckets: int = 16
+    """Q of the DP bucketing (the paper's value)."""
+    extra_microbatch_counts: int = 4
+    """Try M_min .. M_min + this many micro-batch counts."""
+    time_limit_s: float = 2.0
+    """Wall-clock budget for the whole search; the greedy answer is always available."""
+    mip_rel_gap: float = 1e-2
+    constants: str = "cost-model"
+    recompute: str = "auto"
+    """``auto``: the cheapest of none/selective/full with which the longest sequence fits
+    the largest SP group (FlexSP itself trains without recompute where memory allows)."""
+
+    def __post_init__(self) -> None:
+        if self.num_buckets < 1:
+            raise ValueError(f"flexsp: num_buckets must be >= 1, got {self.num_buckets}")
+        if self.extra_microbatch_counts < 0:
+            raise ValueError("flexsp: extra_microbatch_counts must be >= 0")
+        if not self.time_limit_s >= 0:
+            raise ValueError(f"flexsp: time_limit_s must be >= 0, got {self.time_limit_s}")
+        if self.recompute not in ("auto", "none", "selective", "full"):
+            raise ValueError(f"flexsp: recompute must be auto, none, selective or full, "
+                             f"got {self.recompute!r}")
+        if self.constants not in CONSTANT_SOURCES:
+            raise ValueError(f"flexsp: constants must be one of {CONSTANT_SOURCES}, "
+                             f"got {self.constants!r}")
+
+
+def _solve_microbatch(lengths: list[int], slots: int, k: FlexSPConstants, opts: FlexSPOptions,
+                      time_share: float) -> Assignment | None:
+    best = greedy(lengths, slots, k)
+    if time_share > 0.005:
+        buckets = dp_buckets(lengths, opts.num_buckets)
+        exact = milp(lengths, buckets, slots, k, time_limit_s=time_share, warm=best,
+                     mip_rel_gap=opts.mip_rel_gap)
+        if exact is not None and (best is None or exact.seconds < best.seconds):
+            best = exact
+    return best
+
+
+def _one_per_microbatch(lengths: list[int], slots: int, k: FlexSPConstants) -> list[Assignment]:
+    """Last resort: every sequence alone on all slots (always valid; memory is the
+    simulator's to report)."""
+    from baselines.flexsp.assignment import SPGroup
+
+    top = 1 << (slots.bit_length() - 1)
+    return [Assignment(groups=(SPGroup(degree=top, members=(0,)),),
+                       seconds=k.seq_seconds(n, top), source="fallback") for n in lengths]
+
+
+def _units(seqs: list, pp: int) -> list[list]:
+    """A group's sequences as one packed micro-batch; with pp > 1 (not in FlexSP, which runs
+    without pipelining) split into up to pp token-balanced packs so the pipeline can fill."""
+    parts = lpt_partition([s.length for s in seqs], min(pp, len(seqs)))
+    return [[whole(seqs[i].seq_id, seqs[i].length) for i in sorted(p)] for p in parts if p]
+
+
+def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
+         cost: CostModel, **options: Any) -> Plan:
+    started = time.perf_counter()
+    opts = build_options(FlexSPOptions, "flexsp", options)
+    deadline = Deadline(time_limit_s=opts.time_limit_s)
+    parallel.validate_for_model(model)
+    slots = num_slots(parallel)
+    recompute = opts.recompute
+    for mode in (("none", "selective", "full") if recompute == "auto" else (recompute,)):
+        recompute = mode
+        if opts.constants == "paper-a100-gpt7b":
+            k = paper_a100_gpt7b(model, hardware, tp=parallel.tp, pp=parallel.pp,
+                                 num_gpus=slots)
+        else:
+            k = from_cost_model(cost, tp=parallel.tp, pp=parallel.pp, num_gpus=slots,
+                                state_shards=parallel.dp, recompute=mode)
+        if max(batch.lengths) <= k.max_tokens(1 << (slots.bit_length() - 1)):
+            break
+    order = sorted(batch.sequences, key=lambda s: (s.length, s.seq_id))
+    lengths = [s.length for s in order]
+    capacity = k.max_tokens(1 << (slots.bit_length() - 1))
+    m_min = max(1, -(-sum(lengths) // max(int(capacity), 1)))
+    m_min = min(m_min, len(lengths))
+    tries = [m for m in range(m_min, m_min + opts.extra_microbatch_counts + 1)
+             if m <= len(lengths)]
+    best: tuple[float, int, list[list[int]], list[Assignment]] | None = None
+    solves_left = sum(tries)
+    for m in tries:
+        if best is not None and deadline.expired:
+            break
+        runs = contiguous_partition(lengths, m)
+        answers: list[Assignment] = []
+        for run in runs:
+            if not run:
+                continue
+            share = deadline.share(solves_left)
+            solves_left -= 1
+            answer = _solve_microbatch([lengths[i] for i in run], slots, k, opts, share)
+            if answer is None:
+                break
+            answers.append(answer)
+        else:
+            total = sum(a.seconds for a in answers)
+            if best is None or total < best[0]:
+                best = (total, m, [r for r in runs if r], answers)
+    if best is None:
+        runs = [[i] for i in range(len(lengths))]
+        best = (float("nan"), len(lengths), runs, _one_per_microbatch(lengths, slots, k))
+    _, m, runs, answers = best
+    phases, group_id, sources = [], 0, []
+    for run, answer in zip(runs, answers, strict=True):
+        placement = aligned_blocks([g.degree for g in answer.groups], slots)
+        assert placement is not None  # degrees are powers of two summing to <= slots
+        groups = []
+        for g, block in zip(answer.groups, placement, strict=True):
+            seqs = [order[run[i]] for i in g.members]
+            layout = GroupLayout(tp=parallel.tp, cp=g.degree, pp=parallel.pp, vpp=1,
+                                 schedule="1f1b", cp_kind="ulysses", recompute=recompute)
+            groups.append(packed_group(group_id, slot_ranks(parallel, block), layout,
+                                       _units(seqs, parallel.pp)))
+            group_id += 1
+        phases.append(Phase(groups=tuple(groups)))
+        sources.append(answer.source)
+    return finish_plan(
+        method="flexsp", model=model, parallel=parallel,
+        sequence_lengths={s.seq_id: s.length for s in batch.sequences}, phases=phases,
+        started=started,
+        metadata={"num_microbatches": m, "m_min": m_min, "solver": sources,
+                  "recompute": recompute,
+                  "estimated_seconds": best[0], "constants": opts.constants,
+                  "sp_degrees": [[g.degree for g in a.groups] for a in answers],
+                  "time_limit_s": opts.time_limit_s},
+    )

@@ -1,0 +1,100 @@
+"""Megatron-LM as users run it: fixed-length packing + static context parallelism.
+
+* Data: GPTDataset concatenates documents and cuts a sample every ``context`` tokens, with
+  document masks (attention never crosses a document boundary); see
+  :mod:`baselines.common.fixed_length`.
+* Every micro-batch is one ``context``-token sample; samples are dealt to data-parallel
+  replicas round-robin (Megatron's sampler, micro-batch size 1).
+* Static CP: the degree in ``parallel`` for every micro-batch, ring attention over the packed
+  sample cut into 2*cp chunks (per-sequence sharding), chosen large enough for the longest
+  sample by the auto-parallel search.
+* Schedule: 1F1B, or interleaved 1F1B when vpp > 1.
+* Recompute: none, then selective, then full, the first that the memory model says fits
+  ("when memory forces it"); ``recompute=`` overrides.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from baselines.common.finish import finish_plan
+from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
+from slimpack.batch import Batch
+from slimpack.cost.model import CostModel
+from slimpack.plan import Phase, Plan
+from slimpack.planning import (
+    GroupLayout,
+    build_options,
+    choose_recompute,
+    packed_group,
+    replica_groups,
+)
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+RECOMPUTE_CHOICES = ("auto", "none", "selective", "full")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronOptions:
+    context: int | None = None
+    """Sample length in tokens; default: the longest sequence in the batch."""
+    recompute: str = "auto"
+    """``auto`` picks the cheapest mode that fits (DESIGN section 8), or force one."""
+    time_limit_s: float = 1.0
+    """Unused by this closed-form planner except as a contract: it never takes longer."""
+
+    def __post_init__(self) -> None:
+        if self.context is not None and self.context < 1:
+            raise ValueError(f"megatron: context must be >= 1 token, got {self.context}")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise ValueError(f"megatron: recompute must be one of {RECOMPUTE_CHOICES}, "
+                             f"got {self.recompute!r}")
+        if not self.time_limit_s >= 0:
+            raise ValueError(f"megatron: time_limit_s must be >= 0, got {self.time_limit_s}")
+
+
+def schedule_for(parallel: ParallelSpec) -> str:
+    return "interleaved" if parallel.vpp > 1 else "1f1b"
+
+
+def resolve_recompute(requested: str, model: ModelSpec, hardware: HardwareSpec,
+                      parallel: ParallelSpec, tokens: int, schedule: str) -> tuple[str, bool]:
+    """(mode, fits): ``auto`` walks none -> selective -> full; full is the fallback when
+    nothing fits (the simulator then reports the OOM)."""
+    if requested != "auto":
+        return requested, True
+    mode = choose_recompute(model, hardware, tokens=tokens, schedule=schedule, tp=parallel.tp,
+                            cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp, dp=parallel.dp)
+    return (mode, True) if mode is not None else ("full", False)
+
+
+def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
+         cost: CostModel, **options: Any) -> Plan:
+    started = time.perf_counter()
+    opts = build_options(MegatronOptions, "megatron", options)
+    parallel.validate_for_model(model)
+    context = opts.context or max(batch.lengths)
+    layout = fixed_length_samples(batch, context)
+    schedule = schedule_for(parallel)
+    recompute, fits = resolve_recompute(opts.recompute, model, hardware, parallel,
+                                        max(sum(s.num_tokens for s in smp)
+                                            for smp in layout.samples), schedule)
+    group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
+                               schedule=schedule, recompute=recompute)
+    groups = []
+    for dp_rank, (ranks, samples) in enumerate(zip(replica_groups(parallel),
+                                                   deal_round_robin(list(layout.samples),
+                                                                    parallel.dp), strict=True)):
+        if samples:
+            groups.append(packed_group(dp_rank, ranks, group_layout, samples))
+    return finish_plan(
+        method="megatron", model=model, parallel=parallel,
+        sequence_lengths=layout.sequence_lengths, phases=[Phase(groups=tuple(groups))],
+        started=started,
+        metadata={"context": context, "recompute": recompute, "memory_fits": fits,
+                  "schedule": schedule, "num_microbatches": len(layout.samples),
+                  "document_pieces": {str(k): list(v) for k, v in
+                                      layout.document_pieces.items()}},
+    )

@@ -1,0 +1,177 @@
+"""SlimPipe (arXiv 2504.14519): uniform sequence slicing with slice-level 1F1B.
+
+* One packed sample (Megatron-LM's fixed-length layout, :mod:`baselines.common.fixed_length`)
+  per micro-batch, cut into ``n >= pp`` uniform slices whose length is a multiple of 128; a
+  document crossing a slice boundary continues in the next slice with a KV prefix.
+* Slice-level 1F1B with interleaving (``schedule='slimpipe'``, warm-up ``n*v + 2(p-1-r)``
+  slice-chunks): forward units are the slices in order, backward units the same slices in
+  reverse, because a slice's backward needs dK/dV from every later slice.
+* The vocabulary (LM head and loss) is spread over the pipeline ranks
+  (``vocab_parallel_pp``), removing the last stage's logits peak.
+* ``n`` is the smallest count (pp, 2pp, 4pp, ...) whose peak memory fits without recompute;
+  recompute only when no slice length down to ``min_slice_tokens`` fits.
+* Attention redistribution: later slices carry longer KV prefixes, so pipeline ranks busy with
+  different slices at the same time have different attention work. Ranks are paired by KV
+  prefix (longest with shortest); the heavy rank ships its query and half the difference of
+  its cached KV to the light one, which computes that part and returns partial outputs that
+  are merged with the log-sum-exp trick. The plan flags it in
+  ``metadata['attention_redistribution']``; :func:`redistribute_attention` is the model the
+  simulator applies to the slices that run concurrently.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from baselines.common.finish import finish_plan
+from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
+from slimpack.batch import Batch
+from slimpack.cost.flops import attention_flops
+from slimpack.cost.memory import kv_bytes_per_token_per_layer
+from slimpack.cost.model import CostModel
+from slimpack.plan import Phase, Plan, Segment
+from slimpack.planning import (
+    GroupLayout,
+    build_options,
+    choose_recompute,
+    fits_memory,
+    replica_groups,
+    sliced_group,
+)
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+SLICE_ALIGN = 128
+"""Slice lengths are multiples of 128 tokens (FlashAttention tile; SlimPipe section 4)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlimPipeOptions:
+    context: int | None = None
+    """Sample length; default: the longest sequence in the batch."""
+    num_slices: int | None = None
+    """Slices per sample; default: the smallest of pp, 2pp, 4pp... that fits memory."""
+    min_slice_tokens: int = 1024
+    attention_redistribution: bool = True
+    time_limit_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.context is not None and self.context < 1:
+            raise ValueError(f"slimpipe: context must be >= 1 token, got {self.context}")
+        if self.num_slices is not None and self.num_slices < 1:
+            raise ValueError(f"slimpipe: num_slices must be >= 1, got {self.num_slices}")
+        if self.min_slice_tokens < SLICE_ALIGN:
+            raise ValueError(f"slimpipe: min_slice_tokens must be >= {SLICE_ALIGN}")
+        if not self.time_limit_s >= 0:
+            raise ValueError(f"slimpipe: time_limit_s must be >= 0, got {self.time_limit_s}")
+
+
+def slice_length(tokens: int, num_slices: int) -> int:
+    """Uniform slice length: ceil(tokens / n) rounded up to a multiple of 128."""
+    per = -(-tokens // num_slices)
+    return -(-per // SLICE_ALIGN) * SLICE_ALIGN
+
+
+def cut_sample(sample: Sequence[Segment], length: int) -> list[list[Segment]]:
+    """Cut a packed sample's token stream every ``length`` tokens; a document that crosses a
+    cut continues in the next slice with its earlier tokens as KV prefix."""
+    slices: list[list[Segment]] = [[]]
+    room = length
+    for seg in sample:
+        start = seg.start
+        while start < seg.end:
+            if room == 0:
+                slices.append([])
+                room = length
+            take = min(room, seg.end - start)
+            slices[-1].append(Segment(seq_id=seg.seq_id, start=start, end=start + take))
+            start += take
+            room -= take
+    return [s for s in slices if s]
+
+
+def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
+                  tokens: int, opts: SlimPipeOptions) -> tuple[int, str]:
+    """(slices per sample, recompute): the fewest slices that fit, else recompute."""
+    degrees = dict(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
+                   dp=parallel.dp)
+    if opts.num_slices is not None:
+        n = opts.num_slices
+        mode = choose_recompute(model, hardware, tokens=tokens, schedule="slimpipe",
+                                slices=n, **degrees)
+        return n, mode or "full"
+    n = max(parallel.pp, 1)
+    most = max(1, tokens // opts.min_slice_tokens)
+    while True:
+        if fits_memory(model, hardware, tokens=tokens, schedule="slimpipe", slices=n,
+                       recompute="none", **degrees):
+            return n, "none"
+        if n * 2 > most:
+            break
+        n *= 2
+    n = max(min(n, most), 1)
+    mode = choose_recompute(model, hardware, tokens=tokens, schedule="slimpipe", slices=n,
+                            **degrees)
+    return n, mode or "full"
+
+
+def redistribute_attention(model: ModelSpec, pieces: Sequence[tuple[int, int]], *, tp: int = 1,
+                           ) -> tuple[list[float], list[float]]:
+    """SlimPipe's attention redistribution over ranks running concurrently.
+
+    ``pieces[r] = (query tokens, kv_prefix)`` of the slice on rank r. Ranks are sorted by KV
+    prefix and paired longest with shortest; the heavy rank moves half the attention-FLOP
+    difference to its partner. Returns per-rank attention forward FLOPs of one layer after the
+    move and the bytes each rank sends per layer (its query plus half the difference of the
+    cached KV; the partial outputs come back, counted on the light rank).
+    """
+    flops = [attention_flops(model, q, p) for q, p in pieces]
+    sent = [0.0] * len(pieces)
+    order = sorted(range(len(pieces)), key=lambda r: (-pieces[r][1], r))
+    kv_tok = kv_bytes_per_token_per_layer(model, tp)
+    q_tok = 2 * model.q_dim / tp  # bf16 queries, and as much again for the partial output
+    for a in range(len(order) // 2):
+        heavy, light = order[a], order[-1 - a]
+        move = (flops[heavy] - flops[light]) / 2
+        if move <= 0:
+            continue
+        flops[heavy] -= move
+        flops[light] += move
+        q_tokens = pieces[heavy][0]
+        kv_moved = (pieces[heavy][1] - pieces[light][1]) / 2
+        sent[heavy] += q_tokens * q_tok + kv_moved * kv_tok
+        sent[light] += q_tokens * q_tok
+    return flops, sent
+
+
+def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
+         cost: CostModel, **options: Any) -> Plan:
+    started = time.perf_counter()
+    opts = build_options(SlimPipeOptions, "slimpipe", options)
+    parallel.validate_for_model(model)
+    context = opts.context or max(batch.lengths)
+    layout = fixed_length_samples(batch, context)
+    longest = max(sum(s.num_tokens for s in smp) for smp in layout.samples)
+    n, recompute = choose_slices(model, hardware, parallel, longest, opts)
+    length = slice_length(longest, n)
+    group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
+                               schedule="slimpipe", recompute=recompute, vocab_parallel_pp=True)
+    groups = []
+    per_replica = deal_round_robin(list(layout.samples), parallel.dp)
+    for d, (ranks, samples) in enumerate(zip(replica_groups(parallel), per_replica, strict=True)):
+        if samples:
+            sliced = [cut_sample(smp, length) for smp in samples]
+            groups.append(sliced_group(d, ranks, group_layout, sliced))
+    return finish_plan(
+        method="slimpipe", model=model, parallel=parallel,
+        sequence_lengths=layout.sequence_lengths, phases=[Phase(groups=tuple(groups))],
+        started=started,
+        metadata={"context": context, "num_slices": n, "slice_tokens": length,
+                  "recompute": recompute, "schedule": "slimpipe",
+                  "attention_redistribution": opts.attention_redistribution,
+                  "vocab_parallel_pp": True,
+                  "document_pieces": {str(k): list(v) for k, v in
+                                      layout.document_pieces.items()}},
+    )

@@ -1,0 +1,151 @@
+"""``slimpack plan`` and ``slimpack compare``: run planners on one sampled global batch.
+
+    slimpack plan --method wlb-llm --model llama-7b --hardware h100 --gpus 64 \\
+        --tp 8 --cp 2 --pp 4 --dataset wlb-llm --context 131072 --global-batch 256 -o plan.json
+    slimpack compare --methods megatron,wlb-llm,flexsp,slimpipe --model llama-13b \\
+        --hardware h100 --gpus 64 --auto-parallel --dataset wikipedia --context 131072 \\
+        --global-batch 512 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from slimpack.batch import Batch
+from slimpack.cost.model import AnalyticCostModel
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+
+def _add_workload_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model preset, e.g. llama-7b")
+    p.add_argument("--hardware", default="h100", help="hardware preset (default h100)")
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    for name in ("tp", "cp", "pp", "vpp", "dp"):
+        p.add_argument(f"--{name}", type=int, default=None, help=f"{name} degree")
+    p.add_argument("--auto-parallel", action="store_true",
+                   help="search each method's best tp/cp/pp/vpp/dp/recompute with the memory "
+                        "model (needs the simulator)")
+    p.add_argument("--dataset", required=True,
+                   help="length profile name (wikipedia, wlb-llm, ...) or a length file path")
+    p.add_argument("--context", type=int, required=True, help="context length in tokens")
+    p.add_argument("--global-batch", type=int, required=True,
+                   help="sequences in the global batch (documents longer than the context are "
+                        "split)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="planner time limit in seconds (default: each planner's own)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    plan_p = subparsers.add_parser("plan", help="plan one global batch with one method")
+    plan_p.add_argument("--method", required=True, help="planner name (slimpack.planners)")
+    _add_workload_flags(plan_p)
+    plan_p.add_argument("-o", "--output", default=None, help="write the plan JSON here")
+    plan_p.set_defaults(handler=run_plan)
+
+    cmp_p = subparsers.add_parser("compare", help="plan and simulate several methods on the "
+                                                  "same batch and print one table")
+    cmp_p.add_argument("--methods", required=True, help="comma-separated planner names")
+    _add_workload_flags(cmp_p)
+    cmp_p.set_defaults(handler=run_compare)
+
+
+def load_batch(dataset: str, *, context: int, global_batch: int, seed: int) -> Batch:
+    """Sample the global batch (documents longer than ``context`` are split)."""
+    if global_batch < 1:
+        raise ValueError(f"--global-batch must be >= 1, got {global_batch}")
+    if context < 1:
+        raise ValueError(f"--context must be >= 1, got {context}")
+    from slimpack.data import sample_batch
+
+    return sample_batch(dataset, num_sequences=global_batch, context=context, seed=seed,
+                        truncation="split")
+
+
+def parallel_from_args(args: argparse.Namespace) -> ParallelSpec | None:
+    degrees = {k: getattr(args, k) for k in ("tp", "cp", "pp", "vpp", "dp")}
+    given = {k: v for k, v in degrees.items() if v is not None}
+    if args.auto_parallel:
+        if given:
+            raise ValueError("give either --auto-parallel or explicit degrees, not both")
+        return None
+    if args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+    tp, cp, pp, vpp = (given.get(k, 1) for k in ("tp", "cp", "pp", "vpp"))
+    par = ParallelSpec.for_world(args.gpus, tp=tp, cp=cp, pp=pp, vpp=vpp)
+    if "dp" in given and given["dp"] != par.dp:
+        raise ValueError(f"--dp {given['dp']} disagrees with --gpus {args.gpus} / "
+                         f"(tp*cp*pp = {tp * cp * pp}) = {par.dp}")
+    return par
+
+
+def _specs(args: argparse.Namespace):
+    model, hardware = model_preset(args.model), hardware_preset(args.hardware)
+    return model, hardware, AnalyticCostModel(model=model, hardware=hardware)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from slimpack.compare import best_parallel, plan_method
+
+    model, hardware, cost = _specs(args)
+    parallel = parallel_from_args(args)
+    batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
+                       seed=args.seed)
+    if parallel is None:
+        plan, _, parallel = best_parallel(args.method, batch, model, hardware, args.gpus, cost,
+                                          context=args.context, time_limit_s=args.time_limit)
+    else:
+        parallel.validate_for_model(model)
+        plan = plan_method(args.method, batch, model, hardware, parallel, cost,
+                           context=args.context, time_limit_s=args.time_limit)
+    if args.output:
+        plan.save(args.output)
+    summary = {
+        "method": args.method, "model": model.name, "hardware": hardware.name,
+        "parallel": parallel.to_dict(), "num_sequences": len(batch),
+        "num_tokens": plan.num_tokens, "num_phases": len(plan.phases),
+        "num_groups": sum(1 for _ in plan.groups()),
+        "num_units": sum(len(g.forward_units) for g in plan.groups()),
+        "plan_seconds": plan.metadata.get("plan_seconds"), "output": args.output,
+        "metadata": {k: v for k, v in plan.metadata.items()
+                     if isinstance(v, (int, float, str, bool))},
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        for key, value in summary.items():
+            print(f"{key:>14}: {value}")
+    return 0
+
+
+def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from slimpack.compare import compare, format_table
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise ValueError("--methods must name at least one planner")
+    model, hardware, cost = _specs(args)
+    parallel = parallel_from_args(args)
+    if parallel is not None:
+        parallel.validate_for_model(model)
+    batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
+                       seed=args.seed)
+    rows = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
+                   auto_parallel=args.auto_parallel, cost=cost, context=args.context,
+                   time_limit_s=args.time_limit)
+    if args.json:
+        print(json.dumps({"records": [_json_safe(r) for r in rows]}, indent=1))
+    else:
+        print(f"{model.name} on {args.gpus} x {hardware.name}, {args.dataset}, context "
+              f"{args.context}, {len(batch)} sequences ({batch.num_tokens:,} tokens), "
+              f"seed {args.seed}")
+        print(format_table(rows))
+    return 0

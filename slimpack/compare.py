@@ -1,0 +1,236 @@
+"""Plan every method on the same batch, simulate each, and report one record per method.
+
+This is the library behind ``slimpack compare`` and the harness's method sweeps. With
+``auto_parallel=True`` each method gets its own best (tp, cp, pp, vpp, dp) and recompute, as
+the SlimPipe authors did for every method they compared (arXiv 2504.14519, section 6): the
+memory model lists the candidates that fit, a cheap estimate ranks them, and the best few are
+planned and simulated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slimpack.batch import Batch
+from slimpack.cost.model import AnalyticCostModel, CostModel
+from slimpack.plan import Plan
+from slimpack.planners import get_planner
+from slimpack.planning.auto_parallel import (
+    Candidate,
+    auto_parallel_candidates,
+    estimate_fixed_length_step,
+)
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+RECORD_KEYS = ("method", "step_time_s", "tokens_per_s", "mfu", "bubble_fraction",
+               "peak_memory_gib", "oom", "imbalance_degree", "speedup_vs_first",
+               "step_over_ideal", "plan_seconds", "parallel", "recompute", "num_tokens",
+               "error")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareSettings:
+    context: int | None = None
+    """Training context; default: the longest sequence of the batch."""
+    time_limit_s: float | None = None
+    """Passed to every planner (None: each planner's default)."""
+    auto_parallel_top_k: int = 3
+    """Candidates planned and simulated per method after ranking by the estimate."""
+
+    def __post_init__(self) -> None:
+        if self.context is not None and self.context < 1:
+            raise ValueError(f"context must be >= 1 token, got {self.context}")
+        if self.auto_parallel_top_k < 1:
+            raise ValueError(f"auto_parallel_top_k must be >= 1, got {self.auto_parallel_top_k}")
+
+
+def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
+                parallel: ParallelSpec, cost: CostModel, *, context: int | None = None,
+                time_limit_s: float | None = None, **options: Any) -> Plan:
+    """Run planner ``method``; shared options (context, time limit) are offered and dropped
+    for planners that do not take them. ``plan.metadata['plan_seconds']`` is always set."""
+    planner = get_planner(method)
+    shared = {k: v for k, v in (("context", context), ("time_limit_s", time_limit_s))
+              if v is not None}
+    started = time.perf_counter()
+    try:
+        plan = planner(batch, model, hardware, parallel, cost, **shared, **options)
+    except ValueError as exc:
+        if "unknown option" not in str(exc) or not shared:
+            raise
+        started = time.perf_counter()
+        plan = planner(batch, model, hardware, parallel, cost, **options)
+    plan.metadata.setdefault("plan_seconds", time.perf_counter() - started)
+    return plan
+
+
+def _simulate(plan: Plan, model: ModelSpec, hardware: HardwareSpec, cost: CostModel):
+    from slimpack.sim import simulate  # the simulator is the judge; imported when needed
+
+    return simulate(plan, model=model, hardware=hardware, cost=cost, validate=False).record
+
+
+def _record(method: str, plan: Plan | None, rec, parallel: ParallelSpec, error: str = ""
+            ) -> dict[str, Any]:
+    nan = float("nan")
+    row: dict[str, Any] = {
+        "method": method,
+        "step_time_s": rec.step_time_s if rec else nan,
+        "tokens_per_s": rec.tokens_per_s if rec else nan,
+        "mfu": rec.mfu if rec else nan,
+        "bubble_fraction": rec.bubble_fraction if rec else nan,
+        "peak_memory_gib": rec.peak_memory_gib if rec else nan,
+        "oom": bool(rec.oom) if rec else False,
+        "imbalance_degree": rec.imbalance_degree if rec else nan,
+        "step_over_ideal": rec.step_over_ideal if rec else nan,
+        "ideal_step_time_s": rec.ideal_step_time_s if rec else nan,
+        "plan_seconds": float(plan.metadata.get("plan_seconds", nan)) if plan else nan,
+        "parallel": parallel.to_dict(),
+        "recompute": _recompute_of(plan) if plan else "",
+        "num_tokens": plan.num_tokens if plan else 0,
+        "speedup_vs_first": nan,
+        "error": error,
+    }
+    return row
+
+
+def _recompute_of(plan: Plan) -> str:
+    modes = sorted({g.recompute for g in plan.groups()})
+    return modes[0] if len(modes) == 1 else ",".join(modes)
+
+
+def _method_schedule(method: str) -> str:
+    return "slimpipe" if method == "slimpipe" else "1f1b"
+
+
+def _method_allows(method: str, candidate: Candidate) -> bool:
+    par = candidate.parallel
+    if method == "flexsp":
+        # FlexSP regroups all data-parallel GPUs into SP groups and does not pipeline: its
+        # own configuration is pp = 1 with the dp*cp pool as one (cp = 1 is equivalent).
+        return par.pp == 1 and par.cp == 1 and par.vpp == 1
+    if method == "slimpipe":
+        return par.pp > 1
+    return True
+
+
+def _as_sp_pool(candidates: list[Candidate]) -> list[Candidate]:
+    """FlexSP sizes SP groups per micro-batch, so a (tp, cp, pp=1, dp) layout that fits the
+    context is, for FlexSP, the pool tp x (cp*dp): static cp folds into the dp*cp slots."""
+    out: dict[tuple[int, int], Candidate] = {}
+    for c in candidates:
+        p = c.parallel
+        if p.pp != 1 or p.vpp != 1:
+            continue
+        pool = ParallelSpec(tp=p.tp, cp=1, pp=1, dp=p.cp * p.dp, gpus_per_node=p.gpus_per_node)
+        out.setdefault((p.tp, pool.dp), Candidate(parallel=pool, recompute=c.recompute))
+    return list(out.values())
+
+
+def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
+                  gpus: int, cost: CostModel, *, context: int, top_k: int = 3,
+                  time_limit_s: float | None = None, **options: Any,
+                  ) -> tuple[Plan, Any, ParallelSpec]:
+    """Plan and simulate the ``top_k`` best-estimated candidates; return the fastest that
+    does not run out of memory (or the fastest overall when all do)."""
+    candidates = auto_parallel_candidates(model, hardware, gpus, context,
+                                          schedule=_method_schedule(method))
+    if method == "flexsp":
+        candidates = _as_sp_pool(candidates)
+    candidates = [c for c in candidates if _method_allows(method, c)]
+    if not candidates:
+        raise ValueError(f"no parallel configuration of {gpus} GPUs fits {model.name} at "
+                         f"context {context} for {method}; add GPUs or shorten the context")
+    ranked = sorted(candidates, key=lambda c: estimate_fixed_length_step(
+        cost, batch.lengths, c, context))
+    best = None
+    for cand in ranked[:top_k]:
+        plan = plan_method(method, batch, model, hardware, cand.parallel, cost,
+                           context=context, time_limit_s=time_limit_s, **options)
+        rec = _simulate(plan, model, hardware, cost)
+        key = (rec.oom, rec.step_time_s)
+        if best is None or key < best[0]:
+            best = (key, plan, rec, cand.parallel)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: HardwareSpec,
+            gpus: int, parallel: ParallelSpec | None = None, auto_parallel: bool = False, *,
+            cost: CostModel | None = None, context: int | None = None,
+            time_limit_s: float | None = None, auto_parallel_top_k: int = 3,
+            method_options: Mapping[str, Mapping[str, Any]] | None = None,
+            ) -> list[dict[str, Any]]:
+    """One record per method (keys ``RECORD_KEYS`` plus ``ideal_step_time_s``).
+
+    Give ``parallel`` (its world size must equal ``gpus``) or ``auto_parallel=True``. A method
+    that fails to plan or simulate gets a record with ``error`` set and NaN numbers, so one
+    broken method never hides the others. ``speedup_vs_first`` is the first method's step time
+    over this one's.
+    """
+    if not methods:
+        raise ValueError("methods must name at least one planner")
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    if parallel is None and not auto_parallel:
+        raise ValueError("give parallel degrees or auto_parallel=True")
+    if parallel is not None and not auto_parallel and parallel.world != gpus:
+        raise ValueError(f"parallel degrees {parallel.describe()} use {parallel.world} GPUs "
+                         f"but gpus={gpus}")
+    settings = CompareSettings(context=context, time_limit_s=time_limit_s,
+                               auto_parallel_top_k=auto_parallel_top_k)
+    cost = cost or AnalyticCostModel(model=model, hardware=hardware)
+    ctx = settings.context or max(batch.lengths)
+    method_options = method_options or {}
+    rows = []
+    for method in methods:
+        options = dict(method_options.get(method, {}))
+        plan, rec, used = None, None, parallel
+        try:
+            if auto_parallel:
+                plan, rec, used = best_parallel(method, batch, model, hardware, gpus, cost,
+                                                context=ctx, top_k=settings.auto_parallel_top_k,
+                                                time_limit_s=settings.time_limit_s, **options)
+            else:
+                assert parallel is not None
+                plan = plan_method(method, batch, model, hardware, parallel, cost, context=ctx,
+                                   time_limit_s=settings.time_limit_s, **options)
+                rec = _simulate(plan, model, hardware, cost)
+            rows.append(_record(method, plan, rec, used))
+        except (ValueError, RuntimeError) as exc:
+            fallback = used or ParallelSpec.for_world(gpus)
+            rows.append(_record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}"))
+    first = rows[0]["step_time_s"]
+    for row in rows:
+        step = row["step_time_s"]
+        row["speedup_vs_first"] = first / step if step and not math.isnan(step) else float("nan")
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A fixed-width text table of compare records."""
+    headers = ("method", "parallel", "recompute", "step s", "tokens/s", "MFU", "bubble",
+               "peak GiB", "OOM", "speedup", "step/ideal", "plan s")
+    lines = []
+    for r in rows:
+        p = r["parallel"]
+        par = f"tp{p['tp']} cp{p['cp']} pp{p['pp']} dp{p['dp']}" + (
+            f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "")
+        if r.get("error"):
+            lines.append((r["method"], par, "", "error", "", "", "", "", "", "", "", ""))
+            continue
+        lines.append((r["method"], par, r["recompute"], f"{r['step_time_s']:.3f}",
+                      f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f}%",
+                      f"{100 * r['bubble_fraction']:.1f}%", f"{r['peak_memory_gib']:.1f}",
+                      "yes" if r["oom"] else "no", f"{r['speedup_vs_first']:.2f}x",
+                      f"{r['step_over_ideal']:.2f}", f"{r['plan_seconds']:.3f}"))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
+    out += [f"{r['method']}: {r['error']}" for r in rows if r.get("error")]
+    return "\n".join(out)

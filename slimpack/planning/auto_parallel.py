@@ -1,0 +1,98 @@
+"""Search space of parallel configurations, filtered by the memory model.
+
+The SlimPipe paper (arXiv 2504.14519, section 6) compares every method at its best
+(tp, cp, pp, vpp, dp, recompute); this module lists the candidates that fit, and
+:mod:`slimpack.compare` picks the fastest by planning and simulating the best-estimated few.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slimpack.cost.model import CostModel
+from slimpack.planning.estimates import microbatch_stage_times, pipeline_seconds
+from slimpack.planning.memory_fit import choose_recompute
+from slimpack.planning.packing import concat_and_chunk
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    parallel: ParallelSpec
+    recompute: str
+    """Cheapest recompute mode that fits a ``context``-token micro-batch."""
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, k = [], 1
+    while k <= limit:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def auto_parallel_candidates(model: ModelSpec, hardware: HardwareSpec, gpus: int, context: int,
+                             *, schedule: str = "1f1b", max_tp: int | None = None,
+                             max_cp: int = 32, max_pp: int = 16, vpp_options: Sequence[int] = (1, 2),
+                             slices_per_stage: int = 4) -> list[Candidate]:
+    """Every (tp, cp, pp, vpp, dp) over ``gpus`` GPUs that shards ``model`` and fits a
+    ``context``-token micro-batch with some recompute mode.
+
+    ``schedule``: ``1f1b`` (vpp > 1 means interleaved), or ``slimpipe`` (memory priced for
+    ``slices_per_stage * pp`` slices per sequence, vocabulary spread over pipeline ranks).
+    tp stays inside a node (Megatron-LM practice).
+    """
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    if context < 1:
+        raise ValueError(f"context must be >= 1 token, got {context}")
+    max_tp = min(max_tp or hardware.gpus_per_node, hardware.gpus_per_node)
+    out: list[Candidate] = []
+    for tp in _powers_of_two(min(max_tp, gpus)):
+        for cp in _powers_of_two(min(max_cp, gpus // tp)):
+            for pp in range(1, min(max_pp, gpus // (tp * cp)) + 1):
+                if (gpus // (tp * cp)) % pp or gpus % (tp * cp * pp):
+                    continue
+                for vpp in vpp_options:
+                    if vpp > 1 and pp == 1:
+                        continue
+                    try:
+                        par = ParallelSpec.for_world(gpus, tp=tp, cp=cp, pp=pp, vpp=vpp,
+                                                     gpus_per_node=hardware.gpus_per_node)
+                        par.validate_for_model(model)
+                    except ValueError:
+                        continue
+                    kind = schedule if schedule == "slimpipe" else (
+                        "interleaved" if vpp > 1 else "1f1b")
+                    slices = slices_per_stage * pp if kind == "slimpipe" else 1
+                    mode = choose_recompute(model, hardware, tokens=context, schedule=kind,
+                                            tp=tp, cp=cp, pp=pp, vpp=vpp, dp=par.dp,
+                                            slices=slices)
+                    if mode is not None:
+                        out.append(Candidate(parallel=par, recompute=mode))
+    return out
+
+
+def estimate_fixed_length_step(cost: CostModel, lengths: Sequence[int], candidate: Candidate,
+                               context: int) -> float:
+    """Rough step seconds of fixed-length packing under ``candidate`` (for ranking only):
+    concat-and-chunk to ``context``, deal chunks to replicas, 1F1B-style pipeline estimate,
+    plus the ring-attention KV exchange per CP step priced on the cost model's links."""
+    par = candidate.parallel
+    chunks = concat_and_chunk(lengths, context)
+    replicas: list[list[float]] = [[] for _ in range(par.dp)]
+    kv_bytes_per_token = 2 * 2 * cost.model.kv_dim / par.tp
+    layers = max(cost.model.num_layers // par.pp, 1)
+    for i, chunk in enumerate(chunks):
+        docs = [end - start for _, start, end in chunk]
+        t = microbatch_stage_times(cost, docs, tp=par.tp, cp=par.cp, pp=par.pp,
+                                   recompute=candidate.recompute)
+        comm = 0.0
+        if par.cp > 1:
+            # Ring attention passes every other rank's K/V once forward, twice backward.
+            nbytes = sum(docs) / par.cp * kv_bytes_per_token * layers
+            intra = par.tp * par.cp <= par.gpus_per_node
+            comm = 3 * cost.comm.all_gather(nbytes * par.cp, par.cp, intra_node=intra)
+        replicas[i % par.dp].append(t.forward_s + t.backward_s + comm)
+    return max(pipeline_seconds(r, pp=par.pp, vpp=par.vpp) for r in replicas)

@@ -1,0 +1,29 @@
+"""Planner wall time on a realistic batch (run once with --benchmark-disable)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slimpack.cost import AnalyticCostModel
+from slimpack.planners import get_planner
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+MODEL, HW = model_preset("llama-7b"), hardware_preset("h100")
+COST = AnalyticCostModel(model=MODEL, hardware=HW)
+PARALLEL = ParallelSpec(tp=8, cp=2, pp=4, dp=2)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    data = pytest.importorskip("slimpack.data")
+    return data.sample_batch("wlb-llm", num_sequences=256, context=131072, seed=0,
+                             truncation="split")
+
+
+@pytest.mark.parametrize("method", ["naive", "megatron", "megatron-dcp", "wlb-llm", "slimpipe",
+                                    "flexsp"])
+def test_bench_planner(benchmark, batch, method):
+    planner = get_planner(method)
+    options = {"context": 131072, "time_limit_s": 0.2}
+    plan = benchmark(lambda: planner(batch, MODEL, HW, PARALLEL, COST, **options))
+    assert plan.num_tokens == batch.num_tokens

@@ -1,0 +1,87 @@
+"""Method-specific rules of naive, megatron, megatron-dcp and slimpipe (DESIGN section 8)."""
+
+from __future__ import annotations
+
+import pytest
+
+from baselines.megatron import plan as megatron_plan
+from baselines.megatron_dcp import cp_size
+from baselines.megatron_dcp import plan as dcp_plan
+from baselines.naive import plan as naive_plan
+from baselines.slimpipe import plan as slimpipe_plan
+from baselines.slimpipe import redistribute_attention
+from slimpack.batch import Batch
+from slimpack.cost import AnalyticCostModel
+from slimpack.cost.flops import attention_flops
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+MODEL, HW = model_preset("llama-7b"), hardware_preset("h100")
+COST = AnalyticCostModel(model=MODEL, hardware=HW)
+BATCH = Batch.from_lengths([30000, 9000, 7000, 5000, 4000, 3000, 1500, 1200, 800, 500] * 4)
+
+
+def test_megatron_packs_exactly_context_tokens_per_microbatch():
+    par = ParallelSpec(tp=8, cp=2, pp=4, dp=2)
+    p = megatron_plan(BATCH, MODEL, HW, par, COST, context=16384)
+    sizes = [s.num_tokens for g in p.groups() for s in g.slices]
+    assert sizes.count(16384) == len(sizes) - 1 and max(sizes) == 16384
+    assert p.num_tokens == BATCH.num_tokens
+    assert {g.schedule for g in p.groups()} == {"1f1b"}
+    # Cut documents become independent sequences (document masks) mapped back to their source.
+    for new_id, (orig, offset) in p.metadata["document_pieces"].items():
+        assert int(new_id) not in BATCH._lengths and offset > 0 and orig in BATCH._lengths
+
+
+def test_megatron_turns_on_recompute_only_when_memory_forces_it():
+    small = megatron_plan(BATCH, MODEL, HW, ParallelSpec(tp=8, pp=4, dp=2), COST, context=16384)
+    assert small.metadata["recompute"] == "none"
+    huge = Batch.from_lengths([524288] * 2)
+    big = megatron_plan(huge, MODEL, HW, ParallelSpec(tp=8, pp=2, dp=1, vpp=2), COST)
+    assert big.metadata["recompute"] in ("selective", "full")
+    assert {g.schedule for g in big.groups()} == {"interleaved"}
+
+
+@pytest.mark.parametrize("packing", ["concat-chunk", "ffd", "bfd", "sorted"])
+def test_naive_packings_fixed_count(packing):
+    par = ParallelSpec(tp=2, pp=2, dp=2)
+    p = naive_plan(BATCH, MODEL, HW, par, COST, packing=packing, context=32768,
+                   microbatches_per_rank=3)
+    assert all(len(g.forward_units) <= 3 for g in p.groups())
+    assert p.num_tokens == BATCH.num_tokens
+
+
+def test_dcp_cp_size_is_next_power_of_two_and_groups_tile_slots():
+    assert [cp_size(n, 4096, 8) for n in (100, 4096, 4097, 9000, 20000, 99999)] == [
+        1, 1, 2, 4, 8, 8]
+    par = ParallelSpec(tp=2, cp=4, pp=2, dp=2)
+    p = dcp_plan(BATCH, MODEL, HW, par, COST, context=32768)
+    for phase in p.phases:
+        assert sum(g.cp for g in phase.groups) <= par.dp * par.cp
+        for g in phase.groups:
+            cap = g.cp * p.metadata["capacity_tokens"]
+            assert all(s.num_tokens <= max(cap, 32768) for s in g.slices)
+
+
+def test_slimpipe_uniform_slices_and_reverse_backward():
+    par = ParallelSpec(tp=8, pp=4, dp=2)
+    p = slimpipe_plan(BATCH, MODEL, HW, par, COST, context=32768)
+    n, length = p.metadata["num_slices"], p.metadata["slice_tokens"]
+    assert n >= par.pp and length % 128 == 0
+    for g in p.groups():
+        assert g.schedule == "slimpipe" and g.vocab_parallel_pp
+        assert max(s.num_tokens for s in g.slices) <= length
+        # Same units both ways, but backward runs each sample's slices in reverse order.
+        fwd = [u.slice_ids[0] for u in g.forward_units]
+        bwd = [u.slice_ids[0] for u in g.backward_units]
+        assert bwd[:n] == fwd[:n][::-1] and sorted(fwd) == sorted(bwd)
+    assert p.metadata["attention_redistribution"] is True
+
+
+def test_attention_redistribution_balances_pairs():
+    """SlimPipe section 5: the heavy rank ships half the difference, so each pair ends equal."""
+    pieces = [(4096, 0), (4096, 4096), (4096, 8192), (4096, 12288)]
+    flops, sent = redistribute_attention(MODEL, pieces)
+    before = [attention_flops(MODEL, q, p) for q, p in pieces]
+    assert sum(flops) == pytest.approx(sum(before))
+    assert max(flops) == pytest.approx(min(flops)) and max(flops) < max(before)
+    assert sent[3] > 0 and sent[0] > 0

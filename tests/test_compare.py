@@ -1,0 +1,78 @@
+"""slimpack.compare and the ``slimpack plan`` / ``slimpack compare`` commands."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from slimpack.batch import Batch
+from slimpack.cli.main import main
+from slimpack.compare import RECORD_KEYS, compare
+from slimpack.plan import Plan
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+pytest.importorskip("slimpack.sim")
+
+WORKLOAD = ["--model", "llama-7b", "--hardware", "h100", "--gpus", "32", "--dataset",
+            "wlb-llm", "--context", "65536", "--global-batch", "64", "--seed", "1",
+            "--time-limit", "0.3"]
+
+
+def test_compare_library_records_every_key_and_sane_numbers():
+    model, hw = model_preset("llama-7b"), hardware_preset("h100")
+    batch = Batch.from_lengths([60000, 30000, 9000, 7000, 5000, 3000, 1000, 800] * 6)
+    rows = compare(["megatron", "wlb-llm", "flexsp", "slimpipe"], batch, model, hw, 32,
+                   parallel=ParallelSpec(tp=8, cp=1, pp=4, dp=1), context=65536,
+                   time_limit_s=0.3)
+    assert [r["method"] for r in rows] == ["megatron", "wlb-llm", "flexsp", "slimpipe"]
+    for r in rows:
+        assert set(RECORD_KEYS) <= set(r) and not r["error"], r["error"]
+        assert r["step_time_s"] > 0 and 0 < r["mfu"] < 1 and r["step_over_ideal"] >= 1
+        assert r["num_tokens"] == batch.num_tokens
+    assert rows[0]["speedup_vs_first"] == pytest.approx(1.0)
+
+
+def test_compare_rejects_mismatched_world_size():
+    model, hw = model_preset("llama-7b"), hardware_preset("h100")
+    with pytest.raises(ValueError, match="gpus"):
+        compare(["megatron"], Batch.from_lengths([10]), model, hw, 16,
+                parallel=ParallelSpec(tp=8, dp=1))
+
+
+def test_cli_plan_writes_plan_and_json_summary(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--method", "wlb-llm", *WORKLOAD, "--tp", "8", "--pp", "4",
+                 "-o", str(out), "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["plan_seconds"] > 0 and summary["parallel"]["tp"] == 8
+    assert Plan.load(out).validate().method == "wlb-llm"
+
+
+def test_cli_compare_json_and_table(capsys):
+    code = main(["compare", "--methods", "megatron,slimpipe", *WORKLOAD, "--tp", "8",
+                 "--pp", "4", "--json"])
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)["records"]
+    assert [r["method"] for r in records] == ["megatron", "slimpipe"]
+    assert all(set(RECORD_KEYS) <= set(r) for r in records)
+    assert main(["compare", "--methods", "megatron", *WORKLOAD, "--tp", "8", "--pp", "4"]) == 0
+    assert "step/ideal" in capsys.readouterr().out
+
+
+def test_cli_auto_parallel_picks_a_config_per_method(capsys):
+    code = main(["compare", "--methods", "megatron,flexsp", *WORKLOAD, "--auto-parallel",
+                 "--json"])
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)["records"]
+    flexsp = records[1]
+    assert flexsp["parallel"]["pp"] == 1  # FlexSP does not pipeline
+    assert all(not math.isnan(r["step_time_s"] or math.nan) for r in records)
+
+
+def test_cli_user_errors_are_one_line(capsys):
+    assert main(["compare", "--methods", "megatron", *WORKLOAD, "--tp", "3"]) == 2
+    assert "error" in capsys.readouterr().err
+    assert main(["plan", "--method", "nope", *WORKLOAD, "--tp", "8"]) == 2
