@@ -22,7 +22,7 @@ from typing import Any
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
-from slimpack.solver.build import BuildContext, build_plan
+from slimpack.solver.build import BuildContext, build_plan, schedule_peak_bytes
 from slimpack.solver.options import SlimPackOptions
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
@@ -52,8 +52,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     candidates = _slice_candidates(batch, parallel, opts)
     merge_choices = (True,) if opts.no_dp_merge else (True, False)
     if not opts.search:
-        best = build_plan(ctx, candidates[0], use_merge=True)
-        tried = [{"slice_tokens": candidates[0], "merge": True}]
+        best, tried = _first_fit(ctx, candidates, started)
     else:
         best, tried = _search(ctx, candidates, merge_choices, started)
     best.metadata["plan_seconds"] = time.perf_counter() - started
@@ -67,14 +66,39 @@ def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOption
     if opts.slice_tokens is not None:
         return [opts.slice_tokens]
     default = default_slice_tokens(batch, parallel)
-    if not opts.search:
-        return [default]
     longest = max(batch.lengths)
     align = 2 * parallel.cp
     cands = sorted({s for s in opts.slice_candidates if s < longest and s % align == 0}
                    | {default})
     # Try the heuristic first so a tight time limit still returns its answer.
     return [default] + [s for s in cands if s != default]
+
+
+def _first_fit(ctx: BuildContext, candidates: list[int | None],
+               started: float) -> tuple[Plan, list[dict]]:
+    """Heuristic mode: the first candidate whose schedule fits memory (no timing at all).
+
+    The check walks each group's op order (exactly the simulator's memory accounting), so a
+    heuristic plan fits whenever any candidate does; otherwise the smallest peak is kept.
+    """
+    budget = ctx.hardware.usable_memory_bytes
+    best: Plan | None = None
+    best_peak = float("inf")
+    tried: list[dict] = []
+    deadline = started + ctx.options.time_limit_s
+    for s in candidates:
+        if best is not None and time.perf_counter() > deadline:
+            break
+        candidate = build_plan(ctx, s, use_merge=True)
+        peak = max(max(schedule_peak_bytes(g, ctx.model, ctx.parallel.dp))
+                   for g in candidate.groups())
+        tried.append({"slice_tokens": s, "merge": True, "peak_gib": peak / 2**30})
+        if peak < best_peak:
+            best, best_peak = candidate, peak
+        if peak <= budget:
+            break
+    assert best is not None
+    return best, tried
 
 
 def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tuple[bool, ...],

@@ -11,6 +11,9 @@ from slimpack.cost.memory import (
 )
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Phase, Plan
+from slimpack.schedules import build_schedule
+from slimpack.sim.costs import layers_per_virtual_stage
+from slimpack.sim.memory import group_memory, peak_bytes_by_stage
 from slimpack.solver.assign import bin_loads, lpt_assign, milp_assign, token_assign
 from slimpack.solver.estimate import WorkEstimator
 from slimpack.solver.merge import MergeDecision, find_outliers
@@ -128,9 +131,41 @@ def _unit_target(est: WorkEstimator, lengths: dict[int, int], replicas: int,
     return total_fwd / steps
 
 
+MAX_MEMORY_REPAIRS = 6
+
+
 def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],
            est: WorkEstimator, slice_tokens: int | None, round_capacity: int,
            target: float) -> Group:
+    """Pack one group; shrink its rounds until the schedule's peak memory fits.
+
+    The round capacity is a first guess from tokens; MicroPacks balanced on cost can hold
+    more tokens than S, so the real peak is read off the schedule the simulator will run
+    (an order-only walk, no timing) and rounds shrink until it fits or reach one slice.
+    """
+    budget = ctx.hardware.usable_memory_bytes * ctx.options.memory_headroom
+    group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity, target)
+    floor = slice_tokens or 1
+    for _ in range(MAX_MEMORY_REPAIRS):
+        peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
+        if peak <= budget or round_capacity <= floor:
+            break
+        round_capacity = max(int(round_capacity * budget / peak * 0.9), floor)
+        group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity,
+                            target)
+    return group
+
+
+def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int) -> list[float]:
+    """Per-stage peak memory of ``group`` under its own schedule (order only, no timing)."""
+    memory = group_memory(group, model=model, dp=dp)
+    layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
+    return peak_bytes_by_stage(build_schedule(group), memory, layers)
+
+
+def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],
+                est: WorkEstimator, slice_tokens: int | None, round_capacity: int,
+                target: float) -> Group:
     par = ctx.parallel
     k = len(replicas)
     packs = pack_replica(seqs, est, slice_tokens=slice_tokens, round_capacity=round_capacity,

@@ -89,15 +89,29 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     the forward seconds one MicroPack should take (the same across replicas and rounds, so
     every pipeline step is about equally long).
     """
-    out = ReplicaPacks()
+    rounds: list[ReplicaPacks] = []
+    next_slice_id = 0
     for round_ids in make_rounds(lengths, round_capacity):
+        packed = ReplicaPacks()
         _pack_round({s: lengths[s] for s in round_ids}, est, slice_tokens, unit_forward_target,
-                    asymmetric, out)
+                    asymmetric, packed, first_slice_id=next_slice_id)
+        next_slice_id += len(packed.slices)
+        rounds.append(packed)
+    # Fewest MicroPacks first. The schedule keeps as many MicroPacks in flight as the first
+    # round needs (plus the 2(p-1) warm-up) for the rest of the step, so a large first round
+    # would hold that many MicroPacks of every later round in memory; a small first round
+    # lets each later round raise the count only while it runs.
+    rounds.sort(key=lambda r: len(r.forward_units))
+    out = ReplicaPacks()
+    for packed in rounds:
+        out.slices.extend(packed.slices)
+        out.forward_units.extend(packed.forward_units)
+        out.backward_units.extend(packed.backward_units)
     return out
 
 
 def _pack_round(lengths: dict[int, int], est: WorkEstimator, slice_tokens: int | None,
-                target: float, asymmetric: bool, out: ReplicaPacks) -> None:
+                target: float, asymmetric: bool, out: ReplicaPacks, *, first_slice_id: int) -> None:
     long_limit = slice_tokens if slice_tokens is not None else math.inf
     long_ids = [s for s in lengths if lengths[s] > long_limit]
     short_ids = [s for s in lengths if lengths[s] <= long_limit]
@@ -153,7 +167,7 @@ def _pack_round(lengths: dict[int, int], est: WorkEstimator, slice_tokens: int |
     atoms: list[tuple[int, int]] = []  # (slice_id, forward unit)
     for u in range(n_units):
         for segment in fwd_members[u]:
-            sid = len(out.slices)
+            sid = first_slice_id + len(out.slices)
             out.slices.append(Slice(slice_id=sid, segments=(segment,)))
             segment_slice[(segment.seq_id, segment.start)] = sid
             unit_slices[u].append(sid)
@@ -166,7 +180,7 @@ def _pack_round(lengths: dict[int, int], est: WorkEstimator, slice_tokens: int |
             if not bucket:
                 continue
             segs = tuple(Segment(seq_id=docs[i], start=0, end=lengths[docs[i]]) for i in bucket)
-            sid = len(out.slices)
+            sid = first_slice_id + len(out.slices)
             out.slices.append(Slice(slice_id=sid, segments=segs))
             unit_slices[u].append(sid)
             atoms.append((sid, u))
@@ -185,7 +199,7 @@ def _pack_round(lengths: dict[int, int], est: WorkEstimator, slice_tokens: int |
     ]
     heap = [(load, b) for b, load in enumerate(bwd_load)]
     heapq.heapify(heap)
-    atom_cost = {sid: sum(est.backward(seg.num_tokens) for seg in out.slices[sid].segments)
+    atom_cost = {sid: sum(est.backward(seg.num_tokens) for seg in out.slices[sid - first_slice_id].segments)
                  for sid, _ in atoms}
     for sid, _ in sorted(atoms, key=lambda a: -atom_cost[a[0]]):
         load, b = heapq.heappop(heap)
