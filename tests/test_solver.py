@@ -29,9 +29,14 @@ def long_tail_lengths(n, seed, cap=131072):
 def test_cost_balanced_cuts_equalise_forward_cost_and_shrink_later_slices():
     cuts = cost_balanced_cuts(131072, 8, EST)
     assert cuts[0] == 0 and cuts[-1] == 131072 and all(c % 128 == 0 for c in cuts)
-    costs = [EST.forward(b - a, a) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-    # Equal up to the 128-token rounding (+-64 tokens on ~10K-token slices, <1% each way).
-    assert max(costs) / min(costs) < 1.02
+    # Judged by the cost model itself (the simulator's prices), not the planner's estimate.
+    costs = [COST.layer_times([(b - a, a)], tp=8).forward_s
+             for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    # Equal up to tile rounding and the estimate's interpolation (cuts solve F(b) - F(a) on
+    # the planner's fitted table): within 5%; uniform 16K cuts differ by 2.7x.
+    assert max(costs) / min(costs) < 1.05
+    uniform = [COST.layer_times([(16384, a)], tp=8).forward_s for a in range(0, 131072, 16384)]
+    assert max(uniform) / min(uniform) > 2.5
     sizes = [b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from slimpack.cost.comm import CommModel
-from slimpack.cost.flops import FlopCount, Piece, head_flops, layer_flops
+from slimpack.cost.flops import Piece, head_flops, linear_flops_per_token
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+TILE = 128
+"""FlashAttention's query/key tile edge, in tokens."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,20 +89,29 @@ class AnalyticCostModel:
         saturation = rows / (rows + hw.half_efficiency_tokens) if rows > 0 else 1.0
         return hw.peak_flops * hw.gemm_efficiency * saturation
 
-    def _attention_rate(self, mean_query_tokens: float) -> float:
-        hw = self.hardware
-        # FlashAttention tiles are 128 queries: short documents leave tiles part-empty.
-        saturation = mean_query_tokens / (mean_query_tokens + 128) if mean_query_tokens > 0 else 1.0
-        return hw.peak_flops * hw.attention_efficiency * saturation
+    @property
+    def _attention_rate(self) -> float:
+        return self.hardware.peak_flops * self.hardware.attention_efficiency
 
-    def compute_seconds(self, flops: FlopCount, *, rows: float, mean_query_tokens: float) -> float:
-        """Seconds for ``flops`` on one GPU (``rows`` tokens in the GEMMs)."""
-        t = 0.0
-        if flops.linear:
-            t += flops.linear / self._gemm_rate(rows)
-        if flops.attention:
-            t += flops.attention / self._attention_rate(mean_query_tokens)
-        return t
+    def linear_seconds(self, flops: float, *, rows: float) -> float:
+        """Seconds for GEMM FLOPs over a packed buffer of ``rows`` tokens."""
+        return flops / self._gemm_rate(rows) if flops else 0.0
+
+    def attention_seconds(self, pieces: Sequence[Piece], *, tp: int = 1) -> float:
+        """Forward seconds of causal attention over ``pieces`` (one varlen kernel).
+
+        FlashAttention computes whole 128x128 (query, key) tiles, each document on its own
+        (varlen), so a document costs the tiles it touches, not its causal pairs: short
+        documents waste most of each tile, long ones almost none. Query tile t of a piece
+        with q tokens and prefix p reaches key tile ``(p + 128*(t+1))/128``, giving about
+        ``nq*ceil(p/128) + nq*(nq+1)/2`` tiles for ``nq = ceil(q/128)``.
+        """
+        tiles = 0.0
+        for tokens, prefix in pieces:
+            nq = -(-tokens // TILE)
+            tiles += nq * -(-prefix // TILE) + nq * (nq + 1) / 2
+        flops = 4.0 * self.model.q_dim * tiles * TILE * TILE / tp
+        return flops / self._attention_rate
 
     # -- CostModel ----------------------------------------------------------------------------
     def layer_times(self, pieces: Sequence[Piece], *, tp: int = 1,
@@ -110,14 +121,14 @@ class AnalyticCostModel:
         pieces = [p for p in pieces if p[0] > 0]
         if not pieces:
             return ZERO_TIMES
-        fwd_flops = layer_flops(self.model, pieces).scaled(1.0 / tp)
         tokens = sum(p[0] for p in pieces)
-        mean_q = tokens / len(pieces)
-        rows = tokens  # sequence parallelism: each TP rank runs GEMMs over all tokens' rows / tp
-        fwd = self.compute_seconds(fwd_flops, rows=rows, mean_query_tokens=mean_q)
-        bwd_flops = FlopCount(linear=fwd_flops.linear * self.backward_linear_ratio,
-                              attention=fwd_flops.attention * self.backward_attention_ratio)
-        bwd = self.compute_seconds(bwd_flops, rows=rows, mean_query_tokens=mean_q)
+        linear_flops = linear_flops_per_token(self.model) * tokens / tp
+        # Sequence parallelism: each TP rank's GEMMs run over all the unit's rows.
+        fwd_linear = self.linear_seconds(linear_flops, rows=tokens)
+        fwd_attention = self.attention_seconds(pieces, tp=tp)
+        fwd = fwd_linear + fwd_attention
+        bwd = (self.backward_linear_ratio * fwd_linear
+               + self.backward_attention_ratio * fwd_attention)
         if recompute == "full":
             bwd += fwd
         elif recompute == "selective":
@@ -139,7 +150,7 @@ class AnalyticCostModel:
         if tokens <= 0:
             return ZERO_TIMES
         flops = head_flops(self.model, tokens) / (tp * vocab_shards)
-        fwd = flops / self._gemm_rate(tokens) + self.kernel_overhead_s
+        fwd = self.linear_seconds(flops, rows=tokens) + self.kernel_overhead_s
         return PassTimes(forward_s=fwd, backward_s=2 * fwd)
 
     # -- conveniences built on the two primitives ---------------------------------------------

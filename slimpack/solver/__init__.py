@@ -16,24 +16,32 @@ Every component has a switch (``no_slicing``, ``no_asymmetric``, ``no_dp_aware``
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
-from slimpack.solver.build import BuildContext, build_plan, schedule_peak_bytes
+from slimpack.solver.build import BuildContext, build_plan, max_tokens_in_flight
 from slimpack.solver.options import SlimPackOptions
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 __all__ = ["SlimPackOptions", "plan", "default_slice_tokens"]
 
 
-def default_slice_tokens(batch: Batch, parallel: ParallelSpec) -> int:
-    """Heuristic S: about 2*pp*vpp MicroPacks for the longest sequence, 1K-32K, 128-aligned."""
+def default_slice_tokens(batch: Batch, parallel: ParallelSpec, *, fit_tokens: int | None = None) -> int:
+    """Heuristic S, 128-aligned and within 1K-32K tokens.
+
+    About 2*pp*vpp MicroPacks for the longest sequence (enough steady state to hide the
+    pipeline fill), and, when ``fit_tokens`` (tokens whose activations fit a stage) is given,
+    small enough that the 2(p-1) warm-up MicroPacks take at most two thirds of memory.
+    """
     longest = max(batch.lengths)
     align = max(128, 2 * parallel.cp)
     s = longest / (2 * parallel.pp * parallel.vpp)
+    if fit_tokens is not None and parallel.pp > 1:
+        s = min(s, fit_tokens / (3 * (parallel.pp - 1)))
     s = min(max(s, 1024), 32768)
     return max(align, int(round(s / align)) * align)
 
@@ -49,7 +57,8 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         )
     ctx = BuildContext(batch=batch, model=model, hardware=hardware, parallel=parallel,
                        cost=cost, options=opts)
-    candidates = _slice_candidates(batch, parallel, opts)
+    candidates = _slice_candidates(batch, parallel, opts,
+                                   fit_tokens=max_tokens_in_flight(ctx, parallel.cp))
     merge_choices = (True,) if opts.no_dp_merge else (True, False)
     if not opts.search:
         best, tried = _first_fit(ctx, candidates, started)
@@ -60,18 +69,21 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     return best.validate()
 
 
-def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOptions) -> list[int | None]:
+def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOptions, *,
+                      fit_tokens: int) -> list[int | None]:
     if opts.no_slicing:
         return [None]
     if opts.slice_tokens is not None:
         return [opts.slice_tokens]
-    default = default_slice_tokens(batch, parallel)
+    default = default_slice_tokens(batch, parallel, fit_tokens=fit_tokens)
     longest = max(batch.lengths)
     align = 2 * parallel.cp
     cands = sorted({s for s in opts.slice_candidates if s < longest and s % align == 0}
                    | {default})
-    # Try the heuristic first so a tight time limit still returns its answer.
-    return [default] + [s for s in cands if s != default]
+    # The heuristic first so a tight time limit still returns its answer, then outward from
+    # it (nearest first in log scale): the best S is usually a neighbour of the heuristic.
+    others = sorted((s for s in cands if s != default), key=lambda s: abs(math.log(s / default)))
+    return [default, *others]
 
 
 def _first_fit(ctx: BuildContext, candidates: list[int | None],
@@ -90,8 +102,7 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
         if best is not None and time.perf_counter() > deadline:
             break
         candidate = build_plan(ctx, s, use_merge=True)
-        peak = max(max(schedule_peak_bytes(g, ctx.model, ctx.parallel.dp))
-                   for g in candidate.groups())
+        peak = candidate.metadata["slimpack"]["peak_bytes"]
         tried.append({"slice_tokens": s, "merge": True, "peak_gib": peak / 2**30})
         if peak < best_peak:
             best, best_peak = candidate, peak

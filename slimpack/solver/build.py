@@ -62,6 +62,7 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) 
     regular = {s: n for s, n in lengths.items() if s not in set(decision.outliers)}
 
     phases: list[Phase] = []
+    peaks: list[float] = []
     info: dict = {"slice_tokens": slice_tokens, "outliers": list(decision.outliers),
                   "merge_factor": decision.merge_factor}
     next_group = 0
@@ -81,8 +82,10 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) 
             seqs = {decision.outliers[i]: lengths[decision.outliers[i]] for i in members}
             capacity = max(max_tokens_in_flight(ctx, par.cp * k) - warmup_tokens,
                            slice_tokens or 128)
-            groups.append(_group(ctx, next_group, replicas, seqs, m_est, slice_tokens, capacity,
-                                 target))
+            group, peak = _group(ctx, next_group, replicas, seqs, m_est, slice_tokens, capacity,
+                                 target)
+            groups.append(group)
+            peaks.append(peak)
             next_group += 1
         phases.append(Phase(groups=tuple(groups)))
 
@@ -107,10 +110,13 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) 
             if not members:
                 continue
             seqs = {ids[i]: regular[ids[i]] for i in members}
-            groups.append(_group(ctx, next_group, [r], seqs, est, slice_tokens, fit_tokens, target))
+            group, peak = _group(ctx, next_group, [r], seqs, est, slice_tokens, fit_tokens, target)
+            groups.append(group)
+            peaks.append(peak)
             next_group += 1
         phases.append(Phase(groups=tuple(groups)))
 
+    info["peak_bytes"] = max(peaks)
     return Plan(method="slimpack", model=ctx.model.name, parallel=par,
                 sequence_lengths=lengths, phases=tuple(phases), metadata={"slimpack": info})
 
@@ -136,7 +142,7 @@ MAX_MEMORY_REPAIRS = 6
 
 def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],
            est: WorkEstimator, slice_tokens: int | None, round_capacity: int,
-           target: float) -> Group:
+           target: float) -> tuple[Group, float]:
     """Pack one group; shrink its rounds until the schedule's peak memory fits.
 
     The round capacity is a first guess from tokens; MicroPacks balanced on cost can hold
@@ -146,14 +152,15 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
     budget = ctx.hardware.usable_memory_bytes * ctx.options.memory_headroom
     group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity, target)
     floor = slice_tokens or 1
+    peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
     for _ in range(MAX_MEMORY_REPAIRS):
-        peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
         if peak <= budget or round_capacity <= floor:
             break
         round_capacity = max(int(round_capacity * budget / peak * 0.9), floor)
         group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity,
                             target)
-    return group
+        peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
+    return group, peak
 
 
 def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int) -> list[float]:

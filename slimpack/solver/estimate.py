@@ -1,63 +1,98 @@
-"""Fast work estimates the planner balances on (the simulator remains the judge).
+"""Fast work estimates the planner balances on, priced exactly as the simulator prices units.
 
-The planner makes millions of cost queries, so it prices a piece of work
-``(tokens, kv_prefix)`` as ``a * tokens + b * pairs`` seconds per layer, where ``pairs`` are
-the causal (query, key) pairs ``l*p + l*(l+1)/2``. The coefficients are *fitted to the cost
-model* by least squares over a few probes, separately for forward and backward, so whatever
-the cost model charges per token (linear FLOPs, tensor-parallel communication, calibrated
-kernel times) and per pair (attention) the planner balances on the same prices as the judge,
-and the two backward ratios (about 2x linear, 2.5x attention) stay distinct.
+The planner makes hundreds of thousands of cost queries, so it cannot simulate each
+candidate MicroPack. Instead it prices a few *probe* units through the simulator's own unit
+pricing (:func:`slimpack.sim.costs.group_costs`: the cost model, the CP sharding, ring or
+Ulysses communication) once per plan, and builds two small models from them:
+
+* a table of the per-document cost of a document of length ``l`` packed among many of its
+  kind (this is where short documents' poor attention-kernel efficiency and per-document CP
+  chunking show up), interpolated in log-log space;
+* a per-pair cost for the KV prefix of long-sequence slices (``l * p`` extra causal pairs).
+
+Forward and backward are kept apart, since their ratios differ (about 2x for linear work and
+2.5x for attention): that gap is what asymmetric MicroPacks balance.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from slimpack.cost.model import CostModel
+from slimpack.plan import Group, Segment, Slice, Unit
+from slimpack.sim.costs import group_costs
 
-# (tokens, prefix) probes spanning short documents to long-context slices.
-_PROBES = [(t, p) for t in (512, 2048, 8192, 32768) for p in (0, 8192, 65536)]
-
-
-def causal_pairs(tokens: int, prefix: int) -> float:
-    return tokens * prefix + tokens * (tokens + 1) / 2
+_GRID = sorted({int(round(2 ** (k / 4))) for k in range(16, 77)})  # 16 .. 512K tokens, 4 per octave
+_REFERENCE_UNIT_TOKENS = 8192
+_PREFIX_PROBE = (4096, 65536)  # (tokens, prefix)
 
 
 @dataclass(frozen=True, kw_only=True)
 class WorkEstimator:
-    fwd_per_token: float
-    fwd_per_pair: float
-    bwd_per_token: float
-    bwd_per_pair: float
+    log_lengths: tuple[float, ...]
+    log_fwd: tuple[float, ...]
+    log_bwd: tuple[float, ...]
+    fwd_per_prefix_pair: float
+    bwd_per_prefix_pair: float
 
     @classmethod
-    def from_cost(cls, cost: CostModel, *, tp: int, cp: int) -> WorkEstimator:
-        """Fit per-layer seconds on one GPU of a tp-way group; CP divides the work evenly."""
-        rows, fwd, bwd = [], [], []
-        for tokens, prefix in _PROBES:
-            t = cost.layer_times([(tokens, prefix)], tp=tp)
-            rows.append((tokens, causal_pairs(tokens, prefix), 1.0))
-            fwd.append(t.forward_s)
-            bwd.append(t.backward_s)
-        a = np.asarray(rows)
-        # Scale columns so least squares is well conditioned (pairs are ~1e9, tokens ~1e4).
-        scale = a.max(axis=0)
-        coef_f = np.linalg.lstsq(a / scale, np.asarray(fwd), rcond=None)[0] / scale
-        coef_b = np.linalg.lstsq(a / scale, np.asarray(bwd), rcond=None)[0] / scale
+    def from_cost(cls, cost: CostModel, *, tp: int, cp: int, cp_sharding: str = "per-document",
+                  cp_kind: str = "ring") -> WorkEstimator:
+        """Probe the simulator's pricing: seconds per layer on one GPU of the group."""
+        probes: list[list[tuple[int, int]]] = []
+        for length in _GRID:
+            copies = max(1, _REFERENCE_UNIT_TOKENS // length)
+            probes.append([(length, 0)] * copies)
+        tokens, prefix = _PREFIX_PROBE
+        probes.append([(tokens, 0)])
+        probes.append([(tokens, prefix)])
+        fwd, bwd = _price_probes(cost, probes, tp=tp, cp=cp, cp_sharding=cp_sharding,
+                                 cp_kind=cp_kind)
+        per_doc_f = [fwd[i] / len(probes[i]) for i in range(len(_GRID))]
+        per_doc_b = [bwd[i] / len(probes[i]) for i in range(len(_GRID))]
+        pairs = tokens * prefix
         return cls(
-            fwd_per_token=max(float(coef_f[0]), 0.0) / cp,
-            fwd_per_pair=max(float(coef_f[1]), 0.0) / cp,
-            bwd_per_token=max(float(coef_b[0]), 0.0) / cp,
-            bwd_per_pair=max(float(coef_b[1]), 0.0) / cp,
+            log_lengths=tuple(math.log(n) for n in _GRID),
+            log_fwd=tuple(math.log(max(t, 1e-15)) for t in per_doc_f),
+            log_bwd=tuple(math.log(max(t, 1e-15)) for t in per_doc_b),
+            fwd_per_prefix_pair=max(fwd[-1] - fwd[-2], 0.0) / pairs,
+            bwd_per_prefix_pair=max(bwd[-1] - bwd[-2], 0.0) / pairs,
         )
 
+    def _doc(self, table: tuple[float, ...], tokens: int) -> float:
+        x = math.log(max(tokens, 1))
+        xs = self.log_lengths
+        if x >= xs[-1]:  # extrapolate along the last segment (attention-dominated: ~l^2)
+            slope = (table[-1] - table[-2]) / (xs[-1] - xs[-2])
+            return math.exp(table[-1] + slope * (x - xs[-1]))
+        return math.exp(float(np.interp(x, xs, table)))
+
     def forward(self, tokens: int, prefix: int = 0) -> float:
-        return self.fwd_per_token * tokens + self.fwd_per_pair * causal_pairs(tokens, prefix)
+        return self._doc(self.log_fwd, tokens) + self.fwd_per_prefix_pair * tokens * prefix
 
     def backward(self, tokens: int, prefix: int = 0) -> float:
-        return self.bwd_per_token * tokens + self.bwd_per_pair * causal_pairs(tokens, prefix)
+        return self._doc(self.log_bwd, tokens) + self.bwd_per_prefix_pair * tokens * prefix
 
     def total(self, tokens: int, prefix: int = 0) -> float:
         return self.forward(tokens, prefix) + self.backward(tokens, prefix)
+
+
+def _price_probes(cost: CostModel, probes: list[list[tuple[int, int]]], *, tp: int, cp: int,
+                  cp_sharding: str, cp_kind: str) -> tuple[list[float], list[float]]:
+    """Per-layer forward and backward seconds of one unit per probe (a 2-stage probe group,
+    whose first stage carries no LM head)."""
+    slices = []
+    for i, pieces in enumerate(probes):
+        segs = tuple(Segment(seq_id=j, start=p, end=p + n) for j, (n, p) in enumerate(pieces))
+        slices.append(Slice(slice_id=i, segments=segs))
+    units = tuple(Unit(slice_ids=(i,)) for i in range(len(probes)))
+    group = Group(group_id=0, ranks=tuple(range(2 * tp * cp)), tp=tp, cp=cp, pp=2,
+                  slices=tuple(slices), forward_units=units, backward_units=units,
+                  cp_sharding=cp_sharding, cp_kind=cp_kind)
+    costs = group_costs(group, model=cost.model, cost=cost,
+                        gpus_per_node=cost.hardware.gpus_per_node)
+    layers = costs.layers[0]
+    return ([t / layers for t in costs.fwd_s[0]], [t / layers for t in costs.bwd_s[0]])

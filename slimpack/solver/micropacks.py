@@ -1,20 +1,27 @@
 """Phase 2: slices and asymmetric forward/backward MicroPacks for one replica (*reconstructed*).
 
-A replica's sequences are grouped into *rounds*: sets of sequences whose activations fit in
-memory together, like one SlimPipe micro-batch but holding many sequences. Each round becomes
-``n`` MicroPacks (pipeline steps) of equal forward cost:
+A replica's work becomes a sequence of *rounds*. A round is like one SlimPipe micro-batch
+that may hold several sequences: its long sequences are forwarded slice by slice and then
+backwarded in reverse, so a round's activations must fit in memory together. Every
+MicroPack (pipeline step) of every round should take the same forward time, because the
+pipeline runs at the pace of its slowest step.
 
-1. **Cost-balanced slicing.** A long sequence is cut into segments of equal *forward cost*, not
-   equal length: a slice with KV prefix p costs ``l*(lin + att*(p + l/2))``, so later slices are
-   shorter. Cuts fall on multiples of 128 tokens (a FlashAttention tile).
-2. **Forward MicroPacks.** Segment j of a k-segment sequence goes to MicroPack ``j*n//k``
-   (order-preserving), then short documents fill the MicroPacks lightest-first (LPT on forward
-   cost), so every MicroPack ends at about the same forward time.
-3. **Backward MicroPacks.** Long segments mirror their forward position (segment j in backward
-   MicroPack ``n-1-u``), which satisfies the reverse-order rule; the short documents, held in
-   small *atom slices*, are dealt again LPT on *backward* cost. Linear work costs 2x forward
-   and attention about 2.5x, so forward-balanced MicroPacks are not backward-balanced; the
-   re-deal fixes that without recompute because every slice has its own autograd graph.
+1. **Rounds of long sequences.** Sequences longer than S are first-fit-decreasing packed into
+   rounds of at most ``round_capacity`` tokens.
+2. **Cost-balanced slicing.** A long sequence is cut into segments of equal *forward cost*,
+   not equal length (a slice with KV prefix p costs more per token than one without), each
+   at most S tokens, cuts on 128-token tiles. Segment j of a round's sequence occupies one
+   MicroPack of that round, in order.
+3. **Global fill.** The replica needs about ``total forward / target`` MicroPacks; those not
+   taken by long segments form filler rounds. Short documents are then dealt, heaviest first,
+   to the lightest MicroPack of *any* round (LPT) while its round has token room, so every
+   step ends at about the same forward time.
+4. **Backward MicroPacks.** Long segments mirror their forward position within their round
+   (segment in forward step u goes to backward step n-1-u), which gives the reverse-order rule;
+   each step's short documents are held in a few *atom slices* that are dealt again, LPT on
+   *backward* cost, over the round's backward steps. Linear work costs 2x forward and
+   attention about 2.5x, so forward-balanced steps are not backward-balanced; the re-deal
+   fixes that without recompute, because every slice has its own autograd graph.
 
 With ``asymmetric=False`` the backward MicroPacks are the forward ones in reverse order.
 """
@@ -41,27 +48,66 @@ class ReplicaPacks:
     backward_units: list[Unit] = field(default_factory=list)
 
 
+@dataclass(kw_only=True)
+class _Round:
+    capacity: int
+    tokens: int = 0
+    long_segments: list[list[Segment]] = field(default_factory=list)
+    """Per MicroPack of this round: its long-sequence segments."""
+    short_docs: list[list[int]] = field(default_factory=list)
+    """Per MicroPack: seq_ids of whole short documents."""
+
+    def add_units(self, count: int) -> None:
+        self.long_segments.extend([] for _ in range(count))
+        self.short_docs.extend([] for _ in range(count))
+
+    @property
+    def num_units(self) -> int:
+        return len(self.long_segments)
+
+
 def cost_balanced_cuts(length: int, pieces: int, est: WorkEstimator, *, align: int = TILE) -> list[int]:
-    """Boundaries 0 = b0 < b1 < ... < bk = length giving segments of equal forward cost."""
+    """Boundaries 0 = b0 < b1 < ... < bk = length giving segments of equal forward cost.
+
+    The forward cost of the first x tokens, ``F(x) = est.forward(x)``, grows faster than
+    linearly (causal attention), so the cut for segment j solves ``F(b_j) = j*F(L)/k`` by
+    bisection over multiples of ``align``; slicing conserves attention pairs, so a segment
+    [a, b) costs about F(b) - F(a).
+    """
     if pieces <= 1 or length <= align:
         return [0, length]
-    lin, att = est.fwd_per_token, est.fwd_per_pair
-    total = lin * length + att * length * (length + 1) / 2
-
-    def inverse(target: float) -> float:  # solve lin*x + att*x^2/2 = target
-        if att == 0:
-            return target / lin
-        return (-lin + math.sqrt(lin * lin + 2 * att * target)) / att
-
+    total = est.forward(length)
     cuts = [0]
     for j in range(1, pieces):
-        x = int(round(inverse(total * j / pieces) / align)) * align
-        x = max(x, cuts[-1] + align)
+        target = total * j / pieces
+        lo, hi = cuts[-1] // align + 1, length // align  # in tiles
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if est.forward(mid * align) < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        x = lo * align
         if x >= length:
             break
         cuts.append(x)
     cuts.append(length)
     return cuts
+
+
+def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target: float) -> list[int]:
+    """Cuts of one long sequence: equal forward cost, each segment at most ``slice_tokens``.
+
+    Enough pieces that none exceeds a MicroPack's forward budget; more while the first
+    (longest, cheapest-per-token) segment is longer than S.
+    """
+    pieces = max(math.ceil(length / slice_tokens), math.ceil(est.forward(length) / target), 1)
+    while True:
+        cuts = cost_balanced_cuts(length, pieces, est)
+        if max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)) <= slice_tokens \
+                or pieces >= math.ceil(length / TILE):
+            return cuts
+        pieces += 1
 
 
 def make_rounds(lengths: dict[int, int], capacity: int) -> list[list[int]]:
@@ -85,105 +131,107 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
                  round_capacity: int, unit_forward_target: float, asymmetric: bool) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
-    ``slice_tokens`` None disables slicing (whole sequences only); ``unit_forward_target`` is
-    the forward seconds one MicroPack should take (the same across replicas and rounds, so
-    every pipeline step is about equally long).
+    ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
+    document); ``unit_forward_target`` is the forward seconds one MicroPack should take (the
+    same across replicas, so every pipeline step is about equally long).
     """
-    rounds: list[ReplicaPacks] = []
-    next_slice_id = 0
-    for round_ids in make_rounds(lengths, round_capacity):
-        packed = ReplicaPacks()
-        _pack_round({s: lengths[s] for s in round_ids}, est, slice_tokens, unit_forward_target,
-                    asymmetric, packed, first_slice_id=next_slice_id)
-        next_slice_id += len(packed.slices)
-        rounds.append(packed)
-    # Fewest MicroPacks first. The schedule keeps as many MicroPacks in flight as the first
-    # round needs (plus the 2(p-1) warm-up) for the rest of the step, so a large first round
-    # would hold that many MicroPacks of every later round in memory; a small first round
-    # lets each later round raise the count only while it runs.
-    rounds.sort(key=lambda r: len(r.forward_units))
+    target = unit_forward_target
+    long_limit = slice_tokens if slice_tokens is not None else math.inf
+    long_ids = {s: n for s, n in lengths.items() if n > long_limit}
+    short_ids = {s: n for s, n in lengths.items() if n <= long_limit}
+
+    # 1-2. Rounds of long sequences, sliced on cost, one segment per MicroPack in order.
+    rounds: list[_Round] = []
+    fwd_load: list[list[float]] = []
+    for members in make_rounds(long_ids, round_capacity) if long_ids else []:
+        rnd = _Round(capacity=max(round_capacity, sum(long_ids[s] for s in members)))
+        loads: list[float] = []
+        for seq_id in sorted(members, key=lambda s: -long_ids[s]):
+            length = long_ids[seq_id]
+            cuts = slice_sequence(length, est, slice_tokens=slice_tokens, target=target)
+            k = len(cuts) - 1
+            if k > rnd.num_units:
+                rnd.add_units(k - rnd.num_units)
+                loads.extend([0.0] * (k - len(loads)))
+            offset = _lightest_window(loads, k)
+            for j in range(k):
+                seg = Segment(seq_id=seq_id, start=cuts[j], end=cuts[j + 1])
+                rnd.long_segments[offset + j].append(seg)
+                loads[offset + j] += est.forward(seg.num_tokens, seg.start)
+            rnd.tokens += length
+        rounds.append(rnd)
+        fwd_load.append(loads)
+
+    # 3. Filler rounds for the MicroPacks short documents need beyond the long rounds'.
+    short_fwd = {s: est.forward(n) for s, n in short_ids.items()}
+    total = sum(sum(loads) for loads in fwd_load) + sum(short_fwd.values())
+    wanted = max(1, round(total / target)) if target > 0 else 1
+    if slice_tokens is None:
+        wanted = min(wanted, len(lengths))
+    spare = wanted - sum(r.num_units for r in rounds)
+    if short_ids and (spare > 0 or not rounds):
+        spare = max(spare, 1)
+        mean_short = sum(short_ids.values()) / spare
+        per_round = max(1, int(round_capacity // max(mean_short, 1)))
+        while spare > 0:
+            n = min(spare, per_round)
+            rnd = _Round(capacity=round_capacity)
+            rnd.add_units(n)
+            rounds.append(rnd)
+            fwd_load.append([0.0] * n)
+            spare -= n
+    _fill_short_documents(rounds, fwd_load, short_ids, short_fwd)
+
+    # 4. Slices and the two partitions, round by round, fewest MicroPacks first. The
+    # schedule keeps as many MicroPacks in flight as the first round needs (plus the 2(p-1)
+    # warm-up) for the rest of the step; a small first round keeps that floor low.
     out = ReplicaPacks()
-    for packed in rounds:
-        out.slices.extend(packed.slices)
-        out.forward_units.extend(packed.forward_units)
-        out.backward_units.extend(packed.backward_units)
+    for rnd in sorted(rounds, key=lambda r: r.num_units):
+        _emit_round(rnd, lengths, est, asymmetric, out)
     return out
 
 
-def _pack_round(lengths: dict[int, int], est: WorkEstimator, slice_tokens: int | None,
-                target: float, asymmetric: bool, out: ReplicaPacks, *, first_slice_id: int) -> None:
-    long_limit = slice_tokens if slice_tokens is not None else math.inf
-    long_ids = [s for s in lengths if lengths[s] > long_limit]
-    short_ids = [s for s in lengths if lengths[s] <= long_limit]
-    round_fwd = sum(est.forward(n) for n in lengths.values())
-    n_units = max(1, round(round_fwd / target)) if target > 0 else 1
-    if slice_tokens is None:
-        # Whole sequences only: a unit can hold at most the documents it gets.
-        n_units = min(n_units, len(lengths))
-    else:
-        # Never more units than there are pieces of work to spread.
-        max_pieces = sum(math.ceil(lengths[s] / TILE) for s in long_ids) + len(short_ids)
-        n_units = min(n_units, max_pieces)
-
-    fwd_load = [0.0] * n_units
-    bwd_load = [0.0] * n_units
-    fwd_members: list[list[Segment]] = [[] for _ in range(n_units)]
-    # -- long sequences: cost-balanced segments spread over the units in order ---------------
-    mirrored: list[list[Segment]] = [[] for _ in range(n_units)]
-    for seq_id in sorted(long_ids, key=lambda s: -lengths[s]):
-        length = lengths[seq_id]
-        if slice_tokens is None:
-            cuts = [0, length]
-        else:
-            # Enough pieces that none exceeds S tokens or one MicroPack's forward budget, but
-            # never more pieces than units (two pieces of one sequence in one unit is waste).
-            wanted = max(math.ceil(length / slice_tokens), math.ceil(est.forward(length) / target))
-            cuts = _cap_length(cost_balanced_cuts(length, min(wanted, n_units), est),
-                               slice_tokens)
-        k = len(cuts) - 1
-        # Consecutive units from the lightest window: order-preserving, and several long
-        # sequences in one round land side by side instead of piling onto the first units.
-        offset = _lightest_window(fwd_load, k)
-        for j in range(k):
-            start, end = cuts[j], cuts[j + 1]
-            u = offset + j if k <= n_units else j * n_units // k
-            segment = Segment(seq_id=seq_id, start=start, end=end)
-            fwd_members[u].append(segment)
-            fwd_load[u] += est.forward(end - start, start)
-            mirrored[n_units - 1 - u].append(segment)
-            bwd_load[n_units - 1 - u] += est.backward(end - start, start)
-    # -- short documents: LPT on forward cost ------------------------------------------------
-    short_unit: dict[int, int] = {}
-    heap = [(load, u) for u, load in enumerate(fwd_load)]
+def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
+                          short_ids: dict[int, int], short_fwd: dict[int, float]) -> None:
+    """LPT: heaviest document first, into the lightest MicroPack whose round has room."""
+    heap = [(load, r, u) for r, loads in enumerate(fwd_load) for u, load in enumerate(loads)]
     heapq.heapify(heap)
-    for seq_id in sorted(short_ids, key=lambda s: (-lengths[s], s)):
-        load, u = heapq.heappop(heap)
-        short_unit[seq_id] = u
-        heapq.heappush(heap, (load + est.forward(lengths[seq_id]), u))
+    full: list[tuple[float, int, int]] = []
+    for seq_id in sorted(short_ids, key=lambda s: (-short_ids[s], s)):
+        n = short_ids[seq_id]
+        while heap and rounds[heap[0][1]].tokens + n > rounds[heap[0][1]].capacity:
+            full.append(heapq.heappop(heap))
+        if not heap:  # every round is full: overflow into the lightest step anyway
+            heap, full = full, []
+            heapq.heapify(heap)
+        load, r, u = heapq.heappop(heap)
+        rounds[r].short_docs[u].append(seq_id)
+        rounds[r].tokens += n
+        heapq.heappush(heap, (load + short_fwd[seq_id], r, u))
 
-    # -- slices: one per long segment, a few atom slices of short documents per unit ---------
+
+def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymmetric: bool,
+                out: ReplicaPacks) -> None:
+    n_units = rnd.num_units
     unit_slices: list[list[int]] = [[] for _ in range(n_units)]
     segment_slice: dict[tuple[int, int], int] = {}
-    atoms: list[tuple[int, int]] = []  # (slice_id, forward unit)
+    atoms: list[int] = []
     for u in range(n_units):
-        for segment in fwd_members[u]:
-            sid = first_slice_id + len(out.slices)
-            out.slices.append(Slice(slice_id=sid, segments=(segment,)))
-            segment_slice[(segment.seq_id, segment.start)] = sid
+        for seg in rnd.long_segments[u]:
+            sid = _new_slice(out, (seg,))
+            segment_slice[(seg.seq_id, seg.start)] = sid
             unit_slices[u].append(sid)
-        docs = sorted((s for s, uu in short_unit.items() if uu == u), key=lambda s: -lengths[s])
+        docs = sorted(rnd.short_docs[u], key=lambda s: -lengths[s])
         if not docs:
             continue
         buckets = lpt_buckets([est.backward(lengths[s]) for s in docs],
                               ATOMS_PER_UNIT if asymmetric else 1)
         for bucket in buckets:
-            if not bucket:
-                continue
-            segs = tuple(Segment(seq_id=docs[i], start=0, end=lengths[docs[i]]) for i in bucket)
-            sid = first_slice_id + len(out.slices)
-            out.slices.append(Slice(slice_id=sid, segments=segs))
-            unit_slices[u].append(sid)
-            atoms.append((sid, u))
+            if bucket:
+                segs = tuple(Segment(seq_id=docs[i], start=0, end=lengths[docs[i]]) for i in bucket)
+                sid = _new_slice(out, segs)
+                unit_slices[u].append(sid)
+                atoms.append(sid)
     for u in range(n_units):
         if unit_slices[u]:
             out.forward_units.append(Unit(slice_ids=tuple(unit_slices[u])))
@@ -192,16 +240,19 @@ def _pack_round(lengths: dict[int, int], est: WorkEstimator, slice_tokens: int |
             if unit_slices[u]:
                 out.backward_units.append(Unit(slice_ids=tuple(reversed(unit_slices[u]))))
         return
-    # -- backward: mirrored long segments, atoms re-dealt LPT on backward cost ---------------
-    back: list[list[int]] = [
-        [segment_slice[(s.seq_id, s.start)] for s in sorted(mirrored[b], key=lambda s: -s.start)]
-        for b in range(n_units)
-    ]
+    back: list[list[int]] = [[] for _ in range(n_units)]
+    bwd_load = [0.0] * n_units
+    for u in range(n_units):
+        b = n_units - 1 - u
+        for seg in sorted(rnd.long_segments[u], key=lambda s: -s.start):
+            back[b].append(segment_slice[(seg.seq_id, seg.start)])
+            bwd_load[b] += est.backward(seg.num_tokens, seg.start)
+    by_id = {sl.slice_id: sl for sl in out.slices[-len(segment_slice) - len(atoms):]}
+    atom_cost = {sid: sum(est.backward(seg.num_tokens) for seg in by_id[sid].segments)
+                 for sid in atoms}
     heap = [(load, b) for b, load in enumerate(bwd_load)]
     heapq.heapify(heap)
-    atom_cost = {sid: sum(est.backward(seg.num_tokens) for seg in out.slices[sid - first_slice_id].segments)
-                 for sid, _ in atoms}
-    for sid, _ in sorted(atoms, key=lambda a: -atom_cost[a[0]]):
+    for sid in sorted(atoms, key=lambda a: -atom_cost[a]):
         load, b = heapq.heappop(heap)
         back[b].append(sid)
         heapq.heappush(heap, (load + atom_cost[sid], b))
@@ -210,19 +261,14 @@ def _pack_round(lengths: dict[int, int], est: WorkEstimator, slice_tokens: int |
             out.backward_units.append(Unit(slice_ids=tuple(back[b])))
 
 
-def _cap_length(cuts: list[int], limit: int) -> list[int]:
-    """Split any segment longer than ``limit`` tokens (cost balancing makes early ones long)."""
-    capped = [cuts[0]]
-    for start, end in zip(cuts, cuts[1:], strict=False):
-        pieces = math.ceil((end - start) / limit)
-        for i in range(1, pieces):
-            capped.append(start + i * limit)
-        capped.append(end)
-    return capped
+def _new_slice(out: ReplicaPacks, segments: tuple[Segment, ...]) -> int:
+    sid = len(out.slices)
+    out.slices.append(Slice(slice_id=sid, segments=segments))
+    return sid
 
 
 def _lightest_window(loads: list[float], width: int) -> int:
-    """Start of the ``width`` consecutive units with the least load so far."""
+    """Start of the ``width`` consecutive MicroPacks with the least load so far."""
     n = len(loads)
     if width >= n:
         return 0

@@ -10,13 +10,13 @@ from typing import Any
 class SlimPackOptions:
     slice_tokens: int | None = None
     """Slice length S (a multiple of 128 and of 2*cp). None: searched with the simulator."""
-    slice_candidates: tuple[int, ...] = (2048, 4096, 8192, 16384, 32768)
+    slice_candidates: tuple[int, ...] = (2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768)
     """Values of S tried by the search (those above the context are dropped)."""
     search: bool = True
     """Simulate every candidate and keep the fastest that fits; False = heuristic mode."""
     milp: bool = False
     """Refine phase 1 with a HiGHS MILP (warm-started from the heuristic)."""
-    time_limit_s: float = 2.0
+    time_limit_s: float = 3.0
     """Wall-clock budget for the whole planner; the search stops early when it runs out."""
     milp_time_limit_s: float = 1.0
     no_slicing: bool = False
