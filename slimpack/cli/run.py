@@ -1,0 +1,207 @@
+"""``slimpack run`` executes a plan with the PyTorch runtime; ``slimpack profile`` measures the
+per-layer calibration table the calibrated cost model reads.
+
+    slimpack run PLAN.json [--model M] [--backend gloo|nccl] [--dtype fp32|bf16] [--nproc N]
+                           [--out run.json|runs.csv] [--calibration calib.csv]
+    slimpack run --example slimpipe|slimpack|packed --model tiny --pp 2 --dp 2
+    torchrun --nproc-per-node 8 -m slimpack.cli.main run PLAN.json --backend nccl --dtype bf16
+    slimpack profile --model small --out calib.csv [--device cpu] [--threads 1]
+
+``run`` checks the plan (IR rules, world size, tp = cp = 1, schedule) before any process
+starts. Without torchrun it spawns ``--nproc`` (default: the plan's world size) local
+processes itself. With ``--calibration`` it also simulates the plan with the calibrated cost
+model and prints simulated against measured step time and peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from slimpack.records import StepRecord
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    r = subparsers.add_parser("run", help="execute a plan with the PyTorch runtime",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("plan", nargs="?", help="plan JSON (or use --example)")
+    r.add_argument("--example", choices=("slimpipe", "slimpack", "packed"),
+                   help="run a built-in hand-made plan instead of a file")
+    r.add_argument("--pp", type=int, default=2, help="--example only (default 2)")
+    r.add_argument("--dp", type=int, default=1, help="--example only (default 1)")
+    r.add_argument("--vpp", type=int, default=1, help="--example only (default 1)")
+    r.add_argument("--scale", type=int, default=1, help="--example token multiplier")
+    r.add_argument("--model", help="model preset (default: the plan's model)")
+    r.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                   help="torch.distributed backend (default: nccl with CUDA, else gloo)")
+    r.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    r.add_argument("--attention", default="auto",
+                   choices=("auto", "flash", "torch-varlen", "sdpa", "dense"))
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--nproc", type=int, help="processes to spawn (default: plan world size)")
+    r.add_argument("--warmup", type=int, default=1,
+                   help="untimed steps before the measured one (default 1)")
+    r.add_argument("--steps", type=int, default=1,
+                   help="measured steps; the record keeps the median (default 1)")
+    r.add_argument("--out", help="write the record: .csv appends a row, else JSON with ops")
+    r.add_argument("--calibration", metavar="CSV",
+                   help="also simulate with the calibrated cost model from this profile")
+    r.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds")
+    r.set_defaults(handler=_run)
+
+    p = subparsers.add_parser("profile", help="measure per-layer times for the cost model",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="model preset")
+    p.add_argument("--out", required=True, help="CSV to write (e.g. calib.csv)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--attention", default="auto", choices=("auto", "flash", "torch-varlen", "sdpa"))
+    p.add_argument("--tokens", default="64,128,256,512,1024,2048",
+                   help="comma-separated query token counts")
+    p.add_argument("--prefixes", default="0,512,2048", help="comma-separated KV prefixes (with 0)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, help="torch CPU threads (match the run's per-rank share)")
+    p.add_argument("--concurrent", type=int, default=1,
+                   help="profile in N processes at once (CPU: the run's ranks per machine, "
+                        "which share memory bandwidth); keeps the first one's numbers")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(handler=_profile)
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
+def _load(args: argparse.Namespace):
+    from slimpack.plan import Plan
+    from slimpack.runtime.examples import EXAMPLES
+    from slimpack.specs import model_preset
+
+    if (args.plan is None) == (args.example is None):
+        raise ValueError("give a plan file or --example NAME (exactly one)")
+    if args.example:
+        plan = EXAMPLES[args.example](pp=args.pp, dp=args.dp, vpp=args.vpp, scale=args.scale)
+    else:
+        plan = Plan.load(args.plan)
+    name = args.model or plan.model
+    if not name:
+        raise ValueError("the plan names no model; pass --model")
+    return plan, model_preset(name)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from slimpack.runtime.config import RuntimeConfig
+    from slimpack.runtime.launch import run_plan, under_torchrun
+    from slimpack.runtime.validate import check_runtime_plan
+
+    plan, spec = _load(args)
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    device = "cuda" if backend == "nccl" else "cpu"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("--backend nccl needs CUDA; use --backend gloo on this machine")
+    config = RuntimeConfig(device=device, dtype=args.dtype, dist_backend=backend,
+                           attention=args.attention, seed=args.seed, warmup_steps=args.warmup,
+                           measured_steps=args.steps)
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nproc or plan.world_size)
+    check_runtime_plan(plan, spec, world_size=world)  # fail before anything starts
+    cost = None
+    if args.calibration:
+        from slimpack.cost.calibrated import CalibratedCostModel
+        cost = CalibratedCostModel.from_csv(args.calibration, model=spec)
+    best = run_plan(plan, spec, config, nproc=world, timeout_s=args.timeout)
+    if best is None:
+        return 0  # non-zero torchrun rank: rank 0 reports
+    record = best.record
+    print(f"{plan.method}: step {record.step_time_s * 1e3:.1f} ms, loss {best.loss:.6f}, "
+          f"peak memory per stage {[round(b / 2**20, 2) for b in record.peak_memory_bytes]} MiB "
+          f"({record.extra['memory_source']}), bubble {record.bubble_fraction:.3f}, "
+          f"schedule {record.extra['schedule_source']}")
+    comparison = None
+    if cost is not None:
+        comparison = compare_with_simulator(record, plan, spec, cost)
+        print(f"simulated step {comparison['sim_step_s'] * 1e3:.1f} ms vs measured "
+              f"{comparison['real_step_s'] * 1e3:.1f} ms: error "
+              f"{comparison['step_error'] * 100:+.1f}%; peak memory error "
+              f"{comparison['memory_error'] * 100:+.1f}%")
+    if args.out:
+        write_record(record, args.out, comparison=comparison)
+    return 0
+
+
+def compare_with_simulator(record: StepRecord, plan, spec, cost) -> dict[str, float]:
+    """Simulate ``plan`` with ``cost`` and return relative errors (sim - real) / real."""
+    from slimpack.sim import simulate
+
+    sim = simulate(plan, model=spec, hardware=cost.hardware, cost=cost).record
+    real_mem = max(record.peak_memory_bytes)
+    sim_mem = max(sim.peak_memory_bytes)
+    return {"sim_step_s": sim.step_time_s, "real_step_s": record.step_time_s,
+            "step_error": (sim.step_time_s - record.step_time_s) / record.step_time_s,
+            "sim_peak_bytes": sim_mem, "real_peak_bytes": real_mem,
+            "memory_error": (sim_mem - real_mem) / real_mem if real_mem else float("nan")}
+
+
+def write_record(record: StepRecord, path: str, *, comparison: dict[str, Any] | None = None
+                 ) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    row = record.to_row()
+    if comparison:
+        row.update({f"cmp_{k}": v for k, v in comparison.items()})
+    if out.suffix == ".csv":
+        new = not out.exists()
+        with out.open("a", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(row))
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+        return
+    row["ops"] = [vars(op) if hasattr(op, "__dict__") else _op_dict(op) for op in record.ops]
+    out.write_text(json.dumps(row, indent=1))
+
+
+def _op_dict(op) -> dict[str, Any]:
+    return {f: getattr(op, f) for f in op.__slots__}
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import torch
+
+    from slimpack.runtime.profiler import (
+        ProfileConfig,
+        profile_concurrently,
+        profile_model,
+        write_profile_csv,
+    )
+    from slimpack.specs import model_preset
+
+    spec = model_preset(args.model)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda needs a CUDA device; profile on cpu here")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    config = ProfileConfig(tokens=_int_list(args.tokens, "--tokens"),
+                           prefixes=_int_list(args.prefixes, "--prefixes"),
+                           repeats=args.repeats, device=args.device, dtype=args.dtype,
+                           attention=args.attention)
+    if args.concurrent > 1:
+        rows = profile_concurrently(spec, config, processes=args.concurrent,
+                                    threads=torch.get_num_threads())
+    else:
+        rows = profile_model(spec, config, progress=None if args.quiet else print)
+    write_profile_csv(rows, args.out)
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return 0

@@ -1,0 +1,22 @@
+"""The runtime: execute any Plan for real with PyTorch (DESIGN section 10).
+
+Modules, one job each:
+
+* :mod:`~slimpack.runtime.config`         ``RuntimeConfig`` (device, dtype, backend, seed)
+* :mod:`~slimpack.runtime.model`          Llama-style layers, deterministic per-name init
+* :mod:`~slimpack.runtime.attention`      varlen causal attention with a KV prefix, backends
+* :mod:`~slimpack.runtime.layout`         slices -> token buffers, positions, labels, KV pieces
+* :mod:`~slimpack.runtime.stage`          the model chunks one pipeline rank holds
+* :mod:`~slimpack.runtime.slice_autograd` per-slice graphs, KV leaves, dK/dV accumulation
+* :mod:`~slimpack.runtime.reference`      the unsliced single-process oracle
+* :mod:`~slimpack.runtime.validate`       plan checks done before any process starts
+* :mod:`~slimpack.runtime.comm`           directed p2p channels and DP/tied-weight groups
+* :mod:`~slimpack.runtime.executor`       runs one rank's op lists; measures records
+* :mod:`~slimpack.runtime.launch`         torchrun or local spawn; records out
+* :mod:`~slimpack.runtime.profiler`       per-layer (tokens, prefix) timing grid -> CSV
+* :mod:`~slimpack.runtime.gpu_check`      the one-shot CUDA check (``make gpu-check``)
+"""
+
+from slimpack.runtime.config import RuntimeConfig
+
+__all__ = ["RuntimeConfig"]

@@ -1,0 +1,78 @@
+"""Process groups for one plan: directed p2p channels, DP gradient groups, tied-weight group.
+
+Each direction of each stage edge gets its own process group. On NCCL a send blocks its
+communicator's stream until the peer posts the receive, so an activation send and a gradient
+receive between the same two ranks on one communicator can deadlock (1F1B's steady state does
+exactly that). With one communicator per direction each channel carries messages one way, in
+the order the schedule produces them, which :func:`validate.check_schedule` has checked.
+Every rank creates every group in the same order (``new_group`` is collective).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from slimpack.runtime.validate import RuntimePlan
+
+Channel = tuple[int, int, str]
+"""(source rank, destination rank, "F" for activations or "B" for gradients)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanGroups:
+    channels: dict[Channel, dist.ProcessGroup]
+    dp_group: dist.ProcessGroup | None
+    """Ranks holding the same pipeline stage (their gradients are summed); None if alone."""
+    tied_group: dist.ProcessGroup | None
+    """Ranks holding a copy of a tied embedding (first and last stages), when pp > 1."""
+
+    @classmethod
+    def build(cls, rplan: RuntimePlan, *, rank: int, tied_embeddings: bool) -> PlanGroups:
+        channels: dict[Channel, dist.ProcessGroup] = {}
+        pp, vpp = rplan.pp, rplan.vpp
+        for group in rplan.plan.groups():
+            for s in range(pp):
+                if pp == 1 or (s == pp - 1 and vpp == 1):
+                    continue  # no edge, or the wrap-around edge only interleaving uses
+                a, b = group.ranks[s], group.ranks[(s + 1) % pp]
+                for key in ((a, b, "F"), (b, a, "B")):
+                    if key not in channels:
+                        channels[key] = dist.new_group(sorted({a, b}))
+        mine = {k: g for k, g in channels.items() if rank in k[:2]}
+        by_stage: dict[int, list[int]] = {}
+        for r, s in sorted(rplan.stage_of_rank.items()):
+            by_stage.setdefault(s, []).append(r)
+        dp_group = None
+        for s in range(pp):
+            ranks = by_stage.get(s, [])
+            g = dist.new_group(ranks) if len(ranks) > 1 else None
+            if rank in ranks:
+                dp_group = g
+        tied_group = None
+        if tied_embeddings and pp > 1:
+            ranks = sorted(set(by_stage.get(0, [])) | set(by_stage.get(pp - 1, [])))
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                tied_group = g
+        return cls(channels=mine, dp_group=dp_group, tied_group=tied_group)
+
+
+def message_tag(unit: int, block: int, num_blocks: int) -> int:
+    """Gloo matches by tag; NCCL ignores tags and relies on the FIFO order checked earlier."""
+    return unit * num_blocks + block
+
+
+def all_reduce_flat(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+    """Sum ``tensors`` over ``group`` with one collective (one launch, one gloo round)."""
+    if group is None or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view_as(t))
+        offset += n

@@ -1,0 +1,89 @@
+"""Hand-built plans of the three shapes the runtime must execute exactly.
+
+They exercise the runtime without any planner (tests, ``slimpack run --example``, the GPU
+check and the CPU sim-vs-real comparison). Token counts scale with ``scale``; every group
+gets different documents so data parallelism is not a copy of one replica.
+
+* ``slimpipe``: one long sequence per replica cut into ``num_slices`` equal slices, one slice
+  per unit (SlimPipe's slice-level pipeline);
+* ``slimpack``: continuation slices of a long sequence packed with short documents, forward
+  and backward MicroPacks different (SlimPack's asymmetric partition);
+* ``packed``: short whole documents packed into slices (varlen, no KV prefix).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from slimpack.plan import Group, Phase, Plan, Segment, Slice, Unit
+from slimpack.specs.parallel import ParallelSpec
+
+# Per replica: slices as lists of (seq, start, end) in units of `scale` tokens; then forward
+# and backward units as slice ids. Sequence ids are made unique per replica below.
+_Spec = tuple[list[list[tuple[int, int, int]]], list[list[int]], list[list[int]]]
+
+_SLIMPACK: list[_Spec] = [
+    ([[(0, 0, 20)], [(0, 20, 40), (1, 0, 10)], [(0, 40, 60), (2, 0, 7), (3, 0, 5)]],
+     [[0], [1, 2]], [[2], [1, 0]]),
+    ([[(0, 0, 18), (1, 0, 9)], [(0, 18, 30)], [(0, 30, 44), (2, 0, 3)]],
+     [[0, 1], [2]], [[2, 1], [0]]),
+]
+_PACKED: list[_Spec] = [
+    ([[(0, 0, 13), (1, 0, 9), (2, 0, 6)], [(3, 0, 20)], [(4, 0, 5), (5, 0, 11)]],
+     [[0], [1], [2]], [[0], [1], [2]]),
+    ([[(0, 0, 17), (1, 0, 2)], [(2, 0, 25), (3, 0, 4)]],
+     [[0], [1]], [[0], [1]]),
+]
+
+
+def _plan(method: str, replicas: Sequence[_Spec], *, pp: int, dp: int, vpp: int, scale: int,
+          schedule: str) -> Plan:
+    parallel = ParallelSpec(pp=pp, dp=dp, vpp=vpp)
+    groups, lengths = [], {}
+    for d in range(dp):
+        slices_spec, fwd, bwd = replicas[d % len(replicas)]
+        base = 100 * d  # unique sequence ids per replica
+        slices = []
+        for i, segs in enumerate(slices_spec):
+            segments = tuple(Segment(seq_id=base + s, start=a * scale, end=b * scale)
+                             for s, a, b in segs)
+            for seg in segments:
+                lengths[seg.seq_id] = max(lengths.get(seg.seq_id, 0), seg.end)
+            slices.append(Slice(slice_id=i, segments=segments))
+        groups.append(Group(
+            group_id=d, ranks=parallel.replica_ranks(d), pp=pp, vpp=vpp, slices=tuple(slices),
+            forward_units=tuple(Unit(slice_ids=tuple(u)) for u in fwd),
+            backward_units=tuple(Unit(slice_ids=tuple(u)) for u in bwd), schedule=schedule))
+    return Plan(method=method, parallel=parallel, sequence_lengths=lengths,
+                phases=(Phase(groups=tuple(groups)),), metadata={"example": method}).validate()
+
+
+def slimpipe_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
+                  num_slices: int = 4) -> Plan:
+    """Even replicas train one sequence of ``16 * num_slices * scale`` tokens, odd ones
+    ``12 * num_slices * scale``, cut in ``num_slices`` equal slices."""
+    replicas: list[_Spec] = []
+    for d in range(dp):
+        per = (16 - 4 * (d % 2)) * scale
+        replicas.append(([[(0, i * per, (i + 1) * per)] for i in range(num_slices)],
+                         [[i] for i in range(num_slices)],
+                         [[i] for i in reversed(range(num_slices))]))
+    return _plan("example-slimpipe", replicas, pp=pp, dp=dp, vpp=vpp, scale=1,
+                 schedule="slimpipe")
+
+
+def slimpack_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1) -> Plan:
+    return _plan("example-slimpack", _SLIMPACK, pp=pp, dp=dp, vpp=vpp, scale=scale,
+                 schedule="asymmetric")
+
+
+def packed_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1) -> Plan:
+    return _plan("example-packed", _PACKED, pp=pp, dp=dp, vpp=vpp, scale=scale,
+                 schedule="1f1b" if vpp == 1 else "interleaved")
+
+
+EXAMPLES: dict[str, Callable[..., Plan]] = {
+    "slimpipe": slimpipe_plan,
+    "slimpack": slimpack_plan,
+    "packed": packed_plan,
+}

@@ -1,0 +1,306 @@
+"""Run one rank's share of a plan over torch.distributed and measure it.
+
+Phases of :func:`execute_rank`:
+
+1. set-up: build this rank's model chunks, tokens, slice layouts and process groups;
+2. per plan phase: walk the rank's op list; F receives the unit's activations (shape known
+   from the plan, no handshake), runs each slice through its own graph, sends the result on;
+   B receives gradients, runs each slice's backward with its dK/dV, sends d input back;
+3. gradient synchronisation: tied-embedding copies, then the data-parallel sum;
+4. measurements: per-op times, busy time, peak memory, loss.
+
+Sends are non-blocking (their tensors are held until done, then dropped); receives block.
+Loss is ``sum CE / global label count`` on every last block, so gradients are already the
+token-weighted mean over the whole step and the DP reduction is a plain sum.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from slimpack.plan import Group, Slice
+from slimpack.records import OpTiming
+from slimpack.runtime.attention import choose_backend
+from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag
+from slimpack.runtime.config import RuntimeConfig
+from slimpack.runtime.data import make_tokens, num_label_tokens
+from slimpack.runtime.layout import GroupLayout, slice_inputs
+from slimpack.runtime.slice_autograd import SliceRunner
+from slimpack.runtime.stage import EMBED, ModelChunk, build_chunks
+from slimpack.runtime.validate import RuntimePlan
+from slimpack.specs.model import ModelSpec
+
+
+@dataclass(kw_only=True)
+class RankResult:
+    rank: int
+    stage: int | None
+    loss: float
+    """The whole step's loss (already summed over ranks)."""
+    elapsed_s: float
+    busy_s: float
+    """Seconds in F/B compute (excludes waiting for receives)."""
+    peak_memory_bytes: float
+    memory_source: str
+    attention_backend: str
+    ops: list[OpTiming] = field(default_factory=list)
+    op_groups: list[int] = field(default_factory=list)
+    """Plan group id of each op (-1 for the gradient synchronisation)."""
+    grads: dict[str, torch.Tensor] | None = None
+
+
+class _Pipe:
+    """Point-to-point traffic of one rank in one group (local mailbox when pp == 1)."""
+
+    def __init__(self, groups: PlanGroups, num_blocks: int, device: torch.device) -> None:
+        self.groups = groups
+        self.num_blocks = num_blocks
+        self.device = device
+        self.mailbox: dict[tuple[str, int, int], torch.Tensor] = {}
+        self.in_flight: list[tuple[dist.Work, torch.Tensor]] = []
+
+    def send(self, t: torch.Tensor, *, src: int, dst: int, kind: str, unit: int,
+             block: int) -> None:
+        if src == dst:
+            self.mailbox[(kind, unit, block)] = t
+            return
+        group = self.groups.channels[(src, dst, kind)]
+        buf = t.contiguous()  # held until the send completes: the backend reads it async
+        work = dist.isend(buf, dst=dst, group=group, tag=message_tag(unit, block, self.num_blocks))
+        self.in_flight.append((work, buf))
+        # Drop finished sends so their buffers are freed as early as possible.
+        self.in_flight = [(w, x) for w, x in self.in_flight if not w.is_completed()]
+
+    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, *, src: int, dst: int,
+             kind: str, unit: int, block: int) -> torch.Tensor:
+        if src == dst:
+            return self.mailbox.pop((kind, unit, block))
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        dist.irecv(buf, src=src, group=self.groups.channels[(src, dst, kind)],
+                   tag=message_tag(unit, block, self.num_blocks)).wait()
+        return buf
+
+    def drain(self) -> None:
+        for work, _ in self.in_flight:
+            work.wait()
+        self.in_flight.clear()
+
+
+class _Clock:
+    def __init__(self, device: torch.device, sync: bool) -> None:
+        self.sync = sync and device.type == "cuda"
+        self.t0 = self.now()
+
+    def now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def since_start(self) -> float:
+        return self.now() - self.t0
+
+
+def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, rank: int,
+                 device: torch.device, return_grads: bool = False) -> list[RankResult]:
+    """Run ``rank``'s ops of every phase; collective over the default process group.
+
+    ``config.warmup_steps`` identical steps run first (gradients reset between steps) so the
+    measured ones exclude first-call costs (allocator growth, kernel selection, gloo pairs);
+    one result per measured step, gradients attached to the last.
+    """
+    # -- phase 1: set-up --------------------------------------------------------------------
+    stage = rplan.stage_of_rank.get(rank)
+    chunks = ([] if stage is None else
+              build_chunks(spec, pp=rplan.pp, vpp=rplan.vpp, stage=stage, seed=config.seed,
+                           device=device, dtype=config.torch_dtype))
+    groups = PlanGroups.build(rplan, rank=rank, tied_embeddings=spec.tied_embeddings)
+    tokens = make_tokens(rplan.plan.sequence_lengths, vocab_size=spec.vocab_size,
+                         seed=config.seed)
+    setup = _Setup(rplan=rplan, spec=spec, config=config, rank=rank, stage=stage, device=device,
+                   chunks=chunks, groups=groups, tokens=tokens,
+                   backend=choose_backend(device, config.torch_dtype, config.attention))
+    results = []
+    for step in range(config.warmup_steps + config.measured_steps):
+        for c in chunks:
+            c.zero_grad(set_to_none=True)
+        result = _step(setup)
+        if step >= config.warmup_steps:
+            results.append(result)
+    if return_grads:
+        results[-1].grads = {}
+        for c in chunks:
+            for name, p in c.global_named_parameters():
+                results[-1].grads[name] = p.grad.detach().float().cpu().clone()
+    return results
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Setup:
+    rplan: RuntimePlan
+    spec: ModelSpec
+    config: RuntimeConfig
+    rank: int
+    stage: int | None
+    device: torch.device
+    chunks: list[ModelChunk]
+    groups: PlanGroups
+    tokens: dict[int, torch.Tensor]
+    backend: str
+
+
+def _step(su: _Setup) -> RankResult:
+    """One training step (forward, backward, gradient sync) of this rank, measured."""
+    rplan, spec, config, device, stage = su.rplan, su.spec, su.config, su.device, su.stage
+    pp, dtype = rplan.pp, config.torch_dtype
+    denom = float(num_label_tokens(rplan.plan.sequence_lengths))
+    model_state_bytes = 2 * sum(p.numel() * p.element_size() for c in su.chunks
+                                for p in c.parameters())  # parameters and their gradients
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    ops_out: list[OpTiming] = []
+    op_groups: list[int] = []
+    peak_tracked = float(model_state_bytes)
+    busy = 0.0
+    dist.barrier()
+    clock = _Clock(device, config.record_ops)
+
+    # -- phase 2: every plan phase, this rank's group ---------------------------------------
+    for phase in rplan.plan.phases:
+        group = next((g for g in phase.groups if su.rank in g.ranks), None)
+        if group is None:
+            continue
+        layout = GroupLayout(group)
+        runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
+                               loss_scale=1.0 / denom)
+                   for c in su.chunks]
+        pipe = _Pipe(su.groups, rplan.num_blocks, device)
+        inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}
+        for op in rplan.schedules[group.group_id][stage]:
+            start = clock.since_start()
+            if op.kind == "F":
+                waited = _forward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
+                                  inputs, spec, dtype, clock, loss_sum)
+            else:
+                waited = _backward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
+                                   spec, dtype, clock)
+            end = clock.since_start()
+            busy += end - start - waited
+            if config.record_ops:
+                if waited > 0:
+                    ops_out.append(OpTiming(stage=stage, kind="recv", unit=op.unit,
+                                            chunk=op.chunk, start_s=start, end_s=start + waited,
+                                            lane="comm"))
+                    op_groups.append(group.group_id)
+                ops_out.append(OpTiming(stage=stage, kind=op.kind, unit=op.unit, chunk=op.chunk,
+                                        start_s=start + waited, end_s=end))
+                op_groups.append(group.group_id)
+            live = sum(r.live_bytes() for r in runners)
+            peak_tracked = max(peak_tracked, model_state_bytes + live)
+        pipe.drain()
+        leftover = [(c, r.pending()) for c, r in enumerate(runners) if r.pending()]
+        if leftover:
+            raise RuntimeError(f"rank {su.rank}: slices forwarded but never backwarded: "
+                               f"{leftover}")
+
+    # -- phase 3: gradient synchronisation ------------------------------------------------
+    start = clock.since_start()
+    _sync_gradients(su.chunks, su.groups, tied=spec.tied_embeddings)
+    dist.all_reduce(loss_sum)  # only last blocks contribute; report the step's loss
+    end = clock.since_start()
+    if config.record_ops and stage is not None:
+        ops_out.append(OpTiming(stage=stage, kind="allreduce", unit=-1, chunk=-1, start_s=start,
+                                end_s=end, lane="comm"))
+        op_groups.append(-1)
+
+    # -- phase 4: measurements --------------------------------------------------------------
+    if device.type == "cuda":
+        peak, source = float(torch.cuda.max_memory_allocated(device)), "cuda-allocator"
+    else:
+        peak, source = peak_tracked, "tracked-tensors"
+    return RankResult(rank=su.rank, stage=stage, loss=float(loss_sum), elapsed_s=end,
+                      busy_s=busy, peak_memory_bytes=peak, memory_source=source,
+                      attention_backend=su.backend, ops=ops_out, op_groups=op_groups)
+
+
+def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
+             pipe: _Pipe, inputs: dict, spec: ModelSpec, dtype: torch.dtype, clock: _Clock,
+             loss_sum: torch.Tensor) -> float:
+    """F of one unit on one chunk; returns seconds spent waiting for the receive."""
+    slices = group.unit_slices(group.forward_units[unit])
+    block, last = chunk * pp + stage, pp * group.vpp - 1
+    waited = 0.0
+    if block == 0:
+        xs = [inputs[sl.slice_id][0] for sl in slices]
+    else:
+        t = clock.now()
+        buf = pipe.recv((_tokens(slices), spec.hidden), dtype, src=group.ranks[(stage - 1) % pp],
+                        dst=group.ranks[stage], kind="F", unit=unit, block=block)
+        waited = clock.now() - t
+        xs = list(buf.split([sl.num_tokens for sl in slices]))
+        del buf
+    outs = []
+    for sl, x in zip(slices, xs, strict=True):
+        _, labels, positions = inputs[sl.slice_id]
+        outs.append(runner.forward(sl, x, positions=positions,
+                                   labels=labels if block == last else None))
+    if block == last:
+        for out in outs:
+            loss_sum += out
+    else:
+        pipe.send(torch.cat(outs) if len(outs) > 1 else outs[0], src=group.ranks[stage],
+                  dst=group.ranks[(stage + 1) % pp], kind="F", unit=unit, block=block + 1)
+    return waited
+
+
+def _backward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
+              pipe: _Pipe, spec: ModelSpec, dtype: torch.dtype, clock: _Clock) -> float:
+    """B of one backward unit on one chunk; returns seconds spent waiting for the receive."""
+    slices = group.unit_slices(group.backward_units[unit])
+    block, last = chunk * pp + stage, pp * group.vpp - 1
+    waited = 0.0
+    if block == last:
+        d_outs: list[torch.Tensor | None] = [None] * len(slices)
+    else:
+        t = clock.now()
+        buf = pipe.recv((_tokens(slices), spec.hidden), dtype, src=group.ranks[(stage + 1) % pp],
+                        dst=group.ranks[stage], kind="B", unit=unit, block=block)
+        waited = clock.now() - t
+        d_outs = list(buf.split([sl.num_tokens for sl in slices]))
+        del buf
+    d_ins = [runner.backward(sl, d) for sl, d in zip(slices, d_outs, strict=True)]
+    del d_outs
+    if block > 0:
+        pipe.send(torch.cat(d_ins) if len(d_ins) > 1 else d_ins[0], src=group.ranks[stage],
+                  dst=group.ranks[(stage - 1) % pp], kind="B", unit=unit, block=block - 1)
+    return waited
+
+
+def _tokens(slices: list[Slice]) -> int:
+    return sum(sl.num_tokens for sl in slices)
+
+
+def _sync_gradients(chunks: list[ModelChunk], groups: PlanGroups, *, tied: bool) -> None:
+    """Tied embedding copies summed over every rank holding one, the rest over DP."""
+    for c in chunks:
+        for p in c.parameters():
+            if p.grad is None:  # a rank whose groups ran no slice still joins the collectives
+                p.grad = torch.zeros_like(p)
+    copies: dict[int, torch.nn.Parameter] = {}
+    if tied:
+        copies = {id(p): p for c in chunks for name, p in c.global_named_parameters()
+                  if name == EMBED}
+    if copies:
+        # Embedding and LM head copies (first and last block) share one logical weight.
+        local = torch.stack([p.grad for p in copies.values()]).sum(0)
+        group = groups.tied_group if groups.tied_group is not None else groups.dp_group
+        if group is not None:
+            dist.all_reduce(local, group=group)
+        for p in copies.values():
+            p.grad.copy_(local)
+    rest = [p.grad for c in chunks for p in c.parameters() if id(p) not in copies]
+    all_reduce_flat(rest, groups.dp_group)

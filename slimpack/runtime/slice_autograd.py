@@ -1,0 +1,157 @@
+"""Per-slice autograd: each slice on each model chunk has its own graph (DESIGN section 10).
+
+Forward of slice X on a chunk takes (hidden in, the cached K/V of the earlier segments of its
+sequences as *leaf* tensors) and returns (hidden out or loss, its own K/V per layer). Its own
+K/V are cached detached so later slices can attend to them.
+
+Backward of X takes (d hidden out, the dK/dV that later slices accumulated for X's own K/V)
+and produces d hidden in plus dK/dV for the earlier slices' K/V (the grads of X's leaves),
+which are added to those slices' accumulators. Because a sequence is backwarded in reverse
+slice order (Plan.validate), X's accumulator is complete when X runs backward. Nothing is
+recomputed, and the backward MicroPacks may group slices differently from the forward ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from slimpack.plan import Slice
+from slimpack.runtime.attention import varlen_causal_attention
+from slimpack.runtime.layout import GroupLayout, SegmentPlace
+from slimpack.runtime.model import rope_tables
+from slimpack.runtime.stage import ModelChunk
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(kw_only=True)
+class SliceGraph:
+    """What a slice's forward keeps for its backward."""
+
+    inp: torch.Tensor | None
+    """Leaf hidden input (None on the first block: token ids have no gradient)."""
+    out: torch.Tensor
+    own_kv: list[KV]
+    leaves: list[list[tuple[SegmentPlace, torch.Tensor, torch.Tensor]]]
+    """Per layer: (earlier segment, its K leaf, its V leaf)."""
+    saved_bytes: int = 0
+
+
+@dataclass(kw_only=True)
+class _SavedBytes:
+    """Counts unique storages saved for backward, excluding parameters (model state)."""
+
+    skip: set[int]
+    seen: set[int] = field(default_factory=set)
+    total: int = 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self.skip and ptr not in self.seen:
+            self.seen.add(ptr)
+            self.total += storage.nbytes()
+        return t
+
+
+class SliceRunner:
+    """Runs slices forward and backward on one model chunk of one group."""
+
+    def __init__(self, chunk: ModelChunk, layout: GroupLayout, *, attention_backend: str,
+                 head_dim: int, loss_scale: float) -> None:
+        self.chunk = chunk
+        self.loss_scale = loss_scale
+        """1 / (labelled tokens of the whole step): the loss is a token-weighted mean."""
+        self.layout = layout
+        self.backend = attention_backend
+        self.head_dim = head_dim
+        self._param_ptrs = {p.untyped_storage().data_ptr() for p in chunk.parameters()}
+        self.kv_cache: dict[int, list[KV]] = {}
+        self.dkv: dict[int, list[KV]] = {}
+        self.graphs: dict[int, SliceGraph] = {}
+
+    # -- memory accounting (bytes this runner holds beyond the model state) ------------------
+    def live_bytes(self) -> int:
+        graphs = sum(g.saved_bytes for g in self.graphs.values())
+        caches = sum(t.numel() * t.element_size() for kvs in (*self.kv_cache.values(),
+                                                              *self.dkv.values())
+                     for kv in kvs for t in kv)
+        return graphs + caches
+
+    # -- forward ---------------------------------------------------------------------------
+    def forward(self, sl: Slice, inp: torch.Tensor, *, positions: torch.Tensor,
+                labels: torch.Tensor | None) -> torch.Tensor:
+        """Run ``sl`` forward; return the detached output (hidden, or the summed loss)."""
+        lay = self.layout[sl.slice_id]
+        x = inp if self.chunk.is_first else inp.detach().requires_grad_()
+        dtype = self.chunk.layers[0].wq.weight.dtype
+        cos, sin = rope_tables(positions, self.head_dim, dtype)
+        leaves: list[list[tuple[SegmentPlace, torch.Tensor, torch.Tensor]]] = [
+            [] for _ in self.chunk.layers]
+
+        def attend_for_layer(layer: int):
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                ks, vs = [], []
+                for seg, prefix in zip(lay.segments, lay.prefixes, strict=True):
+                    for earlier in prefix:
+                        kc, vc = self.kv_cache[earlier.slice_id][layer]
+                        # Views of the cache made into leaves: no copy, and their .grad is
+                        # exactly the dK/dV this slice owes the earlier one.
+                        kl = kc[earlier.rows].detach().requires_grad_()
+                        vl = vc[earlier.rows].detach().requires_grad_()
+                        leaves[layer].append((earlier, kl, vl))
+                        ks.append(kl)
+                        vs.append(vl)
+                    ks.append(k[seg.rows])
+                    vs.append(v[seg.rows])
+                kk = torch.cat(ks) if len(ks) > 1 else k
+                vv = torch.cat(vs) if len(vs) > 1 else v
+                return varlen_causal_attention(q, kk, vv, lay.varlen, backend=self.backend)
+            return attend
+
+        counter = _SavedBytes(skip=self._param_ptrs)
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+            out, own_kv = self.chunk(x, cos=cos, sin=sin, attend_for_layer=attend_for_layer,
+                                     labels=labels)
+            if self.chunk.is_last:
+                out = out * self.loss_scale
+        if lay.has_consumers:
+            self.kv_cache[sl.slice_id] = [(k.detach(), v.detach()) for k, v in own_kv]
+        self.graphs[sl.slice_id] = SliceGraph(
+            inp=None if self.chunk.is_first else x, out=out,
+            own_kv=own_kv if lay.has_consumers else [], leaves=leaves,
+            saved_bytes=counter.total)
+        return out.detach()
+
+    # -- backward --------------------------------------------------------------------------
+    def backward(self, sl: Slice, d_out: torch.Tensor | None) -> torch.Tensor | None:
+        """Run ``sl`` backward with ``d_out`` (None when ``out`` is the loss); return d input
+        (None on the first block). Frees the slice's graph, cache and accumulator."""
+        graph = self.graphs.pop(sl.slice_id)
+        outputs: list[torch.Tensor] = [graph.out]
+        grads: list[torch.Tensor | None] = [d_out]
+        acc = self.dkv.pop(sl.slice_id, None)
+        if acc is not None:
+            for (k, v), (dk, dv) in zip(graph.own_kv, acc, strict=True):
+                outputs += [k, v]
+                grads += [dk, dv]
+        torch.autograd.backward(outputs, grads)
+        for layer, layer_leaves in enumerate(graph.leaves):
+            for earlier, kl, vl in layer_leaves:
+                dk, dv = self._accumulator(earlier.slice_id, layer)
+                dk[earlier.rows] += kl.grad
+                dv[earlier.rows] += vl.grad
+        self.kv_cache.pop(sl.slice_id, None)  # every later slice has run its backward
+        return None if graph.inp is None else graph.inp.grad
+
+    def _accumulator(self, slice_id: int, layer: int) -> KV:
+        if slice_id not in self.dkv:
+            self.dkv[slice_id] = [(torch.zeros_like(k), torch.zeros_like(v))
+                                  for k, v in self.kv_cache[slice_id]]
+        return self.dkv[slice_id][layer]
+
+    def pending(self) -> list[int]:
+        """Slices forwarded but not yet backwarded (must be empty at the end of a phase)."""
+        return sorted(self.graphs)

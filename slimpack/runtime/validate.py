@@ -1,0 +1,170 @@
+"""Everything the runtime checks before a single process starts.
+
+A plan that cannot run (wrong world size, missing slices, tp/cp > 1, a schedule that would
+deadlock or mismatch p2p messages) fails here with a ValueError naming the problem, instead of
+hanging a job of N processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slimpack.plan import Group, Plan, PlanError
+from slimpack.runtime.schedule import build_group_schedule
+from slimpack.specs.model import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimePlan:
+    """A plan checked for the runtime, with what every rank needs to know about it."""
+
+    plan: Plan
+    pp: int
+    vpp: int
+    stage_of_rank: dict[int, int]
+    """Pipeline stage of every rank that appears in some group (same in every phase)."""
+    schedules: dict[int, list[list]]
+    """group_id -> op lists per stage."""
+    schedule_source: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pp * self.vpp
+
+
+def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None
+                       ) -> RuntimePlan:
+    """Validate ``plan`` for execution on ``world_size`` processes; raise ValueError."""
+    plan.validate()
+    if world_size is not None and plan.world_size != world_size:
+        raise ValueError(
+            f"plan is for {plan.world_size} processes ({plan.parallel.describe()}) but "
+            f"{world_size} are available; run it with --nproc {plan.world_size} "
+            f"(or torchrun --nproc-per-node {plan.world_size})")
+    if model.is_moe:
+        raise ValueError(f"the runtime runs dense models only for now; {model.name} is MoE")
+    groups = list(plan.groups())
+    pps = {g.pp for g in groups}
+    vpps = {g.vpp for g in groups}
+    if len(pps) != 1 or len(vpps) != 1:
+        raise ValueError(f"the runtime needs one pp and vpp for all groups (a rank keeps its "
+                         f"layers for the whole step); plan has pp {sorted(pps)}, vpp {sorted(vpps)}")
+    pp, vpp = pps.pop(), vpps.pop()
+    if model.num_layers % (pp * vpp):
+        raise ValueError(f"pp*vpp = {pp}*{vpp} must divide num_layers = {model.num_layers} "
+                         f"({model.name})")
+    stage_of_rank: dict[int, int] = {}
+    schedules: dict[int, list[list]] = {}
+    sources = set()
+    notes = []
+    for g in groups:
+        if g.tp != 1 or g.cp != 1:
+            raise ValueError(f"group {g.group_id} has tp={g.tp}, cp={g.cp}: the runtime runs "
+                             f"tp=cp=1 for now (pipeline and data parallelism only)")
+        for stage, rank in enumerate(g.ranks):
+            prev = stage_of_rank.setdefault(rank, stage)
+            if prev != stage:
+                raise ValueError(f"rank {rank} is pipeline stage {prev} in one group and {stage} "
+                                 f"in group {g.group_id}; the runtime keeps a rank's layers "
+                                 f"fixed for the step")
+        ops, source = build_group_schedule(g)
+        sources.add(source)
+        check_schedule(g, ops)
+        schedules[g.group_id] = ops
+        if g.recompute != "none":
+            notes.append(f"group {g.group_id}: recompute={g.recompute} not applied (runtime "
+                         f"keeps activations)")
+        if g.vocab_parallel_pp and pp > 1:
+            notes.append(f"group {g.group_id}: vocab_parallel_pp not applied (LM head runs on "
+                         f"the last stage)")
+    return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
+                       schedules=schedules, schedule_source="+".join(sorted(sources)),
+                       notes=tuple(notes))
+
+
+def check_schedule(group: Group, ops: list[list]) -> None:
+    """Every stage runs each (F, unit, chunk) and (B, unit, chunk) once, and the op lists run
+    to completion with buffered sends, blocking receives and FIFO channels (dry run)."""
+    gid, pp, vpp = group.group_id, group.pp, group.vpp
+    if len(ops) != pp:
+        raise PlanError(f"group {gid}: schedule has {len(ops)} stages, group has pp={pp}")
+    want = sorted([("F", u, c) for u in range(len(group.forward_units)) for c in range(vpp)]
+                  + [("B", u, c) for u in range(len(group.backward_units)) for c in range(vpp)])
+    for s, stage_ops in enumerate(ops):
+        got = sorted((op.kind, op.unit, op.chunk) for op in stage_ops)
+        if got != want:
+            raise PlanError(f"group {gid}: stage {s} schedule does not run every unit's F and B "
+                            f"exactly once per chunk")
+    _dry_run(group, ops)
+
+
+def _dry_run(group: Group, ops: list[list]) -> None:
+    pp, last = group.pp, group.pp * group.vpp - 1
+    fwd_slices = [u.slice_ids for u in group.forward_units]
+    bwd_slices = [u.slice_ids for u in group.backward_units]
+    # Same-sequence order: a slice's forward needs its sequence's earlier slices forwarded,
+    # its backward needs the later ones backwarded (the KV cache and dK/dV flow).
+    earlier: dict[int, set[int]] = {}
+    later: dict[int, set[int]] = {}
+    for a in group.slices:
+        for b in group.slices:
+            if a.slice_id == b.slice_id:
+                continue
+            sa = {s.seq_id: s.start for s in a.segments}
+            if any(s.seq_id in sa and s.start < sa[s.seq_id] for s in b.segments):
+                earlier.setdefault(a.slice_id, set()).add(b.slice_id)
+                later.setdefault(b.slice_id, set()).add(a.slice_id)
+    channels: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
+    done_f = [[set() for _ in range(group.vpp)] for _ in range(pp)]
+    done_b = [[set() for _ in range(group.vpp)] for _ in range(pp)]
+    pos = [0] * pp
+    progress = True
+    while progress:
+        progress = False
+        for s in range(pp):
+            while pos[s] < len(ops[s]):
+                op = ops[s][pos[s]]
+                block = op.chunk * pp + s
+                if op.kind == "F":
+                    ids = fwd_slices[op.unit]
+                    # Slices of a unit run in its listed order, so a slice may also follow
+                    # the unit's slices listed before it.
+                    if any(not earlier.get(i, set()) <= done_f[s][op.chunk].union(ids[:j])
+                           for j, i in enumerate(ids)):
+                        break
+                    if block > 0 and not _take(channels, ((s - 1) % pp, s, "F"), (op.unit, block)):
+                        break
+                    done_f[s][op.chunk].update(ids)
+                    if block < last:
+                        channels.setdefault((s, (s + 1) % pp, "F"), []).append((op.unit, block + 1))
+                else:
+                    ids = bwd_slices[op.unit]
+                    if any(i not in done_f[s][op.chunk] for i in ids):
+                        break
+                    if any(not later.get(i, set()) <= done_b[s][op.chunk].union(ids[:j])
+                           for j, i in enumerate(ids)):
+                        break
+                    if block < last and not _take(channels, ((s + 1) % pp, s, "B"),
+                                                  (op.unit, block)):
+                        break
+                    done_b[s][op.chunk].update(ids)
+                    if block > 0:
+                        channels.setdefault((s, (s - 1) % pp, "B"), []).append((op.unit, block - 1))
+                pos[s] += 1
+                progress = True
+    stuck = [(s, ops[s][pos[s]]) for s in range(pp) if pos[s] < len(ops[s])]
+    if stuck:
+        desc = ", ".join(f"stage {s} at {op.kind}(unit {op.unit}, chunk {op.chunk})"
+                         for s, op in stuck)
+        raise PlanError(f"group {group.group_id}: the schedule deadlocks or receives messages "
+                        f"out of order ({desc})")
+
+
+def _take(channels: dict, key: tuple[int, int, str], msg: tuple[int, int]) -> bool:
+    """Receive ``msg`` if it is the oldest message on the channel (FIFO, as NCCL matches)."""
+    queue = channels.get(key)
+    if not queue or queue[0] != msg:
+        return False
+    queue.pop(0)
+    return True
