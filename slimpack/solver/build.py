@@ -45,7 +45,7 @@ def max_tokens_in_flight(ctx: BuildContext, cp: int) -> int:
 def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) -> Plan:
     par, opts = ctx.parallel, ctx.options
     lengths = {s.seq_id: s.length for s in ctx.batch.sequences}
-    est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp)
+    est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp, cp_sharding=opts.cp_sharding)
     work = {s: est.total(n) for s, n in lengths.items()}
     # In flight per stage: one round plus the 1F1B warm-up of ~2(p-1) MicroPacks.
     warmup_tokens = 2 * (par.pp - 1) * (slice_tokens or 0)
@@ -69,7 +69,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) 
     if decision.outliers:
         k = decision.merge_factor
         merged_groups = par.dp // k
-        m_est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp * k)
+        m_est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp * k,
+                                        cp_sharding=opts.cp_sharding)
         out_work = [m_est.total(lengths[s]) for s in decision.outliers]
         bins = lpt_assign(out_work, merged_groups)
         target = _unit_target(m_est, {s: lengths[s] for s in decision.outliers}, merged_groups,
@@ -176,7 +177,9 @@ def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dic
     par = ctx.parallel
     k = len(replicas)
     packs = pack_replica(seqs, est, slice_tokens=slice_tokens, round_capacity=round_capacity,
-                         unit_forward_target=target, asymmetric=not ctx.options.no_asymmetric)
+                         unit_forward_target=target, asymmetric=not ctx.options.no_asymmetric,
+                         inflight_tokens=round_capacity + 2 * (par.pp - 1) * (slice_tokens or 0),
+                         warmup_units=2 * (par.pp - 1))
     # Ranks ordered (pp, cp, tp): a merged group's CP index runs over its replicas' CP ranks.
     ranks = tuple(par.rank(dp=r, pp=s, cp=c, tp=t)
                   for s in range(par.pp) for r in replicas for c in range(par.cp)
@@ -185,7 +188,7 @@ def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dic
         group_id=group_id, ranks=ranks, tp=par.tp, cp=par.cp * k, pp=par.pp, vpp=par.vpp,
         slices=tuple(packs.slices), forward_units=tuple(packs.forward_units),
         backward_units=tuple(packs.backward_units), schedule="asymmetric",
-        cp_sharding="per-document", cp_kind="ring",
+        cp_sharding=ctx.options.cp_sharding, cp_kind="ring",
         # The LM head on the last stage alone makes that stage the pipeline's bottleneck
         # (~6% for llama-70b at pp 8); spreading the vocabulary over the pipeline ranks as
         # SlimPipe does removes it.

@@ -56,6 +56,7 @@ class _Round:
     """Per MicroPack of this round: its long-sequence segments."""
     short_docs: list[list[int]] = field(default_factory=list)
     """Per MicroPack: seq_ids of whole short documents."""
+    unit_tokens: list[int] = field(default_factory=list)
 
     def add_units(self, count: int) -> None:
         self.long_segments.extend([] for _ in range(count))
@@ -127,13 +128,36 @@ def make_rounds(lengths: dict[int, int], capacity: int) -> list[list[int]]:
     return rounds
 
 
+def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_capacity: int,
+                 unit_capacity: float) -> list[list[int]]:
+    """First-fit decreasing of long sequences into rounds bounded in tokens and MicroPacks."""
+    rounds: list[list[int]] = []
+    room: list[tuple[int, float]] = []
+    for seq in sorted(lengths, key=lambda s: (-(len(cuts_of[s]) - 1), -lengths[s], s)):
+        n, k = lengths[seq], len(cuts_of[seq]) - 1
+        for r, (tokens_free, units_free) in enumerate(room):
+            if n <= tokens_free and k <= units_free:
+                rounds[r].append(seq)
+                room[r] = (tokens_free - n, units_free - k)
+                break
+        else:
+            rounds.append([seq])
+            room.append((max(token_capacity - n, 0), max(unit_capacity - k, 0)))
+    return rounds
+
+
 def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: int | None,
-                 round_capacity: int, unit_forward_target: float, asymmetric: bool) -> ReplicaPacks:
+                 round_capacity: int, unit_forward_target: float, asymmetric: bool,
+                 inflight_tokens: int | None = None, warmup_units: int = 0) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
     document); ``unit_forward_target`` is the forward seconds one MicroPack should take (the
     same across replicas, so every pipeline step is about equally long).
+
+    Memory: the schedule keeps the first (largest) round's MicroPacks plus ``warmup_units``
+    in flight for the whole step, so with ``inflight_tokens`` given, every MicroPack is capped
+    at ``inflight_tokens / (largest round + warmup_units)`` tokens.
     """
     target = unit_forward_target
     long_limit = slice_tokens if slice_tokens is not None else math.inf
@@ -141,73 +165,129 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     short_ids = {s: n for s, n in lengths.items() if n <= long_limit}
 
     # 1-2. Rounds of long sequences, sliced on cost, one segment per MicroPack in order.
+    # A round may hold as many MicroPacks as fit in flight at S tokens each beside the warm-up.
+    unit_budget = math.inf
+    if inflight_tokens is not None and slice_tokens is not None:
+        unit_budget = max(inflight_tokens // slice_tokens - warmup_units, 1)
+    cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target)
+               for seq, n in long_ids.items()}
+    members_of = _long_rounds(long_ids, cuts_of, round_capacity, unit_budget) if long_ids else []
     rounds: list[_Round] = []
     fwd_load: list[list[float]] = []
-    for members in make_rounds(long_ids, round_capacity) if long_ids else []:
+    for members in members_of:
         rnd = _Round(capacity=max(round_capacity, sum(long_ids[s] for s in members)))
         loads: list[float] = []
-        for seq_id in sorted(members, key=lambda s: -long_ids[s]):
-            length = long_ids[seq_id]
-            cuts = slice_sequence(length, est, slice_tokens=slice_tokens, target=target)
+        for seq_id in members:
+            cuts = cuts_of[seq_id]
             k = len(cuts) - 1
-            if k > rnd.num_units:
-                rnd.add_units(k - rnd.num_units)
-                loads.extend([0.0] * (k - len(loads)))
-            offset = _lightest_window(loads, k)
+            offset = _lightest_window(loads, k) if k <= len(loads) else 0
+            window = loads[offset:offset + k]
+            if len(window) < k or max(window, default=0.0) > 0.5 * target:
+                # No room beside the round's other long sequences: its own MicroPacks, after
+                # theirs (stacking segments of two sequences in one step doubles its time).
+                offset = len(loads)
+                rnd.add_units(k)
+                loads.extend([0.0] * k)
             for j in range(k):
                 seg = Segment(seq_id=seq_id, start=cuts[j], end=cuts[j + 1])
                 rnd.long_segments[offset + j].append(seg)
                 loads[offset + j] += est.forward(seg.num_tokens, seg.start)
-            rnd.tokens += length
+            rnd.tokens += long_ids[seq_id]
         rounds.append(rnd)
         fwd_load.append(loads)
 
+    # Rounds beyond the unit budget ("giant": a sequence so costly it needs more MicroPacks
+    # than fit in flight at S tokens each) run last, so the warm-up is sized by the others.
+    giant_limit = unit_budget
+    largest = max((r.num_units for r in rounds if r.num_units <= giant_limit), default=0)
+    if inflight_tokens is None:
+        unit_cap = math.inf
+    elif largest:
+        unit_cap = max(inflight_tokens // (largest + warmup_units), 1)
+    else:  # short documents (or giants) only: rounds of S-token MicroPacks beside the warm-up
+        unit_cap = max(slice_tokens or max(short_ids.values(), default=1), 1)
+        largest = max(1, inflight_tokens // unit_cap - warmup_units)
+    for rnd in rounds:
+        rnd.unit_tokens = [sum(seg.num_tokens for seg in segs) for segs in rnd.long_segments]
+
     # 3. Filler rounds for the MicroPacks short documents need beyond the long rounds'.
+    # Water level: every step should end near ``level``; long rounds absorb short work up to
+    # it (as far as their token room allows) and the rest needs steps of its own.
     short_fwd = {s: est.forward(n) for s, n in short_ids.items()}
-    total = sum(sum(loads) for loads in fwd_load) + sum(short_fwd.values())
+    short_work = sum(short_fwd.values())
+    total = sum(sum(loads) for loads in fwd_load) + short_work
     wanted = max(1, round(total / target)) if target > 0 else 1
     if slice_tokens is None:
         wanted = min(wanted, len(lengths))
-    spare = wanted - sum(r.num_units for r in rounds)
-    if short_ids and (spare > 0 or not rounds):
-        spare = max(spare, 1)
-        mean_short = sum(short_ids.values()) / spare
-        per_round = max(1, int(round_capacity // max(mean_short, 1)))
-        while spare > 0:
-            n = min(spare, per_round)
-            rnd = _Round(capacity=round_capacity)
-            rnd.add_units(n)
-            rounds.append(rnd)
-            fwd_load.append([0.0] * n)
-            spare -= n
-    _fill_short_documents(rounds, fwd_load, short_ids, short_fwd)
+    level = total / wanted
+    per_token = short_work / max(sum(short_ids.values()), 1)
+    absorb = sum(min(sum(max(level - x, 0.0) for x in loads),
+                     max(rnd.capacity - rnd.tokens, 0) * per_token)
+                 for rnd, loads in zip(rounds, fwd_load, strict=True))
+    spare = round(max(short_work - absorb, 0.0) / level) if level > 0 else 0
+    # Filler rounds as large as the largest long round (never more steps in flight than the
+    # warm-up already holds), so round boundaries cost no pipeline stall.
+    per_round = max(1, largest) if largest else max(1, spare)
 
-    # 4. Slices and the two partitions, round by round, fewest MicroPacks first. The
-    # schedule keeps as many MicroPacks in flight as the first round needs (plus the 2(p-1)
-    # warm-up) for the rest of the step; a small first round keeps that floor low.
+    def add_filler_round() -> None:
+        rnd = _Round(capacity=round_capacity)
+        rnd.add_units(per_round)
+        rnd.unit_tokens = [0] * per_round
+        rounds.append(rnd)
+        fwd_load.append([0.0] * per_round)
+
+    if short_ids and (spare > 0 or not rounds):
+        for _ in range(max(1, math.ceil(spare / per_round))):
+            add_filler_round()
+    _fill_short_documents(rounds, fwd_load, short_ids, short_fwd, unit_cap=unit_cap,
+                          add_round=add_filler_round)
+
+    # 4. Slices and the two partitions, round by round, most MicroPacks first. The schedule
+    # keeps the first round's MicroPacks plus the 2(p-1) warm-up in flight for the whole step;
+    # were a later round larger, its first backward would wait for all of its forwards and the
+    # pipeline would drain at the boundary (the per-step token cap above pays for this order).
+    # Giants go last, in ascending order: each costs one such drain, but none inflates the
+    # warm-up of the whole step.
+    normal = sorted((r for r in rounds if r.num_units <= giant_limit), key=lambda r: -r.num_units)
+    giants = sorted((r for r in rounds if r.num_units > giant_limit), key=lambda r: r.num_units)
     out = ReplicaPacks()
-    for rnd in sorted(rounds, key=lambda r: r.num_units):
+    for rnd in normal + giants:
         _emit_round(rnd, lengths, est, asymmetric, out)
     return out
 
 
 def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
-                          short_ids: dict[int, int], short_fwd: dict[int, float]) -> None:
-    """LPT: heaviest document first, into the lightest MicroPack whose round has room."""
+                          short_ids: dict[int, int], short_fwd: dict[int, float], *,
+                          unit_cap: float, add_round) -> None:
+    """LPT: heaviest document first, into the lightest MicroPack with room (its round's token
+    capacity and the per-MicroPack token cap); a new filler round when none has room."""
     heap = [(load, r, u) for r, loads in enumerate(fwd_load) for u, load in enumerate(loads)]
     heapq.heapify(heap)
-    full: list[tuple[float, int, int]] = []
     for seq_id in sorted(short_ids, key=lambda s: (-short_ids[s], s)):
         n = short_ids[seq_id]
-        while heap and rounds[heap[0][1]].tokens + n > rounds[heap[0][1]].capacity:
-            full.append(heapq.heappop(heap))
-        if not heap:  # every round is full: overflow into the lightest step anyway
-            heap, full = full, []
-            heapq.heapify(heap)
+        skipped: list[tuple[float, int, int]] = []
+        while heap:
+            load, r, u = heap[0]
+            rnd = rounds[r]
+            fits_round = rnd.tokens + n <= rnd.capacity
+            fits_unit = rnd.unit_tokens[u] + n <= unit_cap or rnd.unit_tokens[u] == 0
+            if fits_round and fits_unit:
+                break
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            add_round()
+            r = len(rounds) - 1
+            for u in range(rounds[r].num_units):
+                heapq.heappush(heap, (0.0, r, u))
         load, r, u = heapq.heappop(heap)
         rounds[r].short_docs[u].append(seq_id)
         rounds[r].tokens += n
+        rounds[r].unit_tokens[u] += n
         heapq.heappush(heap, (load + short_fwd[seq_id], r, u))
+        # A step that is full for this document may still take a shorter one later.
+        for item in skipped:
+            if rounds[item[1]].tokens < rounds[item[1]].capacity:
+                heapq.heappush(heap, item)
 
 
 def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymmetric: bool,

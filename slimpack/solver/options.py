@@ -27,6 +27,10 @@ class SlimPackOptions:
     """Ablation: phase 1 deals sequences to replicas by token count, blind to their cost."""
     no_dp_merge: bool = False
     """Ablation: outliers stay on one replica instead of a temporary CP merge."""
+    cp_sharding: str = "per-sequence"
+    """How a MicroPack is split over CP ranks: "per-sequence" (the packed buffer in 2*cp
+    zigzag chunks, so short documents stay whole) or "per-document" (every document in 2*cp
+    chunks: balanced attention, but short documents shatter into part-empty attention tiles)."""
     memory_headroom: float = 0.9
     """Fraction of usable device memory the planner lets activations and states take."""
 
@@ -39,6 +43,10 @@ class SlimPackOptions:
             raise ValueError("SlimPackOptions.slice_candidates must be positive multiples of 128")
         if self.time_limit_s <= 0 or self.milp_time_limit_s <= 0:
             raise ValueError("SlimPackOptions.time_limit_s and milp_time_limit_s must be > 0")
+        if self.cp_sharding not in ("per-sequence", "per-document"):
+            raise ValueError(
+                f"SlimPackOptions.cp_sharding must be per-sequence or per-document, got {self.cp_sharding!r}"
+            )
         if not 0 < self.memory_headroom <= 1:
             raise ValueError(f"SlimPackOptions.memory_headroom must be in (0, 1], got {self.memory_headroom}")
 
