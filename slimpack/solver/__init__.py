@@ -83,7 +83,7 @@ def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOption
     # The heuristic first so a tight time limit still returns its answer, then outward from
     # it (nearest first in log scale): the best S is usually a neighbour of the heuristic.
     others = sorted((s for s in cands if s != default), key=lambda s: abs(math.log(s / default)))
-    return [default, *others]
+    return [default, *others][:opts.search_candidates]
 
 
 def _first_fit(ctx: BuildContext, candidates: list[int | None],

@@ -13,11 +13,15 @@ class SlimPackOptions:
     slice_candidates: tuple[int, ...] = (2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768)
     """Values of S tried by the search (those above the context are dropped)."""
     search: bool = True
-    """Simulate every candidate and keep the fastest that fits; False = heuristic mode."""
+    """Simulate candidates and keep the fastest that fits; False = heuristic mode."""
+    search_candidates: int = 6
+    """Slice lengths the search simulates: the heuristic S and its nearest neighbours. Bounding
+    the search by count, not time, keeps plans identical from run to run."""
     milp: bool = False
     """Refine phase 1 with a HiGHS MILP (warm-started from the heuristic)."""
-    time_limit_s: float = 3.0
-    """Wall-clock budget for the whole planner; the search stops early when it runs out."""
+    time_limit_s: float = 30.0
+    """Wall-clock safety net for the whole planner; a search that hits it returns the best plan
+    so far (and is then no longer deterministic)."""
     milp_time_limit_s: float = 1.0
     no_slicing: bool = False
     """Ablation: whole sequences only (no cutting long sequences into slices)."""
@@ -41,6 +45,8 @@ class SlimPackOptions:
             )
         if not self.slice_candidates or any(s <= 0 or s % 128 for s in self.slice_candidates):
             raise ValueError("SlimPackOptions.slice_candidates must be positive multiples of 128")
+        if self.search_candidates < 1:
+            raise ValueError(f"SlimPackOptions.search_candidates must be >= 1, got {self.search_candidates}")
         if self.time_limit_s <= 0 or self.milp_time_limit_s <= 0:
             raise ValueError("SlimPackOptions.time_limit_s and milp_time_limit_s must be > 0")
         if self.cp_sharding not in ("per-sequence", "per-document"):

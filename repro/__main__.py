@@ -1,0 +1,193 @@
+"""``python -m repro {list,run,plot,report,golden}``: the harness's command line.
+
+Exit status: 0 success; 1 a point failed or a library API is missing; 2 bad usage;
+3 golden regression; 130 interrupted (rerun the same command to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from repro.registry import expand_names, experiment_names, resolve_experiment
+from repro.runner import RESULTS_DIR, RunOptions, make_pool, run_experiment, stop_pool
+from repro.wandb_log import WANDB_MODES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m repro", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
+                       help=f"where records, figures and REPORT.md live (default {RESULTS_DIR})")
+        p.add_argument("--registry", default="repro.registry", help=argparse.SUPPRESS)
+
+    p = sub.add_parser("list", help="experiments, what they need, and their sweep sizes")
+    common(p)
+
+    p = sub.add_parser("run", help="run experiments' sweeps (resumable)")
+    p.add_argument("names", nargs="+", help="experiment names, or 'all'")
+    p.add_argument("--backend", choices=("sim", "runtime"), default="sim")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--quick", action="store_true", help="the small sweep (a subset of the full one)")
+    p.add_argument("--wandb", choices=WANDB_MODES, default="offline")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    common(p)
+
+    p = sub.add_parser("plot", help="figures from stored records")
+    p.add_argument("names", nargs="+", help="experiment names, or 'all'")
+    p.add_argument("--wandb", choices=WANDB_MODES, default="offline")
+    common(p)
+
+    p = sub.add_parser("report", help="write results/REPORT.md")
+    common(p)
+
+    p = sub.add_parser("golden", help="regression headlines (results/golden/<hardware>.json)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--update", action="store_true", help="rewrite the golden files")
+    mode.add_argument("--check", action="store_true", help="compare with them (default)")
+    p.add_argument("--jobs", type=int, default=1)
+    common(p)
+    return parser
+
+
+def _interrupt_on_sigterm() -> None:
+    # SLURM preemption and `timeout` send SIGTERM: treat it like Ctrl-C so stored points are
+    # finalised and the rerun resumes.
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    for name in experiment_names(args.registry):
+        exp = resolve_experiment(name, args.registry)
+        quick, full = len(exp.points(True)), len(exp.points(False))
+        needs = ", ".join(exp.needs) or "-"
+        print(f"{name:<24} quick {quick:>4}  full {full:>4}  backends {','.join(exp.backends):<12} "
+              f"needs {needs}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from repro.analysis import load_records
+    from repro.wandb_log import log_to_wandb
+
+    names = expand_names(args.names, args.registry)
+    options = RunOptions(backend=args.backend, jobs=args.jobs, quick=args.quick,
+                         results_dir=args.results_dir, progress=not args.no_progress,
+                         registry=args.registry)
+    _interrupt_on_sigterm()
+    pool = make_pool(args.jobs)
+    interrupted = False
+    status = 0
+    started = time.perf_counter()
+    try:
+        for name in names:
+            summary = run_experiment(name, options, pool)
+            if summary.skipped_reason:
+                print(f"{name}: skipped, {summary.skipped_reason}", file=sys.stderr)
+                continue
+            print(f"{name}: {summary.ran} run, {summary.already_done} already done, "
+                  f"{summary.total} points, {summary.seconds:.1f} s", file=sys.stderr)
+            if summary.missing_api:
+                print(f"{name}: FAILED, {summary.missing_api}", file=sys.stderr)
+                status = 1
+            for failure in summary.failures:
+                print(f"{name}: point failed: {failure}", file=sys.stderr)
+                status = 1
+            if summary.ran:
+                warning = log_to_wandb(
+                    mode=args.wandb, results_dir=args.results_dir, experiment=name, job_type="run",
+                    config={"backend": args.backend, "quick": args.quick, "jobs": args.jobs,
+                            "points": list(summary.point_configs)},
+                    records=load_records(args.results_dir, name))
+                if warning:
+                    print(warning, file=sys.stderr)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("interrupted: finished points are stored; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+    finally:
+        stop_pool(pool, interrupted=interrupted)
+    print(f"done in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return status
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from repro.analysis import load_records
+    from repro.report import claims_frame, collect_claims
+    from repro.wandb_log import log_to_wandb
+
+    status = 0
+    for name in expand_names(args.names, args.registry):
+        exp = resolve_experiment(name, args.registry)
+        records = load_records(args.results_dir, name)
+        out_dir = args.results_dir / name
+        for old in out_dir.glob("*.png"):
+            old.unlink()  # a figure the current code no longer makes must not linger
+        try:
+            figures = exp.plot(records, out_dir)
+        except Exception as exc:  # noqa: BLE001 - report and continue with the others
+            print(f"{name}: plotting failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        print(f"{name}: {len(figures)} figure(s) in {out_dir}", file=sys.stderr)
+        collected = collect_claims(args.results_dir, args.registry, [name])
+        warning = log_to_wandb(mode=args.wandb, results_dir=args.results_dir, experiment=name,
+                               job_type="plot", config={"records": len(records)},
+                               figures=figures, claims=claims_frame(collected))
+        if warning:
+            print(warning, file=sys.stderr)
+    return status
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from repro.report import write_report
+
+    path = write_report(args.results_dir, args.registry)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_golden(args: argparse.Namespace) -> int:
+    from repro.golden import compute_headlines, read_golden, regressions, write_golden
+
+    current = compute_headlines(jobs=args.jobs, registry=args.registry)
+    if args.update:
+        for path in write_golden(current, args.results_dir):
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
+    problems = regressions(current, read_golden(args.results_dir))
+    for problem in problems:
+        print(f"regression: {problem}", file=sys.stderr)
+    print("golden: ok" if not problems else f"golden: {len(problems)} regression(s)", file=sys.stderr)
+    return 3 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "jobs", 1) < 1:
+        print(f"--jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    handlers = {"list": cmd_list, "run": cmd_run, "plot": cmd_plot, "report": cmd_report,
+                "golden": cmd_golden}
+    try:
+        if hasattr(args, "names"):
+            expand_names(args.names, args.registry)  # unknown names: a usage error, up front
+        if args.command != "list":
+            experiment_names(args.registry)
+    except (ValueError, ModuleNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

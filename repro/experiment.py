@@ -1,0 +1,179 @@
+"""What an experiment is: a sweep of JSON-able points, how to run one, plot and judge the records.
+
+An experiment module builds one :class:`Experiment`. The harness never looks inside a point: it
+hashes it, hands it to ``run_point`` (in a worker process), and stores the flat rows that come
+back. Figures and claims are computed from the stored records only, so ``plot`` and ``report``
+need no rerun and never disagree with the CSV.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+Point = dict[str, Any]
+Row = dict[str, Any]
+
+BACKENDS = ("sim", "runtime")
+
+
+class MissingAPIError(RuntimeError):
+    """A library module an experiment needs is not built (yet); names the module."""
+
+
+def require(module_name: str, *attributes: str, experiment: str = "") -> Any:
+    """Import ``module_name`` and check it has ``attributes``, or raise MissingAPIError.
+
+    Experiments import the library lazily (inside ``run_point``) so the harness itself loads
+    even while parts of the library are still being written, and a sweep fails with the name
+    of what is missing instead of producing nothing.
+    """
+    who = f"experiment {experiment!r} " if experiment else ""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only the target (or one of its parents) missing is "not built"; an import error
+        # deeper inside a module that exists is a real bug and must surface as is.
+        if exc.name and module_name.startswith(exc.name):
+            raise MissingAPIError(
+                f"{who}needs {module_name} ({', '.join(attributes) or 'module'}), which is not "
+                f"built yet (missing module {exc.name})"
+            ) from None
+        raise
+    missing = [name for name in attributes if not hasattr(module, name)]
+    if missing:
+        raise MissingAPIError(f"{who}needs {module_name}.{', '.join(missing)}, which is not built yet")
+    return module
+
+
+# -- claims -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """How a reproduced value is compared with the paper's: the verdict rule.
+
+    ``kind``:
+    * ``within``: ``|reproduced - target| <= rel_tol * |target|``;
+    * ``at_least``: ``reproduced >= target``;
+    * ``at_most``: ``reproduced <= target``.
+    """
+
+    kind: str
+    target: float
+    rel_tol: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("within", "at_least", "at_most"):
+            raise ValueError(f"Check.kind must be within, at_least or at_most; got {self.kind!r}")
+        if not math.isfinite(self.target):
+            raise ValueError(f"Check.target must be finite, got {self.target}")
+        if self.rel_tol < 0:
+            raise ValueError(f"Check.rel_tol must be >= 0, got {self.rel_tol}")
+
+    def passes(self, value: float) -> bool:
+        if self.kind == "within":
+            return abs(value - self.target) <= self.rel_tol * abs(self.target)
+        if self.kind == "at_least":
+            return value >= self.target
+        return value <= self.target
+
+    def describe(self) -> str:
+        if self.kind == "within":
+            tol = f"{self.rel_tol:.0%}" if self.rel_tol >= 0.01 else f"{self.rel_tol:.0e} (relative)"
+            return f"within {tol} of {self.target:.4g}"
+        return f"{'>=' if self.kind == 'at_least' else '<='} {self.target:g}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """One published number and our reproduction of it, computed from the records."""
+
+    claim_id: str
+    """Stable key (golden files and tests refer to it)."""
+    text: str
+    source: str
+    """Paper and place, e.g. 'SlimPipe arXiv 2504.14519 (abstract)'."""
+    paper_value: str
+    """The paper's number as it states it ('124K', 'up to 2.8x')."""
+    reproduced: float
+    """Our value (NaN when the records hold no data for it)."""
+    unit: str
+    check: Check
+    hardware: str
+    """Hardware preset the number belongs to (golden files are kept per preset)."""
+    golden_rel_tol: float | None = 0.02
+    """How far the reproduced value may move between code versions before regression fails;
+    None for wall-clock numbers, which are not regression headlines."""
+
+    @property
+    def verdict(self) -> str:
+        if not math.isfinite(self.reproduced):
+            return "no data"
+        return "reproduced" if self.check.passes(self.reproduced) else "not reproduced"
+
+    def reproduced_text(self) -> str:
+        if not math.isfinite(self.reproduced):
+            return "n/a"
+        return format_value(self.reproduced, self.unit)
+
+
+def format_value(value: float, unit: str) -> str:
+    if unit == "K tokens":
+        return f"{value:,.0f}K"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "%":
+        return f"{value:.1f}%"
+    if unit in ("ms", "s", "GiB"):
+        return f"{value:.3g} {unit}"
+    return f"{value:.4g}{(' ' + unit) if unit else ''}"
+
+
+# -- experiments ------------------------------------------------------------------------------
+
+
+def no_plots(records: pd.DataFrame, out_dir: Path) -> list[Path]:
+    return []
+
+
+def no_claims(records: pd.DataFrame) -> list[Claim]:
+    return []
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment:
+    """One paper figure or claim as a sweep.
+
+    ``points(quick)`` must be deterministic, and the quick sweep must be a subset of the full
+    one (so records from either mode mean the same thing and can share one CSV).
+    ``run_point(point)`` returns flat rows (scalars or JSON strings), normally
+    ``StepRecord.to_row()`` plus the point's own keys.
+    """
+
+    name: str
+    description: str
+    points: Callable[[bool], list[Point]]
+    run_point: Callable[[Point], list[Row]]
+    plot: Callable[[pd.DataFrame, Path], list[Path]] = no_plots
+    claims: Callable[[pd.DataFrame], list[Claim]] = no_claims
+    backends: tuple[str, ...] = ("sim",)
+    """Backends the sweep can run on; 'sim' also covers purely analytic experiments."""
+    needs: tuple[str, ...] = ()
+    """Library modules the sweep imports (shown by ``repro list`` and in errors)."""
+    timing_columns: tuple[str, ...] = ()
+    """Columns holding wall-clock measurements: the only ones allowed to differ between runs."""
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name != self.name.strip().lower() or " " in self.name:
+            raise ValueError(f"Experiment.name must be a lower-case slug, got {self.name!r}")
+        bad = [b for b in self.backends if b not in BACKENDS]
+        if bad or not self.backends:
+            raise ValueError(f"Experiment.backends must be a non-empty subset of {BACKENDS}, got "
+                             f"{self.backends!r}")

@@ -1,0 +1,1 @@
+"""One module per paper figure or claim; each defines EXPERIMENT."""

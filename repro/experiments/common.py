@@ -1,0 +1,161 @@
+"""Shared steps of the method-comparison experiments: draw a batch, plan, simulate, flatten.
+
+Imports of the library happen inside the functions (through :func:`repro.experiment.require`)
+so a missing module fails the sweep with its name, and the harness loads regardless.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pandas as pd
+
+from repro.experiment import Point, Row, require
+
+ALL_METHODS = ("naive", "megatron", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe", "slimpack")
+BASELINE = "megatron"
+SLIMPACK_SOURCE = "SlimPack arXiv 2509.26246"
+SLIMPIPE_SOURCE = "SlimPipe arXiv 2504.14519"
+TIMING_COLUMNS = ("plan_seconds", "sim_seconds")
+
+
+def draw_batch(point: Point, experiment: str) -> Any:
+    """The point's global batch: ``global_batch`` documents of ``dataset`` split at ``context``.
+
+    A global batch counts sequences (documents after splitting), the unit the planners pack;
+    ``seed`` makes it reproducible on any machine (numpy PCG64).
+    """
+    data = require("slimpack.data", "sample_batch", experiment=experiment)
+    return data.sample_batch(point["dataset"], num_sequences=point["global_batch"],
+                             context=point["context"], seed=point["seed"])
+
+
+def jsonable(value: Any) -> Any:
+    """Scalars as they are; lists, tuples and dicts as JSON text (one CSV cell)."""
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def flatten(record: dict[str, Any]) -> Row:
+    return {key: jsonable(value) for key, value in record.items()}
+
+
+def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
+                 **extra: Any) -> list[Row]:
+    """One row per method from ``slimpack.compare.compare`` on the point's workload."""
+    compare = require("slimpack.compare", "compare", experiment=experiment).compare
+    from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+    batch = extra.pop("batch", None) or draw_batch(point, experiment)
+    parallel = None
+    if point.get("parallel"):
+        parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
+    records = compare(list(methods), batch, model_preset(point["model"]),
+                      hardware_preset(point["hardware"]), point["num_gpus"], parallel=parallel,
+                      auto_parallel=parallel is None, context=point["context"], **extra)
+    rows = []
+    for record in records:
+        row = flatten(dict(record))
+        row["method"] = str(record["method"])
+        rows.append(row)
+    return rows
+
+
+def simulate_planner(point: Point, method: str, experiment: str, batch: Any = None,
+                     **options: Any) -> Row:
+    """Plan with one registered planner at the point's fixed parallel config and simulate."""
+    planners = require("slimpack.planners", "get_planner", experiment=experiment)
+    sim = require("slimpack.sim", "simulate", experiment=experiment)
+    from slimpack.cost.model import AnalyticCostModel
+    from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+    model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
+    parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
+    cost = AnalyticCostModel(model=model, hardware=hardware)
+    batch = batch if batch is not None else draw_batch(point, experiment)
+    plan = planners.get_planner(method)(batch, model, hardware, parallel, cost, **options)
+    record = sim.simulate(plan, model=model, hardware=hardware, cost=cost).record
+    row = flatten(record.to_row())
+    row["plan_seconds"] = float(plan.metadata.get("plan_seconds", record.plan_seconds))
+    return row
+
+
+def speedups(records: pd.DataFrame, keys: list[str], baseline: str = BASELINE,
+             value: str = "tokens_per_s") -> pd.DataFrame:
+    """Add ``speedup``: each row's ``value`` over the baseline method's in the same point."""
+    if records.empty or "method" not in records.columns:
+        return records.assign(speedup=pd.Series(dtype=float))
+    base = records[records["method"] == baseline][keys + [value]].rename(columns={value: "_base"})
+    merged = records.merge(base, on=keys, how="left")
+    merged["speedup"] = merged[value] / merged["_base"]
+    return merged.drop(columns="_base")
+
+
+def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
+                     batch: Any = None, candidate_filter: Any = None, top_k: int = 3,
+                     method_options: dict[str, dict[str, Any]] | None = None,
+                     labels: dict[str, str] | None = None) -> list[Row]:
+    """Full StepRecord rows (per-unit times, per-stage memory) for each method at its best
+    parallel configuration, chosen like ``slimpack.compare`` does (memory-feasible candidates
+    ranked by the fixed-length estimate, the best ``top_k`` planned and simulated).
+
+    ``candidate_filter(method, candidate) -> bool`` narrows the candidates (e.g. vpp == 1 for
+    plain 1F1B); ``labels`` renames methods in the rows (one planner, several variants).
+    A method that cannot be planned gets a row with ``error`` set, never silence.
+    """
+    cmp = require("slimpack.compare", "plan_method", "_method_allows", experiment=experiment)
+    sim = require("slimpack.sim", "simulate", experiment=experiment)
+    from slimpack.cost.model import AnalyticCostModel
+    from slimpack.planning import auto_parallel_candidates, estimate_fixed_length_step
+    from slimpack.specs import hardware_preset, model_preset
+
+    model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
+    cost = AnalyticCostModel(model=model, hardware=hardware)
+    batch = batch if batch is not None else draw_batch(point, experiment)
+    context = point["context"]
+    rows = []
+    for method in methods:
+        planner = method.split(":")[0]
+        label = (labels or {}).get(method, method)
+        schedule = "slimpipe" if planner == "slimpipe" else "1f1b"
+        candidates = [c for c in auto_parallel_candidates(model, hardware, point["num_gpus"],
+                                                          context, schedule=schedule)
+                      if cmp._method_allows(planner, c)
+                      and (candidate_filter is None or candidate_filter(method, c))]
+        if not candidates:
+            rows.append({"method": label, "error": f"no parallel configuration of "
+                         f"{point['num_gpus']} GPUs fits {model.name} at {context} tokens"})
+            continue
+        ranked = sorted(candidates, key=lambda c: estimate_fixed_length_step(
+            cost, batch.lengths, c, context))
+        best = None
+        for cand in ranked[:top_k]:
+            try:
+                plan = cmp.plan_method(planner, batch, model, hardware, cand.parallel, cost,
+                                       context=context, **(method_options or {}).get(method, {}))
+                record = sim.simulate(plan, model=model, hardware=hardware, cost=cost,
+                                      validate=False).record
+            except (ValueError, RuntimeError) as exc:
+                best = best or (None, None, f"{type(exc).__name__}: {exc}")
+                continue
+            key = (record.oom, record.step_time_s)
+            if best is None or best[0] is None or key < best[0]:
+                best = (key, (plan, record, cand), "")
+        assert best is not None
+        if best[1] is None:
+            rows.append({"method": label, "error": best[2]})
+            continue
+        plan, record, cand = best[1]
+        row = flatten(record.to_row())
+        row.update(method=label, error="", plan_seconds=float(plan.metadata.get("plan_seconds", 0.0)),
+                   parallel=jsonable(cand.parallel.to_dict()),
+                   recompute=",".join(sorted({g.recompute for g in plan.groups()})))
+        rows.append(row)
+    return rows

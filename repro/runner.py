@@ -1,0 +1,252 @@
+"""Run an experiment's sweep: hash points, skip done ones, fan out over cores, store records.
+
+A point's key is the hash of the experiment name, the harness version and the point's full
+config (backend included), so a point runs once per meaning: rerunning a finished sweep does
+nothing, and a killed one continues where it stopped. Workers only compute; the parent process
+alone writes the CSV (see :mod:`repro.store`), and the final CSV is sorted into sweep order, so
+``--jobs``, completion order and interruptions leave no trace in the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from repro.experiment import Experiment, MissingAPIError, Point, Row
+from repro.registry import resolve_experiment
+from repro.store import RecordStore, locked_dir
+
+REPRO_VERSION = "1"
+"""Bump when a record's meaning changes (schema, units): old rows are then recomputed."""
+
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def point_key(experiment: str, config: Point) -> str:
+    """16 hex digits of sha256 over (experiment, harness version, full config)."""
+    blob = canonical_json({"experiment": experiment, "version": REPRO_VERSION, "config": config})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def records_path(results_dir: Path, experiment: str) -> Path:
+    return results_dir / experiment / "records.csv"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    backend: str = "sim"
+    jobs: int = 1
+    quick: bool = False
+    results_dir: Path = RESULTS_DIR
+    progress: bool = True
+    registry: str = "repro.registry"
+    """Module whose EXPERIMENTS mapping names the experiments (tests swap in their own)."""
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            raise ValueError(f"RunOptions.jobs must be >= 1, got {self.jobs}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    experiment: str
+    total: int
+    already_done: int
+    ran: int
+    failures: tuple[str, ...] = ()
+    missing_api: str = ""
+    skipped_reason: str = ""
+    seconds: float = 0.0
+    point_configs: tuple[Point, ...] = field(default=(), repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.missing_api
+
+
+def sweep(experiment: Experiment, options: RunOptions) -> list[tuple[str, Point]]:
+    """(key, config) of every point, in sweep order; the backend is part of each config."""
+    keyed: list[tuple[str, Point]] = []
+    seen: set[str] = set()
+    for point in experiment.points(options.quick):
+        config = {**point, "backend": options.backend}
+        key = point_key(experiment.name, config)
+        if key in seen:
+            raise ValueError(f"experiment {experiment.name!r} lists the point {config} twice")
+        seen.add(key)
+        keyed.append((key, config))
+    return keyed
+
+
+def flatten_config(config: Point) -> dict[str, Any]:
+    return {k: v if isinstance(v, str | int | float | bool) or v is None else canonical_json(v)
+            for k, v in config.items()}
+
+
+def compute_point(registry: str, name: str, key: str, config: Point) -> tuple[str, list[Row]]:
+    """Run one point and return its complete, labelled rows (runs in a worker process)."""
+    experiment = resolve_experiment(name, registry)
+    rows = experiment.run_point(dict(config))
+    if not rows:
+        raise ValueError(f"experiment {name!r}: point {config} produced no records")
+    lead = {"experiment": name, "point_key": key, "point_rows": len(rows),
+            "repro_version": REPRO_VERSION, "backend": config["backend"]}
+    return key, [{**flatten_config(config), **row, **lead} for row in rows]
+
+
+def _worker_signals() -> None:
+    # Only the parent decides what an interrupt means; workers would print tracebacks. The
+    # parent's SIGTERM-as-interrupt handler is inherited through fork: restore the default so
+    # terminating a worker ends it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def distributed_rank() -> int:
+    """This process's torchrun rank (0 when not launched by torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def _todo_path(path: Path) -> Path:
+    return path.with_name(f".todo-{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}.json")
+
+
+def _follow(experiment: Experiment, points: list[tuple[str, Point]], path: Path,
+            wait_s: float = 600.0) -> RunSummary:
+    """Non-zero torchrun ranks: run rank 0's to-do list (collectives need every rank) and
+    store nothing; rank 0 publishes the list in a file, so all ranks agree on it."""
+    todo_file = _todo_path(path)
+    deadline = time.monotonic() + wait_s
+    while not todo_file.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank {distributed_rank()}: rank 0 never wrote {todo_file}")
+        time.sleep(0.5)
+    keys = json.loads(todo_file.read_text())
+    configs = dict(points)
+    for key in keys:
+        experiment.run_point(dict(configs[key]))
+    return RunSummary(experiment=experiment.name, total=len(points),
+                      already_done=len(points) - len(keys), ran=len(keys))
+
+
+def run_experiment(name: str, options: RunOptions,
+                   pool: ProcessPoolExecutor | None = None) -> RunSummary:
+    """Run the points of ``name`` not yet in its CSV; return what happened.
+
+    KeyboardInterrupt propagates after the points already finished are safely stored.
+    """
+    started = time.perf_counter()
+    experiment = resolve_experiment(name, options.registry)
+    if options.backend not in experiment.backends:
+        return RunSummary(experiment=name, total=0, already_done=0, ran=0,
+                          skipped_reason=f"backend {options.backend!r} not supported "
+                                         f"(supports {', '.join(experiment.backends)})")
+    points = sweep(experiment, options)
+    full_keys = {k for k, _ in sweep(experiment, replace(options, quick=False))}
+    path = records_path(options.results_dir, name)
+    if distributed_rank() != 0:
+        return _follow(experiment, points, path)
+    store = RecordStore(path)
+    failures: list[str] = []
+    missing = ""
+    ran = 0
+    with locked_dir(path.parent):
+        store.repair()
+        done = store.done_keys()
+        todo = [(k, c) for k, c in points if k not in done]
+        if "RANK" in os.environ:  # under torchrun: tell the other ranks what to run
+            tmp = _todo_path(path).with_suffix(".tmp")
+            tmp.write_text(json.dumps([k for k, _ in todo]))
+            os.replace(tmp, _todo_path(path))
+        bar = tqdm(total=len(points), initial=len(points) - len(todo), desc=name, unit="pt",
+                   disable=not options.progress, dynamic_ncols=True, leave=True)
+        try:
+            def on_result(key: str, rows: list[Row]) -> None:
+                nonlocal ran
+                store.append_block(rows)
+                ran += 1
+                bar.update(1)
+
+            def on_error(config: Point, exc: BaseException) -> bool:
+                nonlocal missing
+                if isinstance(exc, MissingAPIError):
+                    missing = str(exc)
+                    return False  # every other point needs the same module: stop early
+                failures.append(f"{type(exc).__name__}: {exc} (point {canonical_json(config)})")
+                return True
+
+            if pool is None or len(todo) <= 1:
+                for key, config in todo:
+                    try:
+                        on_result(*compute_point(options.registry, name, key, config))
+                    except Exception as exc:  # noqa: BLE001 - reported in the summary
+                        if not on_error(config, exc):
+                            break
+            else:
+                _run_parallel(pool, options.registry, name, todo, on_result, on_error)
+        finally:
+            bar.close()
+            # Also on interrupt: the stored blocks are complete, so sorting them is safe.
+            store.finalize([k for k, _ in points], REPRO_VERSION, valid_keys=full_keys,
+                           backend=options.backend)
+    return RunSummary(experiment=name, total=len(points), already_done=len(points) - len(todo),
+                      ran=ran, failures=tuple(failures), missing_api=missing,
+                      seconds=time.perf_counter() - started,
+                      point_configs=tuple(c for _, c in points))
+
+
+def _run_parallel(pool: ProcessPoolExecutor, registry: str, name: str,
+                  todo: list[tuple[str, Point]],
+                  on_result: Callable[[str, list[Row]], None],
+                  on_error: Callable[[Point, BaseException], bool]) -> None:
+    # Keep only a few points in flight beyond the workers, so an early stop (missing API,
+    # interrupt) does not leave a long queue behind.
+    queue = list(reversed(todo))
+    in_flight: dict[Future, Point] = {}
+    limit = 2 * max(1, pool._max_workers)  # noqa: SLF001 - the pool's own size
+    keep_going = True
+    while keep_going and (queue or in_flight):
+        while queue and len(in_flight) < limit:
+            key, config = queue.pop()
+            in_flight[pool.submit(compute_point, registry, name, key, config)] = config
+        finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+        for future in finished:
+            config = in_flight.pop(future)
+            exc = future.exception()
+            if exc is None:
+                on_result(*future.result())
+            elif not on_error(config, exc):
+                keep_going = False
+    for future in in_flight:
+        future.cancel()
+    if not keep_going:
+        wait(in_flight)
+
+
+def make_pool(jobs: int) -> ProcessPoolExecutor | None:
+    return ProcessPoolExecutor(max_workers=jobs, initializer=_worker_signals) if jobs > 1 else None
+
+
+def stop_pool(pool: ProcessPoolExecutor | None, *, interrupted: bool) -> None:
+    if pool is None:
+        return
+    if interrupted:
+        # A point can run for seconds; on an interrupt do not wait for the ones in flight
+        # (their results would be dropped anyway, and rerunning recomputes them).
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)

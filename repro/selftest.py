@@ -1,0 +1,56 @@
+"""A stand-in registry for testing the harness itself: ``--registry repro.selftest``.
+
+Its experiments are slow enough (a sleep per point) to be killed mid-sweep, deterministic (each
+row derives from a hash of its point), and awkward on purpose: points produce different numbers
+of rows, and some add a column the others lack, which forces the CSV header to be rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from repro.experiment import Check, Claim, Experiment, Point, Row
+
+EXPERIMENTS: Mapping[str, str] = MappingProxyType({
+    "selftest-a": "repro.selftest",
+    "selftest-b": "repro.selftest_b",
+})
+SLEEP_S = 0.05
+
+
+def _unit(*parts: object) -> float:
+    """A deterministic number in [0, 1) from the parts."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def points(quick: bool) -> list[Point]:
+    n = 6 if quick else 24
+    return [{"index": i, "size": 2 ** (i % 5), "method": ("x", "y", "z")[i % 3]} for i in range(n)]
+
+
+def run_point(point: Point) -> list[Row]:
+    time.sleep(SLEEP_S)
+    rows: list[Row] = []
+    for r in range(1 + point["index"] % 4):
+        row: Row = {"replica": r, "value": _unit(point["index"], r) * point["size"],
+                    "label": f"p{point['index']}-r{r}"}
+        if point["index"] % 7 == 3:
+            row["rare_column"] = _unit("rare", point["index"])
+        rows.append(row)
+    return rows
+
+
+def claims(records) -> list[Claim]:  # noqa: ANN001 - a DataFrame
+    from repro.analysis import scalar
+
+    return [Claim(claim_id="mean-value", text="mean of value", source="selftest",
+                  paper_value="0.5-ish", reproduced=scalar(records, "value"), unit="",
+                  check=Check(kind="at_least", target=0.0), hardware="none")]
+
+
+EXPERIMENT = Experiment(name="selftest-a", description="Harness self-test sweep A.",
+                        points=points, run_point=run_point, claims=claims)
