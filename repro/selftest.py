@@ -18,7 +18,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType({
     "selftest-a": "repro.selftest",
     "selftest-b": "repro.selftest_b",
 })
-SLEEP_S = 0.05
+SLEEP_S = 0.1
 
 
 def _unit(*parts: object) -> float:

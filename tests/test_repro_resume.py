@@ -42,6 +42,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     return csv_bytes(results)
 
 
+def wait_for_first_record(results: Path, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any((results / n / "records.csv").exists() for n in NAMES):
+            return
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_killed_sweep_resumes_to_identical_records(tmp_path: Path, reference: dict[str, bytes],
                                                    sig: signal.Signals) -> None:
@@ -53,7 +61,10 @@ def test_killed_sweep_resumes_to_identical_records(tmp_path: Path, reference: di
         # Python start-up plus pool start is ~1 s here; the sweeps take ~2 s after that.
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
-        time.sleep(rng.uniform(0.6, 2.2))
+        # Wait for the first finished point, then a random moment inside the sweep: a fixed
+        # sleep raced machine load (too early on a busy machine, too late on an idle one).
+        wait_for_first_record(results, proc)
+        time.sleep(rng.uniform(0.0, 0.4))
         if proc.poll() is None:
             if sig == signal.SIGKILL:
                 os.killpg(proc.pid, sig)  # the whole tree dies, as with an OOM kill or a reboot
