@@ -38,7 +38,7 @@ test: install lint
 	$(PY) -m pytest -q
 
 reproduce: install
-	$(PY) -m repro run all --jobs $(JOBS)
+	$(PY) -m repro run all --jobs $(JOBS) $(REPRO_FLAGS)
 	$(PY) -m repro plot all
 	$(PY) -m repro report
 

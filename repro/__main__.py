@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="the small sweep (a subset of the full one)")
     p.add_argument("--wandb", choices=WANDB_MODES, default="offline")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--fresh", action="store_true",
+                   help="discard the experiments' cached records first (points are cached by "
+                        "config, not by code: use this after changing a planner or the cost model)")
     common(p)
 
     p = sub.add_parser("plot", help="figures from stored records")
@@ -79,6 +82,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from repro.wandb_log import log_to_wandb
 
     names = expand_names(args.names, args.registry)
+    if getattr(args, "fresh", False):
+        for name in names:
+            stale = args.results_dir / name / "records.csv"
+            if stale.exists():
+                stale.unlink()
+                print(f"{name}: discarded cached records", file=sys.stderr)
     options = RunOptions(backend=args.backend, jobs=args.jobs, quick=args.quick,
                          results_dir=args.results_dir, progress=not args.no_progress,
                          registry=args.registry)

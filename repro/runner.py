@@ -9,6 +9,7 @@ alone writes the CSV (see :mod:`repro.store`), and the final CSV is sorted into 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -36,9 +37,32 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+CODE_ROOTS = ("slimpack", "baselines", "repro/experiments")
+"""Source whose change changes results: a point computed by other code is recomputed."""
+
+
+@functools.cache
+def code_digest() -> str:
+    """sha256 over the library's Python sources and the shipped length profiles.
+
+    Part of every point's key, so cached records are reused only for the code that made
+    them: a resumed run of the same code skips finished points, a changed planner or cost
+    model recomputes them (and the stale rows are dropped when the sweep finishes).
+    """
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    files = [f for r in CODE_ROOTS for f in (root / r).rglob("*.py")]
+    files += list((root / "datasets" / "profiles").glob("*.json"))
+    for path in sorted(files):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def point_key(experiment: str, config: Point) -> str:
-    """16 hex digits of sha256 over (experiment, harness version, full config)."""
-    blob = canonical_json({"experiment": experiment, "version": REPRO_VERSION, "config": config})
+    """16 hex digits of sha256 over (experiment, harness version, code digest, full config)."""
+    blob = canonical_json({"experiment": experiment, "version": REPRO_VERSION,
+                           "code": code_digest(), "config": config})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

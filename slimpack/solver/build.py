@@ -37,6 +37,9 @@ def max_tokens_in_flight(ctx: BuildContext, cp: int) -> int:
     par, model = ctx.parallel, ctx.model
     budget = ctx.hardware.usable_memory_bytes * ctx.options.memory_headroom
     budget -= model_state_bytes(model, tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp)
+    # Terms a token count leaves out (logits, dK/dV buffers, the spread LM head's weights)
+    # take a few percent; without this margin most groups need one repacking round.
+    budget *= IN_FLIGHT_MARGIN
     per_token = (activation_bytes_per_token_per_layer(model) * model.num_layers / par.pp
                  / (par.tp * cp))
     return max(int(budget / per_token), 0)
@@ -139,6 +142,7 @@ def _unit_target(est: WorkEstimator, lengths: dict[int, int], replicas: int,
 
 
 MAX_MEMORY_REPAIRS = 6
+IN_FLIGHT_MARGIN = 0.96
 
 
 def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],

@@ -16,10 +16,9 @@ Forward and backward are kept apart, since their ratios differ (about 2x for lin
 
 from __future__ import annotations
 
+import bisect
 import math
-from dataclasses import dataclass
-
-import numpy as np
+from dataclasses import dataclass, field
 
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Segment, Slice, Unit
@@ -37,6 +36,8 @@ class WorkEstimator:
     log_bwd: tuple[float, ...]
     fwd_per_prefix_pair: float
     bwd_per_prefix_pair: float
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """(table id, tokens) -> seconds: planners ask for the same lengths many times."""
 
     @classmethod
     def from_cost(cls, cost: CostModel, *, tp: int, cp: int, cp_sharding: str = "per-document",
@@ -63,12 +64,23 @@ class WorkEstimator:
         )
 
     def _doc(self, table: tuple[float, ...], tokens: int) -> float:
+        """Log-log interpolation (pure Python, memoised: called ~10^5 times per plan)."""
+        key = (id(table), tokens)
+        cached = self._memo.get(key)
+        if cached is None:
+            cached = self._memo[key] = self._interpolate(table, tokens)
+        return cached
+
+    def _interpolate(self, table: tuple[float, ...], tokens: int) -> float:
         x = math.log(max(tokens, 1))
         xs = self.log_lengths
-        if x >= xs[-1]:  # extrapolate along the last segment (attention-dominated: ~l^2)
-            slope = (table[-1] - table[-2]) / (xs[-1] - xs[-2])
-            return math.exp(table[-1] + slope * (x - xs[-1]))
-        return math.exp(float(np.interp(x, xs, table)))
+        i = bisect.bisect_right(xs, x)
+        if i <= 0:
+            return math.exp(table[0])
+        # Past the grid, extrapolate along the last segment (attention-dominated: ~l^2).
+        i = min(i, len(xs) - 1)
+        t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return math.exp(table[i - 1] + t * (table[i] - table[i - 1]))
 
     def forward(self, tokens: int, prefix: int = 0) -> float:
         return self._doc(self.log_fwd, tokens) + self.fwd_per_prefix_pair * tokens * prefix

@@ -16,14 +16,15 @@ PARALLEL = ParallelSpec(tp=8, cp=2, pp=4, dp=2)
 @pytest.fixture(scope="module")
 def batch():
     data = pytest.importorskip("slimpack.data")
-    return data.sample_batch("wlb-llm", num_sequences=256, context=131072, seed=0,
+    # Issue 8: every planner on a 2048-sequence batch.
+    return data.sample_batch("wlb-llm", num_sequences=2048, context=131072, seed=0,
                              truncation="split")
 
 
 @pytest.mark.parametrize("method", ["naive", "megatron", "megatron-dcp", "wlb-llm", "slimpipe",
-                                    "flexsp"])
+                                    "flexsp", "slimpack"])
 def test_bench_planner(benchmark, batch, method):
     planner = get_planner(method)
-    options = {"context": 131072, "time_limit_s": 0.2}
+    options = {"search": False} if method == "slimpack" else {"context": 131072, "time_limit_s": 0.2}
     plan = benchmark(lambda: planner(batch, MODEL, HW, PARALLEL, COST, **options))
     assert plan.num_tokens == batch.num_tokens
