@@ -103,8 +103,12 @@ def _recompute_of(plan: Plan) -> str:
     return modes[0] if len(modes) == 1 else ",".join(modes)
 
 
+SLICED_METHODS = ("slimpipe", "slimpack")
+"""Methods whose memory follows slice-level scheduling: their candidates are sized so."""
+
+
 def _method_schedule(method: str) -> str:
-    return "slimpipe" if method == "slimpipe" else "1f1b"
+    return "slimpipe" if method in SLICED_METHODS else "1f1b"
 
 
 def _method_allows(method: str, candidate: Candidate) -> bool:

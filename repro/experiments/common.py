@@ -110,7 +110,8 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
     plain 1F1B); ``labels`` renames methods in the rows (one planner, several variants).
     A method that cannot be planned gets a row with ``error`` set, never silence.
     """
-    cmp = require("slimpack.compare", "plan_method", "_method_allows", experiment=experiment)
+    cmp = require("slimpack.compare", "plan_method", "_method_allows", "_method_schedule",
+                  experiment=experiment)
     sim = require("slimpack.sim", "simulate", experiment=experiment)
     from slimpack.cost.model import AnalyticCostModel
     from slimpack.planning import auto_parallel_candidates, estimate_fixed_length_step
@@ -124,7 +125,7 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
     for method in methods:
         planner = method.split(":")[0]
         label = (labels or {}).get(method, method)
-        schedule = "slimpipe" if planner == "slimpipe" else "1f1b"
+        schedule = cmp._method_schedule(planner)
         candidates = [c for c in auto_parallel_candidates(model, hardware, point["num_gpus"],
                                                           context, schedule=schedule)
                       if cmp._method_allows(planner, c)
