@@ -76,3 +76,17 @@ def test_cli_user_errors_are_one_line(capsys):
     assert main(["compare", "--methods", "megatron", *WORKLOAD, "--tp", "3"]) == 2
     assert "error" in capsys.readouterr().err
     assert main(["plan", "--method", "nope", *WORKLOAD, "--tp", "8"]) == 2
+
+
+def test_cli_token_budget_sizes_the_batch_in_tokens(capsys):
+    workload = [a for a in WORKLOAD]
+    i = workload.index("--global-batch")
+    workload[i:i + 2] = ["--token-budget", "300000"]
+    code = main(["compare", "--methods", "megatron,slimpack", *workload, "--tp", "8",
+                 "--pp", "4", "--json"])
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)["records"]
+    # The sampler fills the budget exactly (the last document is cut to fit).
+    assert {r["num_tokens"] for r in records} == {300000}
+    with pytest.raises(SystemExit):  # both sizes at once is an argparse usage error
+        main(["compare", "--methods", "megatron", *WORKLOAD, "--token-budget", "5"])

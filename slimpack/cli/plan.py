@@ -31,9 +31,13 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True,
                    help="length profile name (wikipedia, wlb-llm, ...) or a length file path")
     p.add_argument("--context", type=int, required=True, help="context length in tokens")
-    p.add_argument("--global-batch", type=int, required=True,
-                   help="sequences in the global batch (documents longer than the context are "
-                        "split)")
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--global-batch", type=int,
+                      help="documents in the global batch (documents longer than the context "
+                           "are split)")
+    size.add_argument("--token-budget", type=int,
+                      help="tokens in the global batch instead (e.g. 512 x context for "
+                           "Megatron's 'global batch 512' of context-length samples)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=None,
                    help="planner time limit in seconds (default: each planner's own)")
@@ -54,16 +58,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp_p.set_defaults(handler=run_compare)
 
 
-def load_batch(dataset: str, *, context: int, global_batch: int, seed: int) -> Batch:
-    """Sample the global batch (documents longer than ``context`` are split)."""
-    if global_batch < 1:
+def load_batch(dataset: str, *, context: int, global_batch: int | None, seed: int,
+               token_budget: int | None = None) -> Batch:
+    """Sample the global batch by document count or token budget (documents longer than
+    ``context`` are split)."""
+    if global_batch is not None and global_batch < 1:
         raise ValueError(f"--global-batch must be >= 1, got {global_batch}")
+    if token_budget is not None and token_budget < 1:
+        raise ValueError(f"--token-budget must be >= 1, got {token_budget}")
     if context < 1:
         raise ValueError(f"--context must be >= 1, got {context}")
     from slimpack.data import sample_batch
 
-    return sample_batch(dataset, num_sequences=global_batch, context=context, seed=seed,
-                        truncation="split")
+    return sample_batch(dataset, num_sequences=global_batch, token_budget=token_budget,
+                        context=context, seed=seed, truncation="split")
 
 
 def parallel_from_args(args: argparse.Namespace) -> ParallelSpec | None:
@@ -94,6 +102,7 @@ def run_plan(args: argparse.Namespace) -> int:
     model, hardware, cost = _specs(args)
     parallel = parallel_from_args(args)
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
+                       token_budget=args.token_budget,
                        seed=args.seed)
     if parallel is None:
         plan, _, parallel = best_parallel(args.method, batch, model, hardware, args.gpus, cost,
@@ -137,6 +146,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if parallel is not None:
         parallel.validate_for_model(model)
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
+                       token_budget=args.token_budget,
                        seed=args.seed)
     rows = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
