@@ -31,18 +31,22 @@ __all__ = ["SlimPackOptions", "plan", "default_slice_tokens"]
 
 
 def default_slice_tokens(batch: Batch, parallel: ParallelSpec, *, fit_tokens: int | None = None) -> int:
-    """Heuristic S, 128-aligned and within 1K-32K tokens.
+    """Heuristic S, 128-aligned, between 1K and 32K tokens *per CP rank*.
 
     About 2*pp*vpp MicroPacks for the longest sequence (enough steady state to hide the
     pipeline fill), and, when ``fit_tokens`` (tokens whose activations fit a stage) is given,
-    small enough that the 2(p-1) warm-up MicroPacks take at most two thirds of memory.
+    small enough that the 2(p-1) warm-up MicroPacks take at most two thirds of memory. A CP
+    group splits every MicroPack cp ways, so S scales with cp: each rank keeps GEMMs of
+    at least 1K (2K with CP) rows, where they still run near full efficiency.
     """
     longest = max(batch.lengths)
     align = max(128, 2 * parallel.cp)
+    cp = parallel.cp
     s = longest / (2 * parallel.pp * parallel.vpp)
     if fit_tokens is not None and parallel.pp > 1:
         s = min(s, fit_tokens / (3 * (parallel.pp - 1)))
-    s = min(max(s, 1024), 32768)
+    floor = 1024 if cp == 1 else 2048 * cp
+    s = min(max(s, floor), 32768 * cp)
     return max(align, int(round(s / align)) * align)
 
 
@@ -78,8 +82,9 @@ def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOption
     default = default_slice_tokens(batch, parallel, fit_tokens=fit_tokens)
     longest = max(batch.lengths)
     align = 2 * parallel.cp
-    cands = sorted({s for s in opts.slice_candidates if s < longest and s % align == 0}
-                   | {default})
+    # Candidates are per-CP-rank sizes: a cp-way group tries cp times longer slices.
+    scaled = {s * parallel.cp for s in opts.slice_candidates}
+    cands = sorted({s for s in scaled if s < longest and s % align == 0} | {default})
     # The heuristic first so a tight time limit still returns its answer, then outward from
     # it (nearest first in log scale): the best S is usually a neighbour of the heuristic.
     others = sorted((s for s in cands if s != default), key=lambda s: abs(math.log(s / default)))
