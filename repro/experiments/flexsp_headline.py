@@ -26,6 +26,8 @@ DATASETS = ("commoncrawl", "github", "wikipedia")
 MODELS, QUICK_MODELS = ("llama-7b", "llama-13b"), ("llama-7b",)
 SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
 SOURCE = "FlexSP arXiv 2412.01523"
+MICROBATCHES = 8
+"""Micro-batches the bucketing is measured over, as FlexSP's planner buckets each one."""
 
 
 def points(quick: bool) -> list[Point]:
@@ -44,11 +46,22 @@ def run_point(point: Point) -> list[Row]:
         return compare_rows(point, tuple(point["methods"]), "flexsp-headline")
     bucketing = require("baselines.flexsp.bucketing", "dp_buckets", "fixed_width_buckets",
                         "token_estimate_error", experiment="flexsp-headline")
+    from slimpack.planning.packing import contiguous_partition
+
     lengths = draw_batch(point, "flexsp-headline").lengths
-    return [{"scheme": "dp-q16", "error_pct": 100 * bucketing.token_estimate_error(
+    rows = [{"scheme": "dp-q16", "scope": "batch", "error_pct": 100 * bucketing.token_estimate_error(
                 lengths, bucketing.dp_buckets(lengths, 16))},
-            {"scheme": "fixed-2048", "error_pct": 100 * bucketing.token_estimate_error(
+            {"scheme": "fixed-2048", "scope": "batch", "error_pct": 100 * bucketing.token_estimate_error(
                 lengths, bucketing.fixed_width_buckets(lengths, 2048))}]
+    # As the planner buckets: per micro-batch of sorted consecutive sequences (8 of them).
+    ordered = sorted(lengths)
+    runs = [[ordered[i] for i in run] for run in contiguous_partition(ordered, MICROBATCHES) if run]
+    for scheme, make in (("dp-q16", lambda xs: bucketing.dp_buckets(xs, 16)),
+                         ("fixed-2048", lambda xs: bucketing.fixed_width_buckets(xs, 2048))):
+        estimate = sum(b.bound * b.count for run in runs for b in make(run))
+        rows.append({"scheme": scheme, "scope": "per-microbatch",
+                     "error_pct": 100 * (estimate / sum(lengths) - 1)})
+    return rows
 
 
 def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
@@ -57,7 +70,9 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig, axes = new_figure(2, width=5.0)
     buckets = select(records, kind="bucketing")
     if not buckets.empty:
-        sns.barplot(buckets, x="dataset", y="error_pct", hue="scheme", ax=axes[0][0], errorbar=None)
+        shown = buckets.assign(scheme=buckets["scheme"] + " (" + buckets.get(
+            "scope", pd.Series("batch", index=buckets.index)).fillna("batch") + ")")
+        sns.barplot(shown, x="dataset", y="error_pct", hue="scheme", ax=axes[0][0], errorbar=None)
         for lo, hi, color in ((0.5, 2.3, "tab:blue"), (8.8, 22.1, "tab:orange")):
             axes[0][0].axhspan(lo, hi, color=color, alpha=0.12)
         axes[0][0].set_ylabel("token over-estimate (%)")
@@ -81,13 +96,16 @@ def claims(records: pd.DataFrame) -> list[Claim]:
     speed = speedups(thr, ["model", "dataset", "seed"]) if not thr.empty else thr
     flex = speed[speed["method"] == "flexsp"] if not speed.empty else speed
     return [
-        Claim(claim_id="dp-bucketing-error", text="Token over-estimate of DP bucketing (Q=16), "
-              "worst dataset", source=SOURCE, paper_value="0.5-2.3%",
-              reproduced=scalar(select(buckets, scheme="dp-q16"), "error_pct", "max"), unit="%",
+        Claim(claim_id="dp-bucketing-error", text="Token over-estimate of DP bucketing (Q=16) per "
+              "micro-batch (8 sorted micro-batches), worst dataset", source=SOURCE,
+              paper_value="0.5-2.3%",
+              reproduced=scalar(select(buckets, scheme="dp-q16", scope="per-microbatch"),
+                                "error_pct", "max"), unit="%",
               check=Check(kind="at_most", target=2.3), hardware="none"),
-        Claim(claim_id="fixed-bucketing-error", text="Token over-estimate of fixed-width buckets, "
-              "best dataset", source=SOURCE, paper_value="8.8-22.1%",
-              reproduced=scalar(select(buckets, scheme="fixed-2048"), "error_pct", "min"), unit="%",
+        Claim(claim_id="fixed-bucketing-error", text="Token over-estimate of 2K-wide buckets per "
+              "micro-batch, best dataset", source=SOURCE, paper_value="8.8-22.1%",
+              reproduced=scalar(select(buckets, scheme="fixed-2048", scope="per-microbatch"),
+                                "error_pct", "min"), unit="%",
               check=Check(kind="at_least", target=8.8), hardware="none"),
         Claim(claim_id="speedup-vs-megatron", text="FlexSP / Megatron-LM throughput, best setting",
               source=SOURCE, paper_value="up to 1.98x", reproduced=scalar(flex, "speedup", "max"),
