@@ -6,14 +6,13 @@ sum is at most N, so the groups tile the N slots as aligned blocks.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from baselines.flexsp.bucketing import Bucket
 from baselines.flexsp.constants import FlexSPConstants
 from slimpack.planning import lpt_partition
+from slimpack.planning.highs import new_highs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,19 +69,6 @@ def greedy(lengths: Sequence[int], num_slots: int, k: FlexSPConstants) -> Assign
         if best is None or secs < best.seconds:
             best = Assignment(groups=groups, seconds=secs, source="greedy")
     return best
-
-
-@contextlib.contextmanager
-def _quiet_stdout():
-    """HiGHS prints a banner on C-level stdout when first constructed; keep ``--json`` clean."""
-    fd = os.dup(1)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(fd, 1)
-        os.close(fd)
 
 
 def milp(lengths: Sequence[int], buckets: Sequence[Bucket], num_slots: int, k: FlexSPConstants,
@@ -145,13 +131,7 @@ def milp(lengths: Sequence[int], buckets: Sequence[Bucket], num_slots: int, k: F
             rows.append((0.0, inf, [u0 + g, u0 + g + 1], [1.0, -1.0]))
     rows.append((-inf, float(num_slots), list(range(u0, u0 + ng)), [float(d) for d in candidates]))
 
-    h = None
-    with _quiet_stdout():
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
-    h.setOptionValue("threads", 1)
+    h = new_highs(time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
     h.addVars(ncol, lower, upper)
     h.changeColsCost(ncol, np.arange(ncol, dtype=np.int32), cost)
     integer = np.arange(nx + ng, dtype=np.int32)

@@ -13,6 +13,8 @@ import heapq
 import time
 from collections.abc import Sequence
 
+from slimpack.planning.highs import new_highs
+
 
 def lpt_assign(weights: Sequence[float], num_bins: int, *,
                initial_loads: Sequence[float] | None = None) -> list[list[int]]:
@@ -59,11 +61,7 @@ def milp_assign(weights: Sequence[float], num_bins: int, *, time_limit_s: float,
     tail_total = sum(weights[i] for i in tail)
     n, m = len(exact), num_bins
 
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("mip_rel_gap", 1e-4)
-    h.setOptionValue("threads", 1)
+    h = new_highs(time_limit_s=time_limit_s, mip_rel_gap=1e-4)
     inf = highspy.kHighsInf
     # Variables: x[i, b] binary (n*m), fluid tail share f[b] >= 0 (m), makespan C.
     num_x = n * m
