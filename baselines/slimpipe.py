@@ -93,8 +93,9 @@ def cut_sample(sample: Sequence[Segment], length: int) -> list[list[Segment]]:
 
 
 def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-                  tokens: int, opts: SlimPipeOptions) -> tuple[int, str]:
-    """(slices per sample, recompute): the fewest slices that fit, else recompute."""
+                  tokens: int, opts: SlimPipeOptions, *, samples_per_replica: int = 1,
+                  ) -> tuple[int, str]:
+    """(slices per sample, recompute mode) for samples of ``tokens`` tokens."""
     degrees = dict(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
                    dp=parallel.dp)
     if opts.num_slices is not None:
@@ -102,19 +103,33 @@ def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSp
         mode = choose_recompute(model, hardware, tokens=tokens, schedule="slimpipe",
                                 slices=n, **degrees)
         return n, mode or "full"
-    n = max(parallel.pp, 1)
+    # The cheapest recompute mode that fits with some slice count; within it, the slice
+    # count that best trades the pipeline bubble (p-1)/(v*n*m + p-1) against slice GEMM
+    # efficiency (rows/(rows + 256) per CP rank), SlimPipe's own trade-off: more slices
+    # shrink the bubble and the activations in flight, but past a few thousand rows per rank
+    # they only add small kernels.
     most = max(1, tokens // opts.min_slice_tokens)
+    candidates = []
+    n = max(parallel.pp, 1)
     while True:
-        if fits_memory(model, hardware, tokens=tokens, schedule="slimpipe", slices=n,
-                       recompute="none", **degrees):
-            return n, "none"
+        candidates.append(n)
         if n * 2 > most:
             break
         n *= 2
-    n = max(min(n, most), 1)
-    mode = choose_recompute(model, hardware, tokens=tokens, schedule="slimpipe", slices=n,
-                            **degrees)
-    return n, mode or "full"
+    p, v, m = parallel.pp, parallel.vpp, max(1, samples_per_replica)
+
+    def score(n: int) -> float:
+        rows = tokens / (n * parallel.cp)
+        bubble = (p - 1) / (v * n * m + p - 1)
+        return (1 + bubble) * (rows + hardware.half_efficiency_tokens) / rows
+
+    for mode in ("none", "selective", "full"):
+        fitting = [n for n in candidates
+                   if fits_memory(model, hardware, tokens=tokens, schedule="slimpipe", slices=n,
+                                  recompute=mode, **degrees)]
+        if fitting:
+            return min(fitting, key=score), mode
+    return candidates[-1], "full"
 
 
 def redistribute_attention(model: ModelSpec, pieces: Sequence[tuple[int, int]], *, tp: int = 1,
@@ -154,7 +169,8 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     context = opts.context or max(batch.lengths)
     layout = fixed_length_samples(batch, context)
     longest = max(sum(s.num_tokens for s in smp) for smp in layout.samples)
-    n, recompute = choose_slices(model, hardware, parallel, longest, opts)
+    n, recompute = choose_slices(model, hardware, parallel, longest, opts,
+                                 samples_per_replica=-(-len(layout.samples) // parallel.dp))
     length = slice_length(longest, n)
     group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
                                schedule="slimpipe", recompute=recompute, vocab_parallel_pp=True)
