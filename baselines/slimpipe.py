@@ -103,11 +103,10 @@ def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSp
         mode = choose_recompute(model, hardware, tokens=tokens, schedule="slimpipe",
                                 slices=n, **degrees)
         return n, mode or "full"
-    # The cheapest recompute mode that fits with some slice count; within it, the slice
+    # The cheapest recompute mode that fits with some slice count. Under recompute, the slice
     # count that best trades the pipeline bubble (p-1)/(v*n*m + p-1) against slice GEMM
-    # efficiency (rows/(rows + 256) per CP rank), SlimPipe's own trade-off: more slices
-    # shrink the bubble and the activations in flight, but past a few thousand rows per rank
-    # they only add small kernels.
+    # efficiency (rows/(rows + 256) per CP rank): "fewest that fit" would otherwise run
+    # thousands of tiny slices at 2M tokens, where the KV in flight dominates memory anyway.
     most = max(1, tokens // opts.min_slice_tokens)
     candidates = []
     n = max(parallel.pp, 1)
@@ -128,7 +127,10 @@ def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSp
                    if fits_memory(model, hardware, tokens=tokens, schedule="slimpipe", slices=n,
                                   recompute=mode, **degrees)]
         if fitting:
-            return min(fitting, key=score), mode
+            # Without recompute the fewest slices that fit (SlimPipe's rule: more slices also
+            # spread the attention imbalance between early and late slices further); with
+            # recompute, memory no longer asks for many slices, so pick on the trade-off.
+            return (fitting[0] if mode == "none" else min(fitting, key=score)), mode
     return candidates[-1], "full"
 
 
