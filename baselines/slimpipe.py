@@ -32,7 +32,7 @@ from slimpack.batch import Batch
 from slimpack.cost.flops import attention_flops
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel
-from slimpack.plan import Phase, Plan, Segment
+from slimpack.plan import Group, Phase, Plan, Segment
 from slimpack.planning import (
     GroupLayout,
     build_options,
@@ -93,20 +93,22 @@ def cut_sample(sample: Sequence[Segment], length: int) -> list[list[Segment]]:
 
 
 def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-                  tokens: int, opts: SlimPipeOptions, *, samples_per_replica: int = 1,
-                  ) -> tuple[int, str]:
-    """(slices per sample, recompute mode) for samples of ``tokens`` tokens."""
+                  tokens: int, opts: SlimPipeOptions) -> tuple[list[int], str]:
+    """(candidate slice counts, recompute mode) for samples of ``tokens`` tokens.
+
+    The cheapest recompute mode that fits with some slice count. Without recompute, the
+    fewest slices that fit (SlimPipe's rule; more slices also spread the attention imbalance
+    between early and late slices further). Under recompute memory no longer asks for many
+    slices, and "fewest that fit" would run thousands of tiny slices at 2M tokens, so every
+    count that fits is returned and the planner keeps the one the simulator finds fastest.
+    """
     degrees = dict(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
                    dp=parallel.dp)
     if opts.num_slices is not None:
         n = opts.num_slices
         mode = choose_recompute(model, hardware, tokens=tokens, schedule="slimpipe",
                                 slices=n, **degrees)
-        return n, mode or "full"
-    # The cheapest recompute mode that fits with some slice count. Under recompute, the slice
-    # count that best trades the pipeline bubble (p-1)/(v*n*m + p-1) against slice GEMM
-    # efficiency (rows/(rows + 256) per CP rank): "fewest that fit" would otherwise run
-    # thousands of tiny slices at 2M tokens, where the KV in flight dominates memory anyway.
+        return [n], mode or "full"
     most = max(1, tokens // opts.min_slice_tokens)
     candidates = []
     n = max(parallel.pp, 1)
@@ -115,23 +117,13 @@ def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSp
         if n * 2 > most:
             break
         n *= 2
-    p, v, m = parallel.pp, parallel.vpp, max(1, samples_per_replica)
-
-    def score(n: int) -> float:
-        rows = tokens / (n * parallel.cp)
-        bubble = (p - 1) / (v * n * m + p - 1)
-        return (1 + bubble) * (rows + hardware.half_efficiency_tokens) / rows
-
     for mode in ("none", "selective", "full"):
         fitting = [n for n in candidates
                    if fits_memory(model, hardware, tokens=tokens, schedule="slimpipe", slices=n,
                                   recompute=mode, **degrees)]
         if fitting:
-            # Without recompute the fewest slices that fit (SlimPipe's rule: more slices also
-            # spread the attention imbalance between early and late slices further); with
-            # recompute, memory no longer asks for many slices, so pick on the trade-off.
-            return (fitting[0] if mode == "none" else min(fitting, key=score)), mode
-    return candidates[-1], "full"
+            return (fitting[:1] if mode == "none" else fitting), mode
+    return [candidates[-1]], "full"
 
 
 def redistribute_attention(model: ModelSpec, pieces: Sequence[tuple[int, int]], *, tp: int = 1,
@@ -171,20 +163,38 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     context = opts.context or max(batch.lengths)
     layout = fixed_length_samples(batch, context)
     longest = max(sum(s.num_tokens for s in smp) for smp in layout.samples)
-    n, recompute = choose_slices(model, hardware, parallel, longest, opts,
-                                 samples_per_replica=-(-len(layout.samples) // parallel.dp))
-    length = slice_length(longest, n)
+    counts, recompute = choose_slices(model, hardware, parallel, longest, opts)
     group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
                                schedule="slimpipe", recompute=recompute, vocab_parallel_pp=True)
-    groups = []
     per_replica = deal_round_robin(list(layout.samples), parallel.dp)
-    for d, (ranks, samples) in enumerate(zip(replica_groups(parallel), per_replica, strict=True)):
-        if samples:
-            sliced = [cut_sample(smp, length) for smp in samples]
-            groups.append(sliced_group(d, ranks, group_layout, sliced))
+
+    def build(n: int) -> tuple[Group, ...]:
+        length = slice_length(longest, n)
+        return tuple(sliced_group(d, ranks, group_layout, [cut_sample(smp, length) for smp in samples])
+                     for d, (ranks, samples) in enumerate(zip(replica_groups(parallel), per_replica,
+                                                              strict=True)) if samples)
+
+    n, groups = counts[0], build(counts[0])
+    if len(counts) > 1:
+        # Several counts fit under recompute: time each on the simulator (the best
+        # configuration, as SlimPipe's authors tuned theirs), within the time limit.
+        from slimpack.sim import simulate
+
+        best = None
+        for candidate in counts:
+            if best is not None and time.perf_counter() - started > opts.time_limit_s:
+                break
+            trial = build(candidate)
+            probe = Plan(method="slimpipe", model=model.name, parallel=parallel,
+                         sequence_lengths=layout.sequence_lengths, phases=(Phase(groups=trial),))
+            step = simulate(probe, model=model, hardware=hardware, cost=cost,
+                            validate=False).record.step_time_s
+            if best is None or step < best:
+                best, n, groups = step, candidate, trial
+    length = slice_length(longest, n)
     return finish_plan(
         method="slimpipe", model=model, parallel=parallel,
-        sequence_lengths=layout.sequence_lengths, phases=[Phase(groups=tuple(groups))],
+        sequence_lengths=layout.sequence_lengths, phases=[Phase(groups=groups)],
         started=started,
         metadata={"context": context, "num_slices": n, "slice_tokens": length,
                   "recompute": recompute, "schedule": "slimpipe",
