@@ -74,14 +74,19 @@ def test_milp_never_worse_than_lpt_and_respects_its_time_limit():
     assert info["milp_seconds"] < 5.0
 
 
-def test_outliers_merge_the_smallest_power_of_two():
+def test_outliers_merge_enough_replicas_to_fit_and_fill_the_cluster():
     lengths = {0: 600_000, **{i: 4096 for i in range(1, 200)}}
     # Work in arbitrary units: the outlier is 1.5x a replica's fair share (needs k >= 2 to
-    # balance) and 3x what one replica's memory holds (needs k >= 3): k = 4.
+    # balance) and 3x what one replica's memory holds (needs k >= 3): at least k = 4.
     work = {0: 1.0, **{i: 6.5 / 199 for i in range(1, 200)}}
     decision = find_outliers(lengths, work, dp=8, max_tokens_per_replica=200_000)
     assert decision.outliers == (0,)
-    assert decision.merge_factor == 4
+    # One outlier: the merge widens to the whole cluster (8), or 4 replicas would idle.
+    assert decision.merge_factor == 8
+    # Two such outliers: k = 4 gives two merged groups, one outlier each.
+    two = {**lengths, 200: 600_000}
+    decision = find_outliers(two, {**work, 200: 1.0}, dp=8, max_tokens_per_replica=200_000)
+    assert set(decision.outliers) == {0, 200} and decision.merge_factor == 4
     # Nothing to merge when every sequence fits and none exceeds the fair share.
     small = {i: 4096 for i in range(16)}
     even = find_outliers(small, dict.fromkeys(small, 1.0), dp=8, max_tokens_per_replica=200_000)

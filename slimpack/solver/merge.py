@@ -5,7 +5,8 @@ sequence is in flight under slice-level scheduling) exceed a replica's memory, o
 alone exceeds a replica's fair share of the batch, so no assignment could balance it. Rather
 than raising CP for every sequence (Megatron's static CP), only the outliers are run, in a
 phase of their own before the regular phase, by groups of k merged replicas whose CP degree
-is ``k * cp``; k is the smallest power of two that fits and balances.
+is ``k * cp``; k is the smallest power of two that fits and balances, widened while every
+merged group still gets an outlier (the phase holds the whole cluster, so idle groups waste it).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def find_outliers(lengths: dict[int, int], work: dict[int, float], *, dp: int,
     need_balance = math.ceil(max(work[s] for s in outliers) / fair_share)
     k = 1
     while k < max(need_memory, need_balance) and k < dp:
+        k *= 2
+    # The merge phase holds the whole cluster: with fewer merged groups than outliers' worth,
+    # replicas sit idle in it, so widen the merge until every group has an outlier to run.
+    while k * 2 <= dp and (dp // (k * 2)) >= len(outliers):
         k *= 2
     while dp % k:
         k //= 2
