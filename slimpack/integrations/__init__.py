@@ -1,0 +1,1 @@
+"""Adapters that let other training stacks consume suite plans."""
