@@ -126,18 +126,19 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
     tried: list[dict] = []
     deadline = started + ctx.options.time_limit_s
     for s in candidates:
+        merged_outliers = None
         for use_merge in merge_choices:
             if best is not None and time.perf_counter() > deadline:
                 return best, tried
+            if not use_merge and merged_outliers == 0:
+                continue  # no outliers to merge: the no-merge plan is the same plan
             candidate = build_plan(ctx, s, use_merge=use_merge)
-            if not use_merge and best is not None and not candidate.metadata["slimpack"]["outliers"] \
-                    and len(merge_choices) > 1 and tried and tried[-1]["slice_tokens"] == s \
-                    and not tried[-1]["outliers"]:
-                continue  # no outliers: the no-merge plan is the same plan
+            outliers = len(candidate.metadata["slimpack"]["outliers"])
+            if use_merge:
+                merged_outliers = outliers
             record = simulate(candidate, model=ctx.model, hardware=ctx.hardware,
                               cost=ctx.cost).record
-            tried.append({"slice_tokens": s, "merge": use_merge,
-                          "outliers": len(candidate.metadata["slimpack"]["outliers"]),
+            tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
                           "step_time_s": record.step_time_s, "oom": record.oom})
             key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
             if best_key is None or key < best_key:
