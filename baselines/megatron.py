@@ -27,13 +27,13 @@ from slimpack.plan import Phase, Plan
 from slimpack.planning import (
     GroupLayout,
     build_options,
-    choose_recompute,
     packed_group,
     replica_groups,
+    resolve_recompute,
+    schedule_for,
 )
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
-
-RECOMPUTE_CHOICES = ("auto", "none", "selective", "full")
+from slimpack.specs.recompute import check_recompute
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,26 +48,9 @@ class MegatronOptions:
     def __post_init__(self) -> None:
         if self.context is not None and self.context < 1:
             raise ValueError(f"megatron: context must be >= 1 token, got {self.context}")
-        if self.recompute not in RECOMPUTE_CHOICES:
-            raise ValueError(f"megatron: recompute must be one of {RECOMPUTE_CHOICES}, "
-                             f"got {self.recompute!r}")
+        check_recompute("megatron", self.recompute, allow_auto=True)
         if not self.time_limit_s >= 0:
             raise ValueError(f"megatron: time_limit_s must be >= 0, got {self.time_limit_s}")
-
-
-def schedule_for(parallel: ParallelSpec) -> str:
-    return "interleaved" if parallel.vpp > 1 else "1f1b"
-
-
-def resolve_recompute(requested: str, model: ModelSpec, hardware: HardwareSpec,
-                      parallel: ParallelSpec, tokens: int, schedule: str) -> tuple[str, bool]:
-    """(mode, fits): ``auto`` walks none -> selective -> full; full is the fallback when
-    nothing fits (the simulator then reports the OOM)."""
-    if requested != "auto":
-        return requested, True
-    mode = choose_recompute(model, hardware, tokens=tokens, schedule=schedule, tp=parallel.tp,
-                            cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp, dp=parallel.dp)
-    return (mode, True) if mode is not None else ("full", False)
 
 
 def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from baselines.common.finish import finish_plan
-from baselines.megatron import schedule_for
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Phase, Plan
@@ -36,6 +35,7 @@ from slimpack.planning import (
     next_power_of_two,
     num_slots,
     packed_group,
+    schedule_for,
     slot_ranks,
     whole,
 )

@@ -23,7 +23,6 @@ from typing import Any
 
 from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
-from baselines.megatron import resolve_recompute, schedule_for
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Phase, Plan, Segment
@@ -35,6 +34,8 @@ from slimpack.planning import (
     first_fit_decreasing,
     packed_group,
     replica_groups,
+    resolve_recompute,
+    schedule_for,
     sorted_batching,
     whole,
 )

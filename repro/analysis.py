@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -39,10 +38,3 @@ def scalar(frame: pd.DataFrame, column: str, how: str = "mean") -> float:
     if values.empty:
         return math.nan
     return float(getattr(values, how)())
-
-
-def json_lists(frame: pd.DataFrame, column: str) -> list[list[float]]:
-    """Decode a column of JSON lists (per-unit or per-stage values)."""
-    if frame.empty or column not in frame.columns:
-        return []
-    return [json.loads(v) if isinstance(v, str) and v else [] for v in frame[column]]

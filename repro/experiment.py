@@ -8,7 +8,6 @@ need no rerun and never disagree with the CSV.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,35 +20,6 @@ Point = dict[str, Any]
 Row = dict[str, Any]
 
 BACKENDS = ("sim", "runtime")
-
-
-class MissingAPIError(RuntimeError):
-    """A library module an experiment needs is not built (yet); names the module."""
-
-
-def require(module_name: str, *attributes: str, experiment: str = "") -> Any:
-    """Import ``module_name`` and check it has ``attributes``, or raise MissingAPIError.
-
-    Experiments import the library lazily (inside ``run_point``) so the harness itself loads
-    even while parts of the library are still being written, and a sweep fails with the name
-    of what is missing instead of producing nothing.
-    """
-    who = f"experiment {experiment!r} " if experiment else ""
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        # Only the target (or one of its parents) missing is "not built"; an import error
-        # deeper inside a module that exists is a real bug and must surface as is.
-        if exc.name and module_name.startswith(exc.name):
-            raise MissingAPIError(
-                f"{who}needs {module_name} ({', '.join(attributes) or 'module'}), which is not "
-                f"built yet (missing module {exc.name})"
-            ) from None
-        raise
-    missing = [name for name in attributes if not hasattr(module, name)]
-    if missing:
-        raise MissingAPIError(f"{who}needs {module_name}.{', '.join(missing)}, which is not built yet")
-    return module
 
 
 # -- claims -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from repro.experiment import Experiment, MissingAPIError, Point, Row
+from repro.experiment import Experiment, Point, Row
 from repro.registry import resolve_experiment
 from repro.store import RecordStore, locked_dir
 
@@ -92,14 +92,13 @@ class RunSummary:
     already_done: int
     ran: int
     failures: tuple[str, ...] = ()
-    missing_api: str = ""
     skipped_reason: str = ""
     seconds: float = 0.0
     point_configs: tuple[Point, ...] = field(default=(), repr=False)
 
     @property
     def ok(self) -> bool:
-        return not self.failures and not self.missing_api
+        return not self.failures
 
 
 def sweep(experiment: Experiment, options: RunOptions) -> list[tuple[str, Point]]:
@@ -186,7 +185,6 @@ def run_experiment(name: str, options: RunOptions,
         return _follow(experiment, points, path)
     store = RecordStore(path)
     failures: list[str] = []
-    missing = ""
     ran = 0
     with locked_dir(path.parent):
         store.repair()
@@ -206,10 +204,6 @@ def run_experiment(name: str, options: RunOptions,
                 bar.update(1)
 
             def on_error(config: Point, exc: BaseException) -> bool:
-                nonlocal missing
-                if isinstance(exc, MissingAPIError):
-                    missing = str(exc)
-                    return False  # every other point needs the same module: stop early
                 failures.append(f"{type(exc).__name__}: {exc} (point {canonical_json(config)})")
                 return True
 
@@ -218,8 +212,7 @@ def run_experiment(name: str, options: RunOptions,
                     try:
                         on_result(*compute_point(options.registry, name, key, config))
                     except Exception as exc:  # noqa: BLE001 - reported in the summary
-                        if not on_error(config, exc):
-                            break
+                        on_error(config, exc)
             else:
                 _run_parallel(pool, options.registry, name, todo, on_result, on_error)
         finally:
@@ -228,7 +221,7 @@ def run_experiment(name: str, options: RunOptions,
             store.finalize([k for k, _ in points], REPRO_VERSION, valid_keys=full_keys,
                            backend=options.backend)
     return RunSummary(experiment=name, total=len(points), already_done=len(points) - len(todo),
-                      ran=ran, failures=tuple(failures), missing_api=missing,
+                      ran=ran, failures=tuple(failures),
                       seconds=time.perf_counter() - started,
                       point_configs=tuple(c for _, c in points))
 

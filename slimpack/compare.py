@@ -17,8 +17,8 @@ from typing import Any
 
 from slimpack.batch import Batch
 from slimpack.cost.model import AnalyticCostModel, CostModel
+from slimpack.methods import get_planner
 from slimpack.plan import Plan
-from slimpack.planners import get_planner
 from slimpack.planning.auto_parallel import (
     Candidate,
     auto_parallel_candidates,

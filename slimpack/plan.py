@@ -22,18 +22,18 @@ later slice of its sequence.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from slimpack.specs.parallel import ParallelSpec
+from slimpack.specs.recompute import RECOMPUTE_MODES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe", "asymmetric")
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved", "slimpipe", "asymmetric"]
 CP_SHARDINGS = ("per-sequence", "per-document")
 CP_KINDS = ("ring", "ulysses")
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 class PlanError(ValueError):
@@ -416,10 +416,3 @@ def _group_from_dict(d: dict[str, Any]) -> Group:
         forward_units=tuple(Unit(slice_ids=tuple(u)) for u in d["forward_units"]),
         backward_units=tuple(Unit(slice_ids=tuple(u)) for u in d["backward_units"]),
     )
-
-
-def units_from_slices(slices: Iterable[Slice], slices_per_unit: int = 1) -> tuple[Unit, ...]:
-    """Group consecutive slices into units of ``slices_per_unit`` (a helper for planners)."""
-    ids = [s.slice_id for s in slices]
-    return tuple(Unit(slice_ids=tuple(ids[i:i + slices_per_unit]))
-                 for i in range(0, len(ids), slices_per_unit))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from slimpack.batch import Batch
 from slimpack.cost import AnalyticCostModel
-from slimpack.planners import get_planner
+from slimpack.methods import get_planner
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 METHODS = ("naive", "megatron", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe")

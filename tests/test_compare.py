@@ -13,8 +13,6 @@ from slimpack.compare import RECORD_KEYS, compare
 from slimpack.plan import Plan
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
-pytest.importorskip("slimpack.sim")
-
 WORKLOAD = ["--model", "llama-7b", "--hardware", "h100", "--gpus", "32", "--dataset",
             "wlb-llm", "--context", "65536", "--global-batch", "64", "--seed", "1",
             "--time-limit", "0.3"]

@@ -24,7 +24,7 @@ from slimpack.data import (
     sample_lengths,
 )
 from slimpack.data.profile import profiles_dir
-from slimpack.data.profile_math import share_at_least
+from slimpack.data.profile_moments import share_at_least
 from slimpack.data.sampler import apply_truncation
 
 SHIPPED = ["byted-like", "commoncrawl", "github", "prolong", "wikipedia", "wlb-llm"]
@@ -212,7 +212,7 @@ def test_sampling_from_a_file_draws_its_own_records(tmp_path):
 
 
 def test_shipped_empirical_profile_is_reproducible_from_shared():
-    from slimpack.data.build_profiles import EMPIRICAL_SPECS, build_empirical
+    from slimpack.data.shipped_profiles import EMPIRICAL_SPECS, build_empirical
 
     spec = next(s for s in EMPIRICAL_SPECS if s.name == "wlb-llm")
     require_shared(spec.filename)

@@ -6,8 +6,8 @@ import pytest
 
 from slimpack.batch import Batch
 from slimpack.cost import AnalyticCostModel
+from slimpack.methods import available_planners, get_planner
 from slimpack.plan import Group, Phase, Plan, PlanError, Segment, Slice, Unit
-from slimpack.planners import available_planners, get_planner
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 

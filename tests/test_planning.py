@@ -8,6 +8,7 @@ import time
 import pytest
 
 from slimpack.cost import AnalyticCostModel
+from slimpack.cost.cp_sharding import document_pieces
 from slimpack.cost.flops import attention_flops
 from slimpack.planning import (
     Deadline,
@@ -21,8 +22,6 @@ from slimpack.planning import (
     imbalance_degree,
     lpt_partition,
     next_power_of_two,
-    per_document_pieces,
-    per_sequence_pieces,
     replica_groups,
     slot_ranks,
     sorted_batching,
@@ -82,10 +81,10 @@ def test_contiguous_partition_is_optimal_on_small_inputs():
 def test_cp_sharding_conserves_tokens_and_per_document_balances_attention():
     model = model_preset("llama-7b")
     docs = [30000, 5000, 1234, 777]
-    for pieces in (per_sequence_pieces(docs, 4), per_document_pieces(docs, 4)):
+    for pieces in (document_pieces(docs, 4, "per-sequence"), document_pieces(docs, 4, "per-document")):
         assert sum(t for rank in pieces for t, _ in rank) == sum(docs)
     work = [sum(attention_flops(model, t, p) for t, p in rank)
-            for rank in per_document_pieces(docs, 4)]
+            for rank in document_pieces(docs, 4, "per-document")]
     # WLB-LLM (arXiv 2503.17924, section 5): chunks i and 2cp-1-i give equal attention per
     # rank, up to the remainder tokens: within 0.1%.
     assert max(work) / min(work) == pytest.approx(1.0, abs=1e-3)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from repro.experiment import Check, Claim, MissingAPIError, require
+from repro.experiment import Check, Claim
 from repro.registry import EXPERIMENTS, expand_names, resolve_experiment
 from repro.report import render_report
 from repro.runner import RunOptions, point_key, run_experiment
@@ -95,14 +95,6 @@ def test_check_rejects_bad_fields():
         Check(kind="near", target=1.0)
     with pytest.raises(ValueError, match="rel_tol"):
         Check(kind="within", target=1.0, rel_tol=-0.1)
-
-
-# -- library APIs --------------------------------------------------------------------------------
-def test_require_names_the_missing_module():
-    with pytest.raises(MissingAPIError, match=r"slimpack\.not_there"):
-        require("slimpack.not_there", "f", experiment="demo")
-    with pytest.raises(MissingAPIError, match=r"slimpack\.records\.nope"):
-        require("slimpack.records", "nope")
 
 
 # -- registry and experiments ---------------------------------------------------------------------

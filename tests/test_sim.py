@@ -16,6 +16,7 @@ import pytest
 from slimpack.cli.main import main as cli_main
 from slimpack.cost import GIB, AnalyticCostModel, attention_flops, estimate_memory
 from slimpack.cost.comm import CommModel
+from slimpack.cost.cp_sharding import shard_pieces
 from slimpack.cost.model import ZERO_TIMES, PassTimes
 from slimpack.plan import Phase, Plan, PlanError, Segment, Slice, Unit
 from slimpack.schedules import Op, ScheduleError
@@ -30,7 +31,6 @@ from slimpack.sim import (
 from slimpack.sim.costs import group_costs
 from slimpack.sim.engine import run_group
 from slimpack.sim.memory import group_memory
-from slimpack.sim.sharding import slice_pieces
 from slimpack.specs import ModelSpec, hardware_preset, model_preset
 
 H100 = hardware_preset("h100-80g")
@@ -181,6 +181,10 @@ def test_analytic_slices_later_cost_more_and_step_exceeds_ideal():
 
 
 # -- context parallelism -----------------------------------------------------------------------
+
+def slice_pieces(sl, cp, sharding):
+    return shard_pieces([(seg.num_tokens, seg.start) for seg in sl.segments], cp, sharding)
+
 
 def test_cp_per_document_vs_per_sequence_pieces():
     sl = Slice(slice_id=0, segments=(Segment(seq_id=0, start=0, end=8),

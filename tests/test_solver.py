@@ -7,12 +7,12 @@ from hypothesis import strategies as st
 
 from slimpack.batch import Batch
 from slimpack.cost import AnalyticCostModel
-from slimpack.planners import get_planner
-from slimpack.solver import SlimPackOptions, plan
-from slimpack.solver.assign import bin_loads, lpt_assign, milp_assign
-from slimpack.solver.estimate import WorkEstimator
-from slimpack.solver.merge import find_outliers
-from slimpack.solver.micropacks import cost_balanced_cuts, pack_replica
+from slimpack.methods import get_planner
+from slimpack.slimpack_planner import SlimPackOptions, plan
+from slimpack.slimpack_planner.assign import bin_loads, lpt_assign, milp_assign
+from slimpack.slimpack_planner.estimate import WorkEstimator
+from slimpack.slimpack_planner.merge import find_outliers
+from slimpack.slimpack_planner.micropacks import cost_balanced_cuts, pack_replica
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 MODEL = model_preset("llama-7b")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from slimpack.cost import AnalyticCostModel
-from slimpack.planners import get_planner
+from slimpack.methods import get_planner
 from slimpack.sim import simulate
-from slimpack.solver.build import schedule_peak_bytes
+from slimpack.slimpack_planner.assemble import schedule_peak_bytes
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 MODEL = model_preset("llama-7b")

@@ -38,6 +38,7 @@ from slimpack.planning import (
     whole,
 )
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.specs.recompute import AUTO, RECOMPUTE_MODES, check_recompute
 
 CONSTANT_SOURCES = ("cost-model", "paper-a100-gpt7b")
 
@@ -65,9 +66,7 @@ class FlexSPOptions:
             raise ValueError("flexsp: extra_microbatch_counts must be >= 0")
         if not self.time_limit_s >= 0:
             raise ValueError(f"flexsp: time_limit_s must be >= 0, got {self.time_limit_s}")
-        if self.recompute not in ("auto", "none", "selective", "full"):
-            raise ValueError(f"flexsp: recompute must be auto, none, selective or full, "
-                             f"got {self.recompute!r}")
+        check_recompute("flexsp", self.recompute, allow_auto=True)
         if self.constants not in CONSTANT_SOURCES:
             raise ValueError(f"flexsp: constants must be one of {CONSTANT_SOURCES}, "
                              f"got {self.constants!r}")
@@ -110,7 +109,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     parallel.validate_for_model(model)
     slots = num_slots(parallel)
     recompute = opts.recompute
-    for mode in (("none", "selective", "full") if recompute == "auto" else (recompute,)):
+    for mode in (RECOMPUTE_MODES if recompute == AUTO else (recompute,)):
         recompute = mode
         if opts.constants == "paper-a100-gpt7b":
             k = paper_a100_gpt7b(model, hardware, tp=parallel.tp, pp=parallel.pp,

@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from baselines.common.finish import finish_plan
-from baselines.megatron import resolve_recompute, schedule_for
 from baselines.wlb_llm.iteration import Doc, IterationPacking, assign_to_replicas, pack_iteration
 from baselines.wlb_llm.outlier_queue import (
-    Held,
     OutlierQueues,
     queues_from_dict,
     queues_to_dict,
@@ -35,6 +33,8 @@ from slimpack.planning import (
     microbatch_stage_times,
     packed_group,
     replica_groups,
+    resolve_recompute,
+    schedule_for,
 )
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
@@ -226,7 +226,3 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     return finish_plan(method="wlb-llm", model=model, parallel=parallel,
                        sequence_lengths=trained, phases=[Phase(groups=tuple(groups))],
                        started=started, metadata=metadata)
-
-
-def held_documents(queues: OutlierQueues) -> list[Held]:
-    return [h for q in queues.queues for h in q]

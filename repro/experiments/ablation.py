@@ -1,6 +1,6 @@
 """Ablation of SlimPack's components, added one at a time on top of slicing.
 
-Variants (``slimpack.solver`` switches): slicing only (no asymmetric partitioning, no DP-aware
+Variants (``slimpack.slimpack_planner`` switches): slicing only (no asymmetric partitioning, no DP-aware
 phase 1, no DP-Merge); + asymmetric forward/backward MicroPacks; + DP-aware phase 1; + DP-Merge
 (full SlimPack). Megatron-LM at the same parallel configuration is the reference. llama-13b,
 Common Crawl and GitHub lengths at 256K, 128 H800 GPUs, tp 8 pp 4 (dp 4).
@@ -102,5 +102,5 @@ EXPERIMENT = Experiment(
                  "DP-aware phase 1; + DP-Merge), throughput relative to Megatron-LM at the same "
                  "parallel configuration (llama-13b, 256K, 128 GPUs, tp 8 pp 4)."),
     points=points, run_point=run_point, plot=plot, claims=claims,
-    needs=("slimpack.planners", "slimpack.solver", "slimpack.sim"), timing_columns=TIMING_COLUMNS,
+    needs=("slimpack.methods", "slimpack.slimpack_planner", "slimpack.sim"), timing_columns=TIMING_COLUMNS,
 )

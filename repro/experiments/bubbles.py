@@ -18,7 +18,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.analysis import scalar
-from repro.experiment import Check, Claim, Experiment, Point, Row, require
+from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.figures import new_figure, placeholder, save
 
 MODEL = "llama-7b"  # 32 layers: every (pp, vpp) below divides it
@@ -47,8 +47,7 @@ def points(quick: bool) -> list[Point]:
 
 
 def run_point(point: Point) -> list[Row]:
-    sim = require("slimpack.sim", "simulate", "uniform_plan", "UniformCostModel",
-                  experiment="bubbles")
+    from slimpack import sim
     from slimpack.specs import hardware_preset, model_preset
 
     model = model_preset(point["model"])

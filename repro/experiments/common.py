@@ -1,7 +1,6 @@
 """Shared steps of the method-comparison experiments: draw a batch, plan, simulate, flatten.
 
-Imports of the library happen inside the functions (through :func:`repro.experiment.require`)
-so a missing module fails the sweep with its name, and the harness loads regardless.
+Library imports happen inside the functions, so listing experiments stays cheap.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from repro.experiment import Point, Row, require
+from repro.experiment import Point, Row
 
 ALL_METHODS = ("naive", "megatron", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe", "slimpack")
 BASELINE = "megatron"
@@ -27,7 +26,8 @@ def draw_batch(point: Point, experiment: str) -> Any:
     A global batch counts sequences (documents after splitting), the unit the planners pack;
     ``seed`` makes it reproducible on any machine (numpy PCG64).
     """
-    data = require("slimpack.data", "sample_batch", experiment=experiment)
+    from slimpack import data
+
     return data.sample_batch(point["dataset"], num_sequences=point["global_batch"],
                              context=point["context"], seed=point["seed"])
 
@@ -50,7 +50,7 @@ def flatten(record: dict[str, Any]) -> Row:
 def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
                  **extra: Any) -> list[Row]:
     """One row per method from ``slimpack.compare.compare`` on the point's workload."""
-    compare = require("slimpack.compare", "compare", experiment=experiment).compare
+    from slimpack.compare import compare
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
     batch = extra.pop("batch", None) or draw_batch(point, experiment)
@@ -71,8 +71,8 @@ def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
 def simulate_planner(point: Point, method: str, experiment: str, batch: Any = None,
                      **options: Any) -> Row:
     """Plan with one registered planner at the point's fixed parallel config and simulate."""
-    planners = require("slimpack.planners", "get_planner", experiment=experiment)
-    sim = require("slimpack.sim", "simulate", experiment=experiment)
+    from slimpack import methods as planners
+    from slimpack import sim
     from slimpack.cost.model import AnalyticCostModel
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
@@ -110,9 +110,8 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
     plain 1F1B); ``labels`` renames methods in the rows (one planner, several variants).
     A method that cannot be planned gets a row with ``error`` set, never silence.
     """
-    cmp = require("slimpack.compare", "plan_method", "_method_allows", "_method_schedule",
-                  experiment=experiment)
-    sim = require("slimpack.sim", "simulate", experiment=experiment)
+    from slimpack import compare as cmp
+    from slimpack import sim
     from slimpack.cost.model import AnalyticCostModel
     from slimpack.planning import auto_parallel_candidates, estimate_fixed_length_step
     from slimpack.specs import hardware_preset, model_preset

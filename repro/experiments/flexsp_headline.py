@@ -17,7 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.analysis import scalar, select
-from repro.experiment import Check, Claim, Experiment, Point, Row, require
+from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import TIMING_COLUMNS, compare_rows, draw_batch, speedups
 from repro.figures import new_figure, placeholder, save
 
@@ -44,8 +44,7 @@ def points(quick: bool) -> list[Point]:
 def run_point(point: Point) -> list[Row]:
     if point["kind"] == "throughput":
         return compare_rows(point, tuple(point["methods"]), "flexsp-headline")
-    bucketing = require("baselines.flexsp.bucketing", "dp_buckets", "fixed_width_buckets",
-                        "token_estimate_error", experiment="flexsp-headline")
+    from baselines.flexsp import bucketing
     from slimpack.planning.packing import contiguous_partition
 
     lengths = draw_batch(point, "flexsp-headline").lengths

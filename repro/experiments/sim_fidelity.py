@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.analysis import scalar, select
-from repro.experiment import Check, Claim, Experiment, Point, Row, require
+from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, draw_batch, flatten
 from repro.figures import new_figure, placeholder, save
 
@@ -34,13 +34,13 @@ def points(quick: bool) -> list[Point]:
 
 
 def run_point(point: Point) -> list[Row]:
-    launch = require("slimpack.runtime.launch", "run_plan", experiment="sim-fidelity")
-    config_mod = require("slimpack.runtime.config", "RuntimeConfig", experiment="sim-fidelity")
-    cmp = require("slimpack.compare", "plan_method", experiment="sim-fidelity")
-    sim = require("slimpack.sim", "simulate", experiment="sim-fidelity")
     import torch
 
+    from slimpack import compare as cmp
+    from slimpack import sim
     from slimpack.cost.model import AnalyticCostModel
+    from slimpack.runtime import config as config_mod
+    from slimpack.runtime import launch
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
     cuda = torch.cuda.is_available()

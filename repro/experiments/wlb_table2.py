@@ -20,7 +20,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.analysis import scalar, select
-from repro.experiment import Check, Claim, Experiment, Point, Row, require
+from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import TIMING_COLUMNS
 from repro.figures import new_figure, placeholder, save
 
@@ -48,7 +48,8 @@ def points(quick: bool) -> list[Point]:
 
 def iteration_batches(point: Point) -> list[list[tuple[int, int]]]:
     """(seq_id, length) documents per iteration, ids unique across the stream."""
-    data = require("slimpack.data", "sample_batch", experiment="wlb-table2")
+    from slimpack import data
+
     out, next_id = [], 0
     for it in range(point["iterations"]):
         batch = data.sample_batch(point["dataset"], token_budget=point["microbatches"] * CONTEXT,
@@ -60,10 +61,9 @@ def iteration_batches(point: Point) -> list[list[tuple[int, int]]]:
 
 def run_point(point: Point) -> list[Row]:
     """Stream the iterations through the variant; one row per iteration after warm-up."""
-    wlb = require("baselines.wlb_llm", "plan", "OutlierQueues", experiment="wlb-table2")
-    fixed = require("baselines.common.fixed_length", "fixed_length_samples", experiment="wlb-table2")
-    planning = require("slimpack.planning", "imbalance_degree", "microbatch_stage_times",
-                       experiment="wlb-table2")
+    import baselines.wlb_llm as wlb
+    from baselines.common import fixed_length as fixed
+    from slimpack import planning
     from slimpack.batch import Batch, Sequence
     from slimpack.cost.model import AnalyticCostModel
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset

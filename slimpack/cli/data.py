@@ -6,9 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
+from slimpack.data.empirical import build_empirical_profile
 from slimpack.data.lengths import LengthData
 from slimpack.data.profile import Profile, save_profile
-from slimpack.data.profile_build import build_empirical_profile
 from slimpack.data.readers import read_lengths
 from slimpack.data.sampler import SamplerConfig, sample_lengths
 from slimpack.data.sources import resolve_source, source_label

@@ -46,7 +46,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     plan_p = subparsers.add_parser("plan", help="plan one global batch with one method")
-    plan_p.add_argument("--method", required=True, help="planner name (slimpack.planners)")
+    plan_p.add_argument("--method", required=True, help="planner name (slimpack.methods)")
     _add_workload_flags(plan_p)
     plan_p.add_argument("-o", "--output", default=None, help="write the plan JSON here")
     plan_p.set_defaults(handler=run_plan)

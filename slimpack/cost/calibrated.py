@@ -25,9 +25,10 @@ from pathlib import Path
 
 from slimpack.cost.comm import CommModel
 from slimpack.cost.flops import Piece, attention_flops, head_flops, linear_flops_per_token
-from slimpack.cost.model import RECOMPUTE_MODES, ZERO_TIMES, PassTimes
+from slimpack.cost.model import ZERO_TIMES, PassTimes
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
+from slimpack.specs.recompute import check_recompute
 
 KINDS = ("layer", "attention", "head")
 
@@ -113,8 +114,7 @@ class CalibratedCostModel:
     # -- CostModel --------------------------------------------------------------------------
     def layer_times(self, pieces: Sequence[Piece], *, tp: int = 1,
                     recompute: str = "none") -> PassTimes:
-        if recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+        check_recompute("layer_times", recompute)
         pieces = [p for p in pieces if p[0] > 0]
         if not pieces:
             return ZERO_TIMES

@@ -17,8 +17,8 @@ from slimpack.cost.comm import CommModel
 from slimpack.cost.flops import Piece, head_flops, linear_flops_per_token
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
+from slimpack.specs.recompute import check_recompute
 
-RECOMPUTE_MODES = ("none", "selective", "full")
 TILE = 128
 """FlashAttention's query/key tile edge, in tokens."""
 
@@ -116,8 +116,7 @@ class AnalyticCostModel:
     # -- CostModel ----------------------------------------------------------------------------
     def layer_times(self, pieces: Sequence[Piece], *, tp: int = 1,
                     recompute: str = "none") -> PassTimes:
-        if recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+        check_recompute("layer_times", recompute)
         pieces = [p for p in pieces if p[0] > 0]
         if not pieces:
             return ZERO_TIMES
@@ -152,16 +151,6 @@ class AnalyticCostModel:
         flops = head_flops(self.model, tokens) / (tp * vocab_shards)
         fwd = self.linear_seconds(flops, rows=tokens) + self.kernel_overhead_s
         return PassTimes(forward_s=fwd, backward_s=2 * fwd)
-
-    # -- conveniences built on the two primitives ---------------------------------------------
-    def stage_times(self, pieces: Sequence[Piece], *, num_layers: int, tp: int = 1,
-                    recompute: str = "none", head_tokens: int = 0,
-                    vocab_shards: int = 1) -> PassTimes:
-        """A pipeline stage (or virtual chunk) of ``num_layers`` layers, plus the head if any."""
-        times = self.layer_times(pieces, tp=tp, recompute=recompute).scaled(num_layers)
-        if head_tokens:
-            times = times + self.head_times(head_tokens, tp=tp, vocab_shards=vocab_shards)
-        return times
 
 
 def sequence_pieces(lengths: Iterable[int]) -> list[Piece]:

@@ -1,8 +1,8 @@
 """Length workloads: shipped length profiles, dataset readers and the global-batch sampler."""
 
+from slimpack.data.empirical import build_empirical_profile
 from slimpack.data.lengths import LengthData
 from slimpack.data.profile import Profile, available_profiles, load_profile, save_profile
-from slimpack.data.profile_build import build_empirical_profile
 from slimpack.data.readers import read_lengths
 from slimpack.data.sampler import SamplerConfig, sample_batch, sample_lengths
 from slimpack.data.sources import resolve_source

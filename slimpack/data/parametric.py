@@ -23,7 +23,7 @@ import numpy as np
 
 from slimpack.data.nelder_mead import nelder_mead
 from slimpack.data.profile import Profile
-from slimpack.data.profile_math import quantile_at, share_at_least
+from slimpack.data.profile_moments import quantile_at, share_at_least
 
 BODY_QUANTILES = 2048
 TAIL_KNOTS = 1024

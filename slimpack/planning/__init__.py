@@ -6,8 +6,6 @@ from slimpack.planning.auto_parallel import (
     auto_parallel_candidates,
     estimate_fixed_length_step,
 )
-from slimpack.planning.builders import GroupLayout, packed_group, sliced_group, whole
-from slimpack.planning.cp_sharding import cp_pieces, per_document_pieces, per_sequence_pieces
 from slimpack.planning.deadline import Deadline
 from slimpack.planning.estimates import (
     document_seconds,
@@ -15,11 +13,13 @@ from slimpack.planning.estimates import (
     microbatch_stage_times,
     pipeline_seconds,
 )
+from slimpack.planning.groups import GroupLayout, packed_group, schedule_for, sliced_group, whole
 from slimpack.planning.memory_fit import (
     choose_recompute,
     fits_memory,
     max_tokens_that_fit,
     peak_memory_bytes,
+    resolve_recompute,
 )
 from slimpack.planning.options import build_options
 from slimpack.planning.packing import (
@@ -44,7 +44,6 @@ __all__ = [
     "choose_recompute",
     "concat_and_chunk",
     "contiguous_partition",
-    "cp_pieces",
     "document_seconds",
     "estimate_fixed_length_step",
     "first_fit_decreasing",
@@ -57,10 +56,10 @@ __all__ = [
     "num_slots",
     "packed_group",
     "peak_memory_bytes",
-    "per_document_pieces",
-    "per_sequence_pieces",
     "pipeline_seconds",
     "replica_groups",
+    "resolve_recompute",
+    "schedule_for",
     "sliced_group",
     "slot_ranks",
     "sorted_batching",

@@ -7,10 +7,8 @@ CP size, SlimPipe's slice count and the auto-parallel search.
 from __future__ import annotations
 
 from slimpack.cost.memory import estimate_memory
-from slimpack.specs import HardwareSpec, ModelSpec
-
-RECOMPUTE_ORDER = ("none", "selective", "full")
-"""Cheapest first: Megatron users turn on selective, then full, only when they must."""
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.specs.recompute import AUTO, RECOMPUTE_MODES
 
 
 def memory_schedule(schedule: str) -> str:
@@ -47,7 +45,7 @@ def fits_memory(model: ModelSpec, hardware: HardwareSpec, *, tokens: int, schedu
 def choose_recompute(model: ModelSpec, hardware: HardwareSpec, *, tokens: int, schedule: str,
                      **degrees) -> str | None:
     """The cheapest recompute mode that fits, or None when even full recompute does not."""
-    for mode in RECOMPUTE_ORDER:
+    for mode in RECOMPUTE_MODES:
         if fits_memory(model, hardware, tokens=tokens, schedule=schedule, recompute=mode,
                        **degrees):
             return mode
@@ -66,3 +64,14 @@ def max_tokens_that_fit(model: ModelSpec, hardware: HardwareSpec, *, schedule: s
         else:
             hi = mid - 1
     return lo * 128
+
+
+def resolve_recompute(requested: str, model: ModelSpec, hardware: HardwareSpec,
+                      parallel: ParallelSpec, tokens: int, schedule: str) -> tuple[str, bool]:
+    """(mode, fits) for micro-batches of ``tokens`` tokens: ``auto`` walks the modes cheapest
+    first; ``full`` is the fallback when nothing fits (the simulator then reports the OOM)."""
+    if requested != AUTO:
+        return requested, True
+    mode = choose_recompute(model, hardware, tokens=tokens, schedule=schedule, tp=parallel.tp,
+                            cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp, dp=parallel.dp)
+    return (mode, True) if mode is not None else ("full", False)

@@ -4,9 +4,9 @@ The simulator times these lists and the runtime executes them, so both run the s
 No torch here.
 """
 
-from slimpack.schedules.builders import build_schedule
 from slimpack.schedules.ops import Op, OpKind, virtual_stage
 from slimpack.schedules.orders import backward_order, forward_groups, forward_order
+from slimpack.schedules.pipeline import build_schedule
 from slimpack.schedules.validate import (
     ScheduleError,
     describe_stuck,

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slimpack.cost.cp_sharding import shard_pieces
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Unit
-from slimpack.sim.sharding import slice_pieces
 from slimpack.specs.model import ModelSpec
 
 BF16 = 2
@@ -71,7 +71,8 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
             key = (group.group_id, sid)
             shards = pieces_of.get(key)
             if shards is None:
-                shards = slice_pieces(group.slice(sid), cp, group.cp_sharding)
+                shards = shard_pieces([(seg.num_tokens, seg.start) for seg in group.slice(sid).segments],
+                                      cp, group.cp_sharding)
                 pieces_of[key] = shards
             for r in range(cp):
                 per_rank[r].extend(shards[r])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slimpack.cost import AnalyticCostModel
-from slimpack.planners import get_planner
+from slimpack.methods import get_planner
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 MODEL, HW = model_preset("llama-7b"), hardware_preset("h100")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from slimpack.cost import AnalyticCostModel
-from slimpack.solver import plan
+from slimpack.slimpack_planner import plan
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 MODEL, HW = model_preset("llama-70b"), hardware_preset("h800")

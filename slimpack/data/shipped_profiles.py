@@ -1,6 +1,6 @@
 """Regenerate the shipped profiles in ``datasets/profiles/``.
 
-    python -m slimpack.data.build_profiles [--shared-dir DIR] [--out DIR]
+    python -m slimpack.data.shipped_profiles [--shared-dir DIR] [--out DIR]
 
 Empirical profiles are built from the raw samples in ``../shared/length_distributions``
 (``SLIMPACK_SHARED_DIR`` overrides); parametric "-like" profiles are fitted to the facts below.
@@ -16,9 +16,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from slimpack.data.empirical import build_empirical_profile
 from slimpack.data.parametric import Fact, ParametricSpec, SplicedParetoModel, fit_parametric_profile
 from slimpack.data.profile import Profile, save_profile
-from slimpack.data.profile_build import build_empirical_profile
 from slimpack.data.readers import read_lengths
 
 SHARED_DIR_ENV = "SLIMPACK_SHARED_DIR"

@@ -14,11 +14,11 @@ from slimpack.plan import Group, Phase, Plan
 from slimpack.schedules import build_schedule
 from slimpack.sim.costs import layers_per_virtual_stage
 from slimpack.sim.memory import group_memory, peak_bytes_by_stage
-from slimpack.solver.assign import bin_loads, lpt_assign, milp_assign, token_assign
-from slimpack.solver.estimate import WorkEstimator
-from slimpack.solver.merge import MergeDecision, find_outliers
-from slimpack.solver.micropacks import pack_replica
-from slimpack.solver.options import SlimPackOptions
+from slimpack.slimpack_planner.assign import bin_loads, lpt_assign, milp_assign, token_assign
+from slimpack.slimpack_planner.estimate import WorkEstimator
+from slimpack.slimpack_planner.merge import MergeDecision, find_outliers
+from slimpack.slimpack_planner.micropacks import pack_replica
+from slimpack.slimpack_planner.options import SlimPackOptions
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 

@@ -28,14 +28,14 @@ class Planner(Protocol):
 
 
 PLANNERS: Mapping[str, str] = MappingProxyType({
-    "reference": "slimpack.reference_planner:plan",
+    "reference": "baselines.reference:plan",
     "naive": "baselines.naive:plan",
     "megatron": "baselines.megatron:plan",
     "megatron-dcp": "baselines.megatron_dcp:plan",
     "wlb-llm": "baselines.wlb_llm:plan",
     "flexsp": "baselines.flexsp:plan",
     "slimpipe": "baselines.slimpipe:plan",
-    "slimpack": "slimpack.solver:plan",
+    "slimpack": "slimpack.slimpack_planner:plan",
 })
 
 

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 
 from slimpack.plan import Segment, Slice, Unit
-from slimpack.solver.estimate import WorkEstimator
+from slimpack.slimpack_planner.estimate import WorkEstimator
 
 TILE = 128
 ATOMS_PER_UNIT = 4
@@ -109,23 +109,6 @@ def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target
                 or pieces >= math.ceil(length / TILE):
             return cuts
         pieces += 1
-
-
-def make_rounds(lengths: dict[int, int], capacity: int) -> list[list[int]]:
-    """First-fit decreasing of sequences into rounds of at most ``capacity`` tokens."""
-    rounds: list[list[int]] = []
-    room: list[int] = []
-    for seq_id in sorted(lengths, key=lambda s: (-lengths[s], s)):
-        n = lengths[seq_id]
-        for r, free in enumerate(room):
-            if n <= free:
-                rounds[r].append(seq_id)
-                room[r] -= n
-                break
-        else:
-            rounds.append([seq_id])
-            room.append(max(capacity - n, 0))
-    return rounds
 
 
 def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_capacity: int,

@@ -23,8 +23,8 @@ from typing import Any
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
-from slimpack.solver.build import BuildContext, build_plan, max_tokens_in_flight
-from slimpack.solver.options import SlimPackOptions
+from slimpack.slimpack_planner.assemble import BuildContext, build_plan, max_tokens_in_flight
+from slimpack.slimpack_planner.options import SlimPackOptions
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 __all__ = ["SlimPackOptions", "plan", "default_slice_tokens"]

@@ -6,6 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slimpack.plan import Group, Segment, Slice, Unit
+from slimpack.specs import ParallelSpec
+
+
+def schedule_for(parallel: ParallelSpec) -> str:
+    """Megatron-LM's pipeline schedule for these degrees: interleaved 1F1B when vpp > 1."""
+    return "interleaved" if parallel.vpp > 1 else "1f1b"
+
 
 MicroBatch = Sequence[Segment]
 """Segments run together in one pipeline step (one packed buffer)."""

@@ -24,11 +24,6 @@ def _segments(profile: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return p, q, rate, integral
 
 
-def mean_length(profile: Profile) -> float:
-    _, _, _, integral = _segments(profile)
-    return float(integral.sum() + profile.top_records.sum() * profile.top_record_mass)
-
-
 def share_at_least(profile: Profile, threshold: float) -> tuple[float, float]:
     """(fraction of documents, fraction of tokens) in documents of length >= threshold."""
     p, q, rate, integral = _segments(profile)
