@@ -1,3 +1,3 @@
-"""Reimplemented baselines (DESIGN section 8); each module exposes
+"""Reimplemented baselines (docs/methods.md); each module exposes
 ``plan(batch, model, hardware, parallel, cost, **options) -> Plan`` and is registered by name
 in :mod:`slimpack.methods`."""

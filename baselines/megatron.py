@@ -41,7 +41,7 @@ class MegatronOptions:
     context: int | None = None
     """Sample length in tokens; default: the longest sequence in the batch."""
     recompute: str = "auto"
-    """``auto`` picks the cheapest mode that fits (DESIGN section 8), or force one."""
+    """``auto`` picks the cheapest mode that fits (docs/methods.md), or force one."""
     time_limit_s: float = 1.0
     """Unused by this closed-form planner except as a contract: it never takes longer."""
 

@@ -1,6 +1,6 @@
 """Megatron-core dynamic context parallelism (hybrid CP), reconstructed from its description.
 
-Rules (DESIGN section 8):
+Rules (docs/methods.md):
 
 * per-rank capacity ``C`` tokens (default ``context / parallel.cp``: what static CP gives each
   rank); a sequence of ``s`` tokens runs with CP size ``next_pow2(ceil(s / C))``, so short

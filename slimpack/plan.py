@@ -1,6 +1,6 @@
 """The plan IR: what every planner emits and what the simulator and the runtime consume.
 
-Vocabulary (DESIGN section 6):
+Vocabulary (docs/architecture.md, plan IR):
 
 * ``Segment``  a contiguous token range ``[start, end)`` of one sequence; ``start`` is also its
   KV prefix (the tokens of the same sequence before it, whose keys/values it attends to).

@@ -1,4 +1,4 @@
-"""Method-specific rules of naive, megatron, megatron-dcp and slimpipe (DESIGN section 8)."""
+"""Method-specific rules of naive, megatron, megatron-dcp and slimpipe (docs/methods.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Property test: every baseline returns a plan that passes Plan.validate() (DESIGN s. 6)."""
+"""Property test: every baseline returns a plan that passes Plan.validate()
+(docs/architecture.md, plan IR)."""
 
 from __future__ import annotations
 

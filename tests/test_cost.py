@@ -24,7 +24,7 @@ TOY = ModelSpec(name="toy", num_layers=2, hidden=8, ffn_hidden=16, num_heads=2, 
 
 
 def test_activation_bytes_per_token_match_slimpipe_artifact():
-    # SlimPipe artifact memory estimator (DESIGN section 5): exact integers.
+    # SlimPipe artifact memory estimator (docs/cost-model.md): exact integers.
     assert activation_bytes_per_token_per_layer(model_preset("llama-13b")) == 164_864
     assert activation_bytes_per_token_per_layer(model_preset("llama-70b")) == 274_432
 

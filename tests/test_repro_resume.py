@@ -1,6 +1,6 @@
 """Kill `python -m repro run` with a real signal at a random moment, rerun, compare records.
 
-The harness promise (issue 8): an interrupted and resumed sweep leaves records byte-identical
+The harness promise: an interrupted and resumed sweep leaves records byte-identical
 to an uninterrupted one, losing and duplicating nothing. The self-test registry's points sleep,
 so a kill lands mid-sweep (the test checks that it did, at least once).
 """

@@ -1,5 +1,5 @@
 """Gradient parity: plans run on 4 real processes (gloo, pp 2 x dp 2) train exactly like the
-unsliced single-process model (issue 7, "Must show").
+unsliced single-process model .
 
 Tolerance: fp32 on CPU; the sliced run reorders floating-point sums (attention split into
 prefix + own keys, gradients accumulated per slice and summed over DP), which measured here

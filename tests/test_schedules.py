@@ -1,8 +1,8 @@
 """Schedule builders: warm-up counts from the papers' artifacts, causality, deadlock-freedom.
 
 Warm-up counts (forwards before the first backward on pipeline rank r of p): Megatron-LM 1F1B
-``p - r``; interleaved ``2(p-1-r) + (v-1)p + 1``; SlimPipe ``n*v + 2(p-1-r)`` (DESIGN section
-5 table, SlimPipe artifact).
+``p - r``; interleaved ``2(p-1-r) + (v-1)p + 1``; SlimPipe ``n*v + 2(p-1-r)`` (docs/cost-model.md
+table, SlimPipe artifact).
 """
 
 from __future__ import annotations

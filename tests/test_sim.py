@@ -1,6 +1,6 @@
 """The simulator against cases with known answers.
 
-Sources: closed-form bubble ratios and activation memory from DESIGN section 5 (the SlimPipe
+Sources: closed-form bubble ratios and activation memory from docs/cost-model.md (the SlimPipe
 artifact: slimpipe p=16 n=16 v=5 m=16 -> 1.16%, interleaved p=8 v=5 m=8 -> 14.89%, llama-13b
 256K activation 14.78 GiB on rank 0); WLB-LLM's imbalance degree definition.
 """

@@ -1,4 +1,4 @@
-"""SlimPack against the baselines on the suite's simulator (issue 6's "must show" items).
+"""SlimPack against the baselines on the suite's simulator (the published claims).
 
 One moderately sized long-tail batch keeps these under a few seconds; the full sweeps are
 the harness's (`python -m repro run e2e-throughput ablation balance`).
@@ -37,7 +37,7 @@ def records(batch):
 
 
 def spread(times) -> float:
-    """p95 / p5 of per-unit times (issue 6's balance measure)."""
+    """p95 / p5 of per-unit times (the balance measure)."""
     times = np.asarray(times)
     return float(np.percentile(times, 95) / np.percentile(times, 5))
 
@@ -48,7 +48,7 @@ def test_slimpack_is_never_slower_than_megatron_and_fits(records):
     # Issue 6: "SlimPack is never slower than megatron". On this long-tail (GitHub-like)
     # batch the simulated gain is large; keep a margin against cost-model drift.
     assert slimpack.tokens_per_s >= 1.3 * megatron.tokens_per_s
-    # Close to its own ideal (total compute / devices): issue 6 target step/ideal <= 1.10.
+    # Close to its own ideal (total compute / devices): target step/ideal <= 1.10.
     assert slimpack.step_over_ideal <= 1.10
 
 

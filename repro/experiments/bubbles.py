@@ -5,7 +5,7 @@ stages is (p-1)/(m+p-1) for 1F1B with m micro-batches, (p-1)/(v*m+p-1) for inter
 with v model chunks (Narayanan et al., SC'21), and (p-1)/(v*n*m+p-1) for SlimPipe's slice-level
 1F1B with n slices per micro-batch (SlimPipe arXiv 2504.14519). The simulator prices these
 hand-checkable plans (``slimpack.sim.uniform_plan`` + ``UniformCostModel``) and must reproduce
-the formulas exactly (DESIGN section 5); the figure shows how slicing shrinks the bubble.
+the formulas exactly (docs/cost-model.md); the figure shows how slicing shrinks the bubble.
 Interleaved points need m to be a multiple of p (Megatron-LM's own requirement; for m < p the
 interleaved schedule degenerates and its formula does not apply).
 """

@@ -5,7 +5,7 @@
         --microbatches 16 --json
 
 The uniform mode prices every unit the same (UniformCostModel, free communication), so its
-bubble fraction must equal the closed forms of DESIGN section 5; it prints them side by side.
+bubble fraction must equal the closed forms of docs/cost-model.md; it prints them side by side.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FLOP counts per layer for segments with a KV prefix (DESIGN section 5).
+"""FLOP counts per layer for segments with a KV prefix (docs/cost-model.md).
 
 A *piece of work* is ``(tokens, kv_prefix)``: ``tokens`` query tokens of one document whose
 keys/values include the ``kv_prefix`` tokens before them. A packed slice of several documents
@@ -39,7 +39,7 @@ class FlopCount:
 def linear_flops_per_token(model: ModelSpec) -> float:
     """Forward FLOPs per token per layer of QKV, out-projection and the SwiGLU MLP.
 
-    ``2*(h*(q + 2*kv) + q*h + 3*h*ffn*top_k)``; for MHA (q = kv = h) this is DESIGN's
+    ``2*(h*(q + 2*kv) + q*h + 3*h*ffn*top_k)``; for MHA (q = kv = h) this is docs/cost-model.md's
     ``2*(h*(h + 2*kv_dim) + h*h + 3*h*ffn)``. MoE multiplies the MLP term by top_k.
     """
     h = model.hidden

@@ -1,4 +1,4 @@
-"""Memory model (bytes) for activations, model states, KV caches and logits (DESIGN section 5).
+"""Memory model (bytes) for activations, model states, KV caches and logits (docs/cost-model.md).
 
 Assumptions are the SlimPipe artifact's: bf16, sequence parallelism, FlashAttention, SwiGLU,
 no recompute unless asked. Activation bytes per token per layer are
@@ -48,7 +48,7 @@ def inflight_units(schedule: str, *, pp: int, rank: int = 0, vpp: int = 1, slice
     """Peak number of activation units alive on pipeline rank ``rank`` (rank 0 is worst).
 
     Units: a micro-batch-stage for 1F1B, a micro-batch-chunk for interleaved 1F1B and a
-    slice-chunk for SlimPipe (DESIGN section 5 table, from the SlimPipe artifact).
+    slice-chunk for SlimPipe (docs/cost-model.md table, from the SlimPipe artifact).
     """
     if not 0 <= rank < pp:
         raise ValueError(f"rank must be in [0, {pp}), got {rank}")

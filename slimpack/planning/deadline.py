@@ -1,4 +1,4 @@
-"""Time limits for planners: training never waits on a solver (DESIGN section 8)."""
+"""Time limits for planners: training never waits on a solver (docs/methods.md)."""
 
 from __future__ import annotations
 

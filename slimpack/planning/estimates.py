@@ -39,7 +39,7 @@ def document_seconds(cost: CostModel, length: int, *, tp: int = 1) -> float:
 
 def pipeline_seconds(unit_seconds: Sequence[float], *, pp: int, vpp: int = 1) -> float:
     """1F1B-family makespan estimate of one pipeline: all units once, plus a fill/drain of
-    (pp-1)/vpp times the largest unit (the bubble of DESIGN section 5 with uneven units)."""
+    (pp-1)/vpp times the largest unit (the bubble of docs/cost-model.md with uneven units)."""
     if not unit_seconds:
         return 0.0
     return sum(unit_seconds) + (pp - 1) / vpp * max(unit_seconds)

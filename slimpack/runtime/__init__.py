@@ -1,4 +1,4 @@
-"""The runtime: execute any Plan for real with PyTorch (DESIGN section 10).
+"""The runtime: execute any Plan for real with PyTorch (docs/architecture.md, runtime).
 
 Modules, one job each:
 

@@ -1,4 +1,4 @@
-"""Varlen causal attention where each document's queries see a KV prefix (DESIGN section 10).
+"""Varlen causal attention where each document's queries see a KV prefix (docs/architecture.md, runtime).
 
 Shapes: ``q`` is ``[Tq, H, D]`` and ``k``/``v`` are ``[Tk, Hkv, D]``, packed document after
 document; document ``i`` owns query rows ``cu_q[i]:cu_q[i+1]`` and key rows

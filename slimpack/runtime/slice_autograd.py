@@ -1,4 +1,4 @@
-"""Per-slice autograd: each slice on each model chunk has its own graph (DESIGN section 10).
+"""Per-slice autograd: each slice on each model chunk has its own graph (docs/architecture.md, runtime).
 
 Forward of slice X on a chunk takes (hidden in, the cached K/V of the earlier segments of its
 sequences as *leaf* tensors) and returns (hidden out or loss, its own K/V per layer). Its own

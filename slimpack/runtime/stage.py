@@ -1,4 +1,4 @@
-"""The model chunks one pipeline rank holds, split by layer (DESIGN section 10).
+"""The model chunks one pipeline rank holds, split by layer (docs/architecture.md, runtime).
 
 With ``pp`` pipeline ranks and ``vpp`` virtual stages the layers form ``pp*vpp`` equal blocks;
 model chunk ``c`` of pipeline rank ``s`` holds block ``c*pp + s`` (Megatron's interleaving).

@@ -1,4 +1,4 @@
-"""The simulator: the judge of every method (DESIGN section 7).
+"""The simulator: the judge of every method (docs/architecture.md, simulator).
 
 ``simulate(plan, model=..., hardware=...)`` times a plan's op lists with per-unit costs,
 tracks memory per stage and returns a :class:`SimResult` whose ``record`` is the same

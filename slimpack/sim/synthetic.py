@@ -1,7 +1,7 @@
 """Hand-checkable plans: m micro-batches of one sequence each, cut into n equal slices.
 
-These are the workloads whose bubble fractions and memory peaks have closed forms (DESIGN
-section 5), used by the ``simulate --uniform`` CLI and by the tests.
+These are the workloads whose bubble fractions and memory peaks have closed forms
+(docs/cost-model.md), used by the ``simulate --uniform`` CLI and by the tests.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
                                      hbm_tbps=2.039, intra_node_gbps=300, inter_node_gbps=25),
     "h100-80g": lambda: HardwareSpec(name="h100-80g", peak_tflops=989, memory_gib=80,
                                      hbm_tbps=3.35, intra_node_gbps=450, inter_node_gbps=50),
-    # H800: the export part; NVLink 400 GB/s bidirectional (DESIGN section 4).
+    # H800: the export part; NVLink 400 GB/s bidirectional (docs/architecture.md, core types).
     "h800-80g": lambda: HardwareSpec(name="h800-80g", peak_tflops=989, memory_gib=80,
                                      hbm_tbps=3.35, intra_node_gbps=200, inter_node_gbps=50),
     "h200-141g": lambda: HardwareSpec(name="h200-141g", peak_tflops=989, memory_gib=141,

@@ -94,7 +94,7 @@ def _llama(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: 
                      num_heads=heads, num_kv_heads=kv_heads)
 
 
-# Shapes from DESIGN section 4 (the SlimPack/SlimPipe artifacts); vocab 128,256 throughout.
+# Shapes from docs/architecture.md, core types (the SlimPack/SlimPipe artifacts); vocab 128,256 throughout.
 MODEL_PRESETS: dict[str, Callable[[], ModelSpec]] = {
     "llama-7b": lambda: _llama("llama-7b", 32, 4096, 11008, 32, 32),
     "llama-13b": lambda: _llama("llama-13b", 40, 5120, 13824, 40, 40),

@@ -1,4 +1,4 @@
-"""Reading the 1M-line Wikipedia sample and computing its stats (issue 3: under 2 s).
+"""Reading the 1M-line Wikipedia sample and computing its stats (under 2 s).
 
 A benchmark, not a timed test: ``make bench`` reports the time; with --benchmark-disable it
 runs once as a plain test.

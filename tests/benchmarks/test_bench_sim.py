@@ -1,4 +1,4 @@
-"""Simulator speed: it sits inside planners' search loops (issue 4, DESIGN section 7).
+"""Simulator speed: it sits inside planners' search loops (docs/architecture.md, simulator).
 
 One step of llama-70b on 256 GPUs (tp 8, pp 8, dp 4, vpp 5), 256K context, 512 sequences of
 the heavy-tailed ``wlb-llm`` profile cut into 4K-token slices, one slice per unit (slice-level

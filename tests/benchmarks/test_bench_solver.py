@@ -1,4 +1,4 @@
-"""SlimPack planning time (issue 6 target: a 2048-sequence batch for 256 GPUs in under 100 ms
+"""SlimPack planning time (target: a 2048-sequence batch for 256 GPUs in under 100 ms
 median on one core, heuristic mode). Measured by `make bench`; under plain pytest the
 benchmark body runs once and only its result is checked."""
 
