@@ -32,8 +32,9 @@ from slimpack.planning import (
     resolve_recompute,
     schedule_for,
 )
+from slimpack.planning.method import MethodSpec
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
-from slimpack.specs.recompute import check_recompute
+from slimpack.specs.recompute import AUTO, check_recompute
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +62,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     context = opts.context or max(batch.lengths)
     layout = fixed_length_samples(batch, context)
     schedule = schedule_for(parallel)
-    recompute, fits = resolve_recompute(opts.recompute, model, hardware, parallel,
+    recompute, _ = resolve_recompute(opts.recompute, model, hardware, parallel,
                                         max(sum(s.num_tokens for s in smp)
                                             for smp in layout.samples), schedule)
     group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
@@ -73,11 +74,18 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         if samples:
             groups.append(packed_group(dp_rank, ranks, group_layout, samples))
     return finish_plan(
-        method="megatron", model=model, parallel=parallel,
+        method="megatron", model=model, hardware=hardware, parallel=parallel,
         sequence_lengths=layout.sequence_lengths, phases=[Phase(groups=tuple(groups))],
         started=started,
-        metadata={"context": context, "recompute": recompute, "memory_fits": fits,
+        metadata={"context": context, "recompute": recompute,
                   "schedule": schedule, "num_microbatches": len(layout.samples),
                   "document_pieces": {str(k): list(v) for k, v in
                                       layout.document_pieces.items()}},
+        escalate_recompute=opts.recompute == AUTO,
     )
+
+
+METHOD = MethodSpec(
+    name="megatron", planner=plan, options=MegatronOptions,
+    summary="Megatron-LM fixed-length packing with document masks, static CP, 1F1B/interleaved",
+    source="Megatron-LM (Narayanan et al. 2021, arXiv 2104.04473; Korthikanti et al. 2022)")

@@ -39,6 +39,7 @@ from slimpack.planning import (
     slot_ranks,
     whole,
 )
+from slimpack.planning.method import MethodSpec
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 
@@ -128,9 +129,16 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         pending = [s for k, seqs in by_size.items() if k not in blocks for s in seqs]
         pending.sort(key=lambda s: (-s.length, s.seq_id))
     return finish_plan(
-        method="megatron-dcp", model=model, parallel=parallel,
+        method="megatron-dcp", model=model, hardware=hardware, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences}, phases=phases,
         started=started,
         metadata={"context": context, "capacity_tokens": capacity, "schedule": schedule,
                   "recompute_by_group": recomputes, "num_phases": len(phases)},
+        escalate_recompute=True,
     )
+
+
+METHOD = MethodSpec(
+    name="megatron-dcp", planner=plan, options=DCPOptions,
+    summary="Megatron-Core dynamic CP: each sequence gets the power-of-two CP size it needs",
+    source="Megatron-Core dynamic context parallelism (docs/methods.md)")

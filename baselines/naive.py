@@ -39,7 +39,9 @@ from slimpack.planning import (
     sorted_batching,
     whole,
 )
+from slimpack.planning.method import MethodSpec
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.specs.recompute import AUTO
 
 PACKINGS = ("concat-chunk", "ffd", "bfd", "sorted")
 
@@ -123,7 +125,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         per_rank = deal_round_robin(flat, parallel.dp)
     schedule = schedule_for(parallel)
     largest = max(sum(s.num_tokens for s in mb) for r in per_rank for mb in r)
-    recompute, fits = resolve_recompute(opts.recompute, model, hardware, parallel, largest,
+    recompute, _ = resolve_recompute(opts.recompute, model, hardware, parallel, largest,
                                         schedule)
     layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
                          schedule=schedule, recompute=recompute)
@@ -131,10 +133,16 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
               for d, (ranks, mbs) in enumerate(zip(replica_groups(parallel), per_rank,
                                                    strict=True)) if mbs]
     return finish_plan(
-        method="naive", model=model, parallel=parallel, sequence_lengths=seq_lengths,
+        method="naive", model=model, hardware=hardware, parallel=parallel, sequence_lengths=seq_lengths,
         phases=[Phase(groups=tuple(groups))], started=started,
-        metadata={"packing": opts.packing, "context": context, "recompute": recompute,
-                  "memory_fits": fits, "schedule": schedule,
+        metadata={"packing": opts.packing, "context": context, "recompute": recompute, "schedule": schedule,
                   "num_microbatches": sum(len(r) for r in per_rank),
                   "document_pieces": pieces},
+        escalate_recompute=opts.recompute == AUTO,
     )
+
+
+METHOD = MethodSpec(
+    name="naive", planner=plan, options=NaiveOptions,
+    summary="documents packed into fixed-length samples (BFD/FFD/sorted), static CP, 1F1B",
+    source="common practice (docs/methods.md)")

@@ -8,18 +8,31 @@ data-parallel replicas round-robin in batch order; each replica runs 1F1B (or in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Phase, Plan, Segment, Slice, Unit
+from slimpack.planning.method import MethodSpec
+from slimpack.planning.options import build_options, check_time_limit
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceOptions:
+    context: int | None = None
+    """Accepted for a uniform interface: sequences are planned whole, as the batch gives them."""
+    time_limit_s: float = 1.0
+    """Accepted for a uniform interface: the planner is a single linear pass."""
+
+    def __post_init__(self) -> None:
+        check_time_limit("reference", self.time_limit_s)
 
 
 def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
          cost: CostModel, **options: Any) -> Plan:
-    if options:
-        raise ValueError(f"reference planner takes no options, got {sorted(options)}")
+    build_options(ReferenceOptions, "reference", options)
     parallel.validate_for_model(model)
     per_replica: list[list[Slice]] = [[] for _ in range(parallel.dp)]
     for i, seq in enumerate(batch.sequences):
@@ -43,3 +56,9 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         sequence_lengths={s.seq_id: s.length for s in batch.sequences},
         phases=(Phase(groups=tuple(groups)),),
     ).validate()
+
+
+METHOD = MethodSpec(
+    name="reference", planner=plan, options=ReferenceOptions,
+    summary="one whole sequence per micro-batch, no packing (the plainest plan; a plumbing check)",
+    source="this suite")

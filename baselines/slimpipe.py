@@ -41,6 +41,7 @@ from slimpack.planning import (
     replica_groups,
     sliced_group,
 )
+from slimpack.planning.method import MethodSpec
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 SLICE_ALIGN = 128
@@ -193,7 +194,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                 best, n, groups = step, candidate, trial
     length = slice_length(longest, n)
     return finish_plan(
-        method="slimpipe", model=model, parallel=parallel,
+        method="slimpipe", model=model, hardware=hardware, parallel=parallel,
         sequence_lengths=layout.sequence_lengths, phases=[Phase(groups=groups)],
         started=started,
         metadata={"context": context, "num_slices": n, "slice_tokens": length,
@@ -202,4 +203,17 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                   "vocab_parallel_pp": True,
                   "document_pieces": {str(k): list(v) for k, v in
                                       layout.document_pieces.items()}},
+        escalate_recompute=True,
     )
+
+
+def _pipelined(parallel: ParallelSpec) -> bool:
+    """SlimPipe is a pipeline schedule: it needs pp > 1."""
+    return parallel.pp > 1
+
+
+METHOD = MethodSpec(
+    name="slimpipe", planner=plan, options=SlimPipeOptions, schedule_family="slimpipe",
+    allows=_pipelined,
+    summary="uniform sequence slices, slice-level 1F1B, attention redistribution",
+    source="SlimPipe, arXiv 2504.14519")

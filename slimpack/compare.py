@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from slimpack.batch import Batch
 from slimpack.cost.model import AnalyticCostModel, CostModel
-from slimpack.methods import get_planner
+from slimpack.methods import get_method
 from slimpack.plan import Plan
 from slimpack.planning.auto_parallel import (
     Candidate,
     auto_parallel_candidates,
     estimate_fixed_length_step,
 )
+from slimpack.records import StepRecord
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 RECORD_KEYS = ("method", "step_time_s", "tokens_per_s", "mfu", "bubble_fraction",
@@ -51,19 +52,18 @@ class CompareSettings:
 def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                 parallel: ParallelSpec, cost: CostModel, *, context: int | None = None,
                 time_limit_s: float | None = None, **options: Any) -> Plan:
-    """Run planner ``method``; shared options (context, time limit) are offered and dropped
-    for planners that do not take them. ``plan.metadata['plan_seconds']`` is always set."""
-    planner = get_planner(method)
+    """Run method ``method``'s planner. ``context`` and ``time_limit_s`` are every method's
+    options (None: the method's default); other options are checked against the method's
+    options dataclass before any work. ``plan.metadata['plan_seconds']`` is always set."""
+    spec = get_method(method)
     shared = {k: v for k, v in (("context", context), ("time_limit_s", time_limit_s))
               if v is not None}
+    clash = sorted(set(shared) & set(options))
+    if clash:
+        raise ValueError(f"{method}: {clash} given twice (as a setting and as a method option)")
+    spec.make_options({**shared, **options})  # unknown or bad options fail before planning
     started = time.perf_counter()
-    try:
-        plan = planner(batch, model, hardware, parallel, cost, **shared, **options)
-    except ValueError as exc:
-        if "unknown option" not in str(exc) or not shared:
-            raise
-        started = time.perf_counter()
-        plan = planner(batch, model, hardware, parallel, cost, **options)
+    plan = spec.planner(batch, model, hardware, parallel, cost, **shared, **options)
     plan.metadata.setdefault("plan_seconds", time.perf_counter() - started)
     return plan
 
@@ -84,7 +84,8 @@ def _record(method: str, plan: Plan | None, rec, parallel: ParallelSpec, error: 
         "mfu": rec.mfu if rec else nan,
         "bubble_fraction": rec.bubble_fraction if rec else nan,
         "peak_memory_gib": rec.peak_memory_gib if rec else nan,
-        "oom": bool(rec.oom) if rec else False,
+        # A method that failed to plan has no memory verdict: None, never "fits".
+        "oom": bool(rec.oom) if rec else None,
         "imbalance_degree": rec.imbalance_degree if rec else nan,
         "step_over_ideal": rec.step_over_ideal if rec else nan,
         "ideal_step_time_s": rec.ideal_step_time_s if rec else nan,
@@ -103,64 +104,70 @@ def _recompute_of(plan: Plan) -> str:
     return modes[0] if len(modes) == 1 else ",".join(modes)
 
 
-SLICED_METHODS = ("slimpipe", "slimpack")
-"""Methods whose memory follows slice-level scheduling: their candidates are sized so."""
+CandidateFilter = Callable[[Candidate], bool]
 
 
-def _method_schedule(method: str) -> str:
-    return "slimpipe" if method in SLICED_METHODS else "1f1b"
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    """The configuration search's answer for one method."""
+
+    plan: Plan
+    record: StepRecord
+    """The simulated step of ``plan`` (every per-unit and per-stage field)."""
+    parallel: ParallelSpec
+    tried: tuple[dict[str, Any], ...]
+    """Every candidate planned: its layout, step seconds and OOM flag, or its error."""
 
 
-def _method_allows(method: str, candidate: Candidate) -> bool:
-    par = candidate.parallel
-    if method == "flexsp":
-        # FlexSP regroups all data-parallel GPUs into SP groups and does not pipeline: its
-        # own configuration is pp = 1 with the dp*cp pool as one (cp = 1 is equivalent).
-        return par.pp == 1 and par.cp == 1 and par.vpp == 1
-    if method == "slimpipe":
-        return par.pp > 1
-    return True
-
-
-def _as_sp_pool(candidates: list[Candidate]) -> list[Candidate]:
-    """FlexSP sizes SP groups per micro-batch, so a (tp, cp, pp=1, dp) layout that fits the
-    context is, for FlexSP, the pool tp x (cp*dp): static cp folds into the dp*cp slots."""
-    out: dict[tuple[int, int], Candidate] = {}
-    for c in candidates:
-        p = c.parallel
-        if p.pp != 1 or p.vpp != 1:
-            continue
-        pool = ParallelSpec(tp=p.tp, cp=1, pp=1, dp=p.cp * p.dp, gpus_per_node=p.gpus_per_node)
-        out.setdefault((p.tp, pool.dp), Candidate(parallel=pool, recompute=c.recompute))
-    return list(out.values())
+def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpus: int,
+                      context: int, candidate_filter: CandidateFilter | None = None,
+                      ) -> list[Candidate]:
+    """The memory-feasible layouts of ``gpus`` GPUs that method ``method`` runs on."""
+    spec = get_method(method)
+    candidates = spec.candidates(auto_parallel_candidates(model, hardware, gpus, context,
+                                                          schedule=spec.schedule_family))
+    if candidate_filter is not None:
+        candidates = [c for c in candidates if candidate_filter(c)]
+    return candidates
 
 
 def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                   gpus: int, cost: CostModel, *, context: int, top_k: int = 3,
-                  time_limit_s: float | None = None, **options: Any,
-                  ) -> tuple[Plan, Any, ParallelSpec]:
-    """Plan and simulate the ``top_k`` best-estimated candidates; return the fastest that
-    does not run out of memory (or the fastest overall when all do)."""
-    candidates = auto_parallel_candidates(model, hardware, gpus, context,
-                                          schedule=_method_schedule(method))
-    if method == "flexsp":
-        candidates = _as_sp_pool(candidates)
-    candidates = [c for c in candidates if _method_allows(method, c)]
+                  time_limit_s: float | None = None,
+                  candidate_filter: CandidateFilter | None = None,
+                  **options: Any) -> SearchResult:
+    """The configuration search (the only one in the suite): plan and simulate the ``top_k``
+    best-estimated memory-feasible layouts; return the fastest that does not run out of
+    memory (or the fastest overall when all do). A candidate that fails to plan is skipped
+    and listed in ``tried``; ValueError when none plans."""
+    candidates = method_candidates(method, model, hardware, gpus, context, candidate_filter)
     if not candidates:
         raise ValueError(f"no parallel configuration of {gpus} GPUs fits {model.name} at "
                          f"context {context} for {method}; add GPUs or shorten the context")
     ranked = sorted(candidates, key=lambda c: estimate_fixed_length_step(
         cost, batch.lengths, c, context))
-    best = None
+    best: tuple[tuple[bool, float], Plan, StepRecord, ParallelSpec] | None = None
+    tried: list[dict[str, Any]] = []
+    errors: list[str] = []
     for cand in ranked[:top_k]:
-        plan = plan_method(method, batch, model, hardware, cand.parallel, cost,
-                           context=context, time_limit_s=time_limit_s, **options)
-        rec = _simulate(plan, model, hardware, cost)
+        entry: dict[str, Any] = {"parallel": cand.parallel.to_dict()}
+        try:
+            plan = plan_method(method, batch, model, hardware, cand.parallel, cost,
+                               context=context, time_limit_s=time_limit_s, **options)
+            rec = _simulate(plan, model, hardware, cost)
+        except (ValueError, RuntimeError) as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            errors.append(f"{cand.parallel.describe()}: {entry['error']}")
+            tried.append(entry)
+            continue
+        entry.update(step_time_s=rec.step_time_s, oom=rec.oom)
+        tried.append(entry)
         key = (rec.oom, rec.step_time_s)
         if best is None or key < best[0]:
             best = (key, plan, rec, cand.parallel)
-    assert best is not None
-    return best[1], best[2], best[3]
+    if best is None:
+        raise ValueError(f"{method}: no candidate layout could be planned: " + "; ".join(errors))
+    return SearchResult(plan=best[1], record=best[2], parallel=best[3], tried=tuple(tried))
 
 
 def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: HardwareSpec,
@@ -196,9 +203,10 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
         plan, rec, used = None, None, parallel
         try:
             if auto_parallel:
-                plan, rec, used = best_parallel(method, batch, model, hardware, gpus, cost,
-                                                context=ctx, top_k=settings.auto_parallel_top_k,
-                                                time_limit_s=settings.time_limit_s, **options)
+                found = best_parallel(method, batch, model, hardware, gpus, cost, context=ctx,
+                                      top_k=settings.auto_parallel_top_k,
+                                      time_limit_s=settings.time_limit_s, **options)
+                plan, rec, used = found.plan, found.record, found.parallel
             else:
                 assert parallel is not None
                 plan = plan_method(method, batch, model, hardware, parallel, cost, context=ctx,

@@ -1,12 +1,9 @@
-"""Planner protocol and the registry that finds planners by name.
+"""The method registry: names -> each method's own :class:`~slimpack.planning.method.MethodSpec`.
 
-A planner turns a global batch into a :class:`~slimpack.plan.Plan`::
-
-    plan(batch, model, hardware, parallel, cost, **options) -> Plan
-
-The registry is an immutable table of ``name -> "module:function"`` resolved lazily, so it
-holds no mutable global state, importing it is cheap, and a planner whose module is missing
-is reported clearly when asked for. Baselines add their row here.
+A method declares itself (planner, options dataclass, schedule family, allowed layouts) in
+its own module as ``METHOD``; this table only says where to find it. It is immutable and
+lazy, so listing names imports no planner, and holds no mutable global state. A new method
+adds one row here.
 """
 
 from __future__ import annotations
@@ -14,53 +11,37 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Protocol
 
-from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
-from slimpack.plan import Plan
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.method import MethodSpec, Planner
 
-
-class Planner(Protocol):
-    def __call__(self, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
-                 parallel: ParallelSpec, cost: CostModel, **options: Any) -> Plan: ...
-
-
-PLANNERS: Mapping[str, str] = MappingProxyType({
-    "reference": "baselines.reference:plan",
-    "naive": "baselines.naive:plan",
-    "megatron": "baselines.megatron:plan",
-    "megatron-dcp": "baselines.megatron_dcp:plan",
-    "wlb-llm": "baselines.wlb_llm:plan",
-    "flexsp": "baselines.flexsp:plan",
-    "slimpipe": "baselines.slimpipe:plan",
-    "slimpack": "slimpack.slimpack_planner:plan",
+METHODS: Mapping[str, str] = MappingProxyType({
+    "reference": "baselines.reference",
+    "naive": "baselines.naive",
+    "megatron": "baselines.megatron",
+    "megatron-dcp": "baselines.megatron_dcp",
+    "wlb-llm": "baselines.wlb_llm.method",
+    "flexsp": "baselines.flexsp.method",
+    "slimpipe": "baselines.slimpipe",
+    "slimpack": "slimpack.slimpack_planner.method",
 })
 
 
+def method_names() -> list[str]:
+    """Every registered method, in registry order."""
+    return list(METHODS)
+
+
+def get_method(name: str) -> MethodSpec:
+    """The spec registered as ``name``; ValueError lists the registered names."""
+    module_name = METHODS.get(name)
+    if module_name is None:
+        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(METHODS)}")
+    spec = importlib.import_module(module_name).METHOD
+    if spec.name != name:
+        raise ValueError(f"{module_name} declares method {spec.name!r}, registered as {name!r}")
+    return spec
+
+
 def get_planner(name: str) -> Planner:
-    """Return the planner registered as ``name``; ValueError lists the available ones."""
-    target = PLANNERS.get(name)
-    if target is None:
-        raise ValueError(f"unknown planner {name!r}; allowed: {', '.join(available_planners())}")
-    module_name, func_name = target.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise ValueError(
-                f"planner {name!r} is registered but its module {module_name} is not built yet; "
-                f"available: {', '.join(available_planners())}"
-            ) from None
-        raise
-    return getattr(module, func_name)
-
-
-def available_planners() -> list[str]:
-    """Registered planners whose module can be imported."""
-    names = []
-    for name, target in PLANNERS.items():
-        if importlib.util.find_spec(target.split(":")[0]) is not None:
-            names.append(name)
-    return names
+    """The planner function of method ``name``."""
+    return get_method(name).planner

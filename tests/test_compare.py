@@ -73,7 +73,26 @@ def test_cli_auto_parallel_picks_a_config_per_method(capsys):
 def test_cli_user_errors_are_one_line(capsys):
     assert main(["compare", "--methods", "megatron", *WORKLOAD, "--tp", "3"]) == 2
     assert "error" in capsys.readouterr().err
-    assert main(["plan", "--method", "nope", *WORKLOAD, "--tp", "8"]) == 2
+    with pytest.raises(SystemExit) as exit_info:  # argparse lists the registered methods
+        main(["plan", "--method", "nope", *WORKLOAD, "--tp", "8"])
+    assert exit_info.value.code == 2
+    assert "slimpack" in capsys.readouterr().err
+    assert main(["compare", "--methods", "megatron,nope", *WORKLOAD, "--tp", "8"]) == 2
+    assert "unknown ['nope']" in capsys.readouterr().err
+
+
+def test_cli_option_is_typed_and_checked(capsys):
+    """--option values are parsed with the options dataclass's types, before any planning."""
+    args = ["compare", "--methods", "megatron,slimpack", *WORKLOAD, "--tp", "8", "--pp", "4"]
+    assert main([*args, "--option", "slimpack:serch=false"]) == 2
+    assert "unknown option 'serch'" in capsys.readouterr().err
+    assert main([*args, "--option", "slimpack:search=maybe"]) == 2
+    assert "must be true or false" in capsys.readouterr().err
+    assert main([*args, "--option", "search=false"]) == 2
+    assert "name the method" in capsys.readouterr().err
+    assert main([*args, "--option", "slimpack:search=false", "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)["records"]
+    assert [r["error"] for r in records] == ["", ""]
 
 
 def test_cli_token_budget_sizes_the_batch_in_tokens(capsys):

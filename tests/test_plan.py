@@ -6,7 +6,7 @@ import pytest
 
 from slimpack.batch import Batch
 from slimpack.cost import AnalyticCostModel
-from slimpack.methods import available_planners, get_planner
+from slimpack.methods import get_planner, method_names
 from slimpack.plan import Group, Phase, Plan, PlanError, Segment, Slice, Unit
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
@@ -132,8 +132,8 @@ def test_reference_planner_end_to_end():
                                     AnalyticCostModel(model=model, hardware=hw))
     assert plan.num_tokens == 26
     assert [g.ranks for g in plan.groups()] == [(0, 2), (1, 3)]
-    assert "reference" in available_planners()
-    with pytest.raises(ValueError, match="unknown planner 'nope'; allowed: .*reference"):
+    assert "reference" in method_names()
+    with pytest.raises(ValueError, match="unknown method 'nope'; allowed: .*reference"):
         get_planner("nope")
 
 

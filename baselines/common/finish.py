@@ -1,22 +1,57 @@
-"""Assemble, validate and time-stamp a plan (every baseline ends here)."""
+"""Assemble, validate, memory-check and time-stamp a plan (every baseline ends here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from slimpack.plan import Phase, Plan
-from slimpack.specs import ModelSpec, ParallelSpec
+from slimpack.sim.memory import plan_fits_memory
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.specs.recompute import RECOMPUTE_MODES
 
 
-def finish_plan(*, method: str, model: ModelSpec, parallel: ParallelSpec,
+def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
                 sequence_lengths: dict[int, int], phases: list[Phase], started: float,
-                metadata: dict[str, Any]) -> Plan:
-    """Build and validate the plan; ``metadata['plan_seconds']`` is the wall time since
-    ``started`` (``time.perf_counter``), validation included."""
+                metadata: dict[str, Any], escalate_recompute: bool = False) -> Plan:
+    """Build and validate the plan, then check memory with the simulator's own walk.
+
+    ``metadata['memory_fits']`` is :func:`slimpack.sim.memory.plan_fits_memory` of the final
+    plan, so a planner never claims a fit the simulator denies. With ``escalate_recompute``
+    (the method chose its recompute mode itself, "when memory forces it"), groups that do not
+    fit move to the next costlier recompute mode until the plan fits or full recompute is
+    reached; ``metadata['recompute']`` then names the mode(s) the plan runs.
+    ``metadata['plan_seconds']`` is the wall time since ``started`` (``time.perf_counter``).
+    """
     plan = Plan(method=method, model=model.name, parallel=parallel,
                 sequence_lengths=dict(sequence_lengths), phases=tuple(phases),
                 metadata=dict(metadata))
     plan.validate()
+    fits = plan_fits_memory(plan, model, hardware)
+    while not fits and escalate_recompute:
+        escalated = _with_costlier_recompute(plan)
+        if escalated is None:
+            break
+        plan = escalated
+        fits = plan_fits_memory(plan, model, hardware)
+    modes = sorted({g.recompute for g in plan.groups()}, key=RECOMPUTE_MODES.index)
+    if escalate_recompute or "recompute" in plan.metadata:
+        plan.metadata["recompute"] = modes[0] if len(modes) == 1 else ",".join(modes)
+    plan.metadata["memory_fits"] = fits
     plan.metadata["plan_seconds"] = time.perf_counter() - started
     return plan
+
+
+def _with_costlier_recompute(plan: Plan) -> Plan | None:
+    """Every group one recompute mode costlier (full stays full); None when all are full."""
+    last = RECOMPUTE_MODES[-1]
+    if all(g.recompute == last for g in plan.groups()):
+        return None
+
+    def bump(mode: str) -> str:
+        return RECOMPUTE_MODES[min(RECOMPUTE_MODES.index(mode) + 1, len(RECOMPUTE_MODES) - 1)]
+
+    phases = tuple(Phase(groups=tuple(dataclasses.replace(g, recompute=bump(g.recompute))
+                                      for g in phase.groups)) for phase in plan.phases)
+    return dataclasses.replace(plan, phases=phases, metadata=dict(plan.metadata))

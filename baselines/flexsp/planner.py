@@ -165,7 +165,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         phases.append(Phase(groups=tuple(groups)))
         sources.append(answer.source)
     return finish_plan(
-        method="flexsp", model=model, parallel=parallel,
+        method="flexsp", model=model, hardware=hardware, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences}, phases=phases,
         started=started,
         metadata={"num_microbatches": m, "m_min": m_min, "solver": sources,
@@ -173,4 +173,5 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                   "estimated_seconds": best[0], "constants": opts.constants,
                   "sp_degrees": [[g.degree for g in a.groups] for a in answers],
                   "time_limit_s": opts.time_limit_s},
+        escalate_recompute=opts.recompute == AUTO,
     )

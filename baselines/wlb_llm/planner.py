@@ -37,6 +37,7 @@ from slimpack.planning import (
     schedule_for,
 )
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.specs.recompute import AUTO
 
 SHARDINGS = ("adaptive", "per-sequence", "per-document")
 DEFAULT_QUEUE_FRACTIONS = (0.25, 0.5)
@@ -183,7 +184,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         microbatches += _flush_carried(packing, s_max, parallel.dp)
     schedule = schedule_for(parallel)
     largest = max(sum(n for _, n in mb) for mb in microbatches)
-    recompute, fits = resolve_recompute(opts.recompute, model, hardware, parallel, largest,
+    recompute, _ = resolve_recompute(opts.recompute, model, hardware, parallel, largest,
                                         schedule)
     times = [_sharding_seconds(cost, [n for _, n in mb], parallel, recompute)
              for mb in microbatches]
@@ -209,7 +210,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     trained = {i: n for mb in microbatches for i, n in mb}
     metadata = {
         "context": context, "s_max": s_max, "num_microbatches_per_replica": m, "recompute": recompute,
-        "memory_fits": fits, "schedule": schedule,
+        "schedule": schedule,
         "outlier_thresholds": list(packing.queues.thresholds),
         "mode": "streaming" if streaming else "one-shot (steady-state outlier placement)",
         "imbalance_degree_estimate": imbalance_degree(chosen),
@@ -223,6 +224,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     if streaming:
         metadata["queue_state"] = queues_to_dict(packing.queues)
         metadata["carried"] = [list(d) for d in packing.carried]
-    return finish_plan(method="wlb-llm", model=model, parallel=parallel,
+    return finish_plan(method="wlb-llm", model=model, hardware=hardware, parallel=parallel,
                        sequence_lengths=trained, phases=[Phase(groups=tuple(groups))],
-                       started=started, metadata=metadata)
+                       started=started, metadata=metadata,
+                       escalate_recompute=opts.recompute == AUTO)

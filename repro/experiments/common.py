@@ -71,16 +71,16 @@ def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
 def simulate_planner(point: Point, method: str, experiment: str, batch: Any = None,
                      **options: Any) -> Row:
     """Plan with one registered planner at the point's fixed parallel config and simulate."""
-    from slimpack import methods as planners
     from slimpack import sim
     from slimpack.cost.model import AnalyticCostModel
+    from slimpack.methods import get_planner
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
     parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
     cost = AnalyticCostModel(model=model, hardware=hardware)
     batch = batch if batch is not None else draw_batch(point, experiment)
-    plan = planners.get_planner(method)(batch, model, hardware, parallel, cost, **options)
+    plan = get_planner(method)(batch, model, hardware, parallel, cost, **options)
     record = sim.simulate(plan, model=model, hardware=hardware, cost=cost).record
     row = flatten(record.to_row())
     row["plan_seconds"] = float(plan.metadata.get("plan_seconds", record.plan_seconds))
@@ -102,60 +102,37 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
                      batch: Any = None, candidate_filter: Any = None, top_k: int = 3,
                      method_options: dict[str, dict[str, Any]] | None = None,
                      labels: dict[str, str] | None = None) -> list[Row]:
-    """Full StepRecord rows (per-unit times, per-stage memory) for each method at its best
-    parallel configuration, chosen like ``slimpack.compare`` does (memory-feasible candidates
-    ranked by the fixed-length estimate, the best ``top_k`` planned and simulated).
+    """Full StepRecord rows (per-unit times, per-stage memory) for each method at the layout
+    ``slimpack.compare.best_parallel`` (the suite's one configuration search) picks.
 
-    ``candidate_filter(method, candidate) -> bool`` narrows the candidates (e.g. vpp == 1 for
-    plain 1F1B); ``labels`` renames methods in the rows (one planner, several variants).
-    A method that cannot be planned gets a row with ``error`` set, never silence.
+    A method entry may be ``"planner:variant"``; ``candidate_filter(entry, candidate)``
+    narrows its layouts (e.g. vpp == 1 for plain 1F1B) and ``labels`` renames entries in the
+    rows. A method that cannot be planned gets a row with ``error`` set, never silence.
     """
-    from slimpack import compare as cmp
-    from slimpack import sim
+    from slimpack.compare import best_parallel
     from slimpack.cost.model import AnalyticCostModel
-    from slimpack.planning import auto_parallel_candidates, estimate_fixed_length_step
     from slimpack.specs import hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
     cost = AnalyticCostModel(model=model, hardware=hardware)
     batch = batch if batch is not None else draw_batch(point, experiment)
-    context = point["context"]
     rows = []
-    for method in methods:
-        planner = method.split(":")[0]
-        label = (labels or {}).get(method, method)
-        schedule = cmp._method_schedule(planner)
-        candidates = [c for c in auto_parallel_candidates(model, hardware, point["num_gpus"],
-                                                          context, schedule=schedule)
-                      if cmp._method_allows(planner, c)
-                      and (candidate_filter is None or candidate_filter(method, c))]
-        if not candidates:
-            rows.append({"method": label, "error": f"no parallel configuration of "
-                         f"{point['num_gpus']} GPUs fits {model.name} at {context} tokens"})
+    for entry in methods:
+        method = entry.split(":")[0]
+        label = (labels or {}).get(entry, entry)
+        keep = None if candidate_filter is None else (
+            lambda c, entry=entry: candidate_filter(entry, c))
+        try:
+            found = best_parallel(method, batch, model, hardware, point["num_gpus"], cost,
+                                  context=point["context"], top_k=top_k, candidate_filter=keep,
+                                  **(method_options or {}).get(entry, {}))
+        except (ValueError, RuntimeError) as exc:
+            rows.append({"method": label, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        ranked = sorted(candidates, key=lambda c: estimate_fixed_length_step(
-            cost, batch.lengths, c, context))
-        best = None
-        for cand in ranked[:top_k]:
-            try:
-                plan = cmp.plan_method(planner, batch, model, hardware, cand.parallel, cost,
-                                       context=context, **(method_options or {}).get(method, {}))
-                record = sim.simulate(plan, model=model, hardware=hardware, cost=cost,
-                                      validate=False).record
-            except (ValueError, RuntimeError) as exc:
-                best = best or (None, None, f"{type(exc).__name__}: {exc}")
-                continue
-            key = (record.oom, record.step_time_s)
-            if best is None or best[0] is None or key < best[0]:
-                best = (key, (plan, record, cand), "")
-        assert best is not None
-        if best[1] is None:
-            rows.append({"method": label, "error": best[2]})
-            continue
-        plan, record, cand = best[1]
-        row = flatten(record.to_row())
-        row.update(method=label, error="", plan_seconds=float(plan.metadata.get("plan_seconds", 0.0)),
-                   parallel=jsonable(cand.parallel.to_dict()),
-                   recompute=",".join(sorted({g.recompute for g in plan.groups()})))
+        row = flatten(found.record.to_row())
+        row.update(method=label, error="",
+                   plan_seconds=float(found.plan.metadata.get("plan_seconds", 0.0)),
+                   parallel=jsonable(found.parallel.to_dict()),
+                   recompute=",".join(sorted({g.recompute for g in found.plan.groups()})))
         rows.append(row)
     return rows

@@ -16,6 +16,8 @@ from typing import Any
 
 from slimpack.batch import Batch
 from slimpack.cost.model import AnalyticCostModel
+from slimpack.methods import get_method, method_names
+from slimpack.planning.options import parse_options
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 
@@ -42,20 +44,69 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=None,
                    help="planner time limit in seconds (default: each planner's own)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--option", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
+                   help="a planner option, checked against the method's options dataclass "
+                        "(repeatable; `slimpack methods NAME` lists them). In compare, prefix "
+                        "the method: --option slimpack:search=false")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     plan_p = subparsers.add_parser("plan", help="plan one global batch with one method")
-    plan_p.add_argument("--method", required=True, help="planner name (slimpack.methods)")
+    plan_p.add_argument("--method", required=True, choices=method_names(),
+                        help="the method to plan with")
     _add_workload_flags(plan_p)
     plan_p.add_argument("-o", "--output", default=None, help="write the plan JSON here")
     plan_p.set_defaults(handler=run_plan)
 
     cmp_p = subparsers.add_parser("compare", help="plan and simulate several methods on the "
                                                   "same batch and print one table")
-    cmp_p.add_argument("--methods", required=True, help="comma-separated planner names")
+    cmp_p.add_argument("--methods", required=True,
+                       help="comma-separated method names: " + ", ".join(method_names()))
     _add_workload_flags(cmp_p)
     cmp_p.set_defaults(handler=run_compare)
+
+    list_p = subparsers.add_parser("methods", help="list the methods, or one method's options")
+    list_p.add_argument("name", nargs="?", choices=method_names(), help="a method to describe")
+    list_p.set_defaults(handler=run_methods)
+
+
+def method_options(methods: list[str], pairs: list[str], *, prefixed: bool
+                   ) -> dict[str, dict[str, Any]]:
+    """``--option`` values typed per method. With ``prefixed``, each pair names its method
+    (``slimpack:search=false``); otherwise every pair belongs to ``methods[0]``."""
+    raw: dict[str, list[str]] = {m: [] for m in methods}
+    for pair in pairs:
+        method, text = (methods[0], pair)
+        if prefixed:
+            method, sep, text = pair.partition(":")
+            if not sep or "=" in method:
+                raise ValueError(f"--option {pair!r}: in compare, name the method: "
+                                 "METHOD:KEY=VALUE")
+            if method not in raw:
+                raise ValueError(f"--option {pair!r}: method {method!r} is not in --methods "
+                                 f"({', '.join(methods)})")
+        raw[method].append(text)
+    out = {}
+    for method, texts in raw.items():
+        spec = get_method(method)
+        out[method] = parse_options(spec.options, method, texts)
+        shared = sorted({"context", "time_limit_s"} & set(out[method]))
+        if shared:
+            raise ValueError(f"--option {method}:{shared[0]}: use --context / --time-limit")
+    return out
+
+
+def run_methods(args: argparse.Namespace) -> int:
+    if args.name is None:
+        for name in method_names():
+            spec = get_method(name)
+            print(f"{name:<13} {spec.summary}\n{'':<13} ({spec.source})")
+        return 0
+    spec = get_method(args.name)
+    print(f"{spec.name}: {spec.summary}\nsource: {spec.source}\noptions (--option KEY=VALUE):")
+    for name, type_name, default in spec.describe_options():
+        print(f"  {name:<26} {type_name:<28} default {default}")
+    return 0
 
 
 def load_batch(dataset: str, *, context: int, global_batch: int | None, seed: int,
@@ -104,13 +155,15 @@ def run_plan(args: argparse.Namespace) -> int:
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
                        token_budget=args.token_budget,
                        seed=args.seed)
+    options = method_options([args.method], args.option, prefixed=False)[args.method]
     if parallel is None:
-        plan, _, parallel = best_parallel(args.method, batch, model, hardware, args.gpus, cost,
-                                          context=args.context, time_limit_s=args.time_limit)
+        found = best_parallel(args.method, batch, model, hardware, args.gpus, cost,
+                              context=args.context, time_limit_s=args.time_limit, **options)
+        plan, parallel = found.plan, found.parallel
     else:
         parallel.validate_for_model(model)
         plan = plan_method(args.method, batch, model, hardware, parallel, cost,
-                           context=args.context, time_limit_s=args.time_limit)
+                           context=args.context, time_limit_s=args.time_limit, **options)
     if args.output:
         plan.save(args.output)
     summary = {
@@ -141,6 +194,10 @@ def run_compare(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise ValueError("--methods must name at least one planner")
+    unknown = [m for m in methods if m not in method_names()]
+    if unknown:
+        raise ValueError(f"--methods: unknown {unknown}; allowed: {', '.join(method_names())}")
+    options = method_options(methods, args.option, prefixed=True)
     model, hardware, cost = _specs(args)
     parallel = parallel_from_args(args)
     if parallel is not None:
@@ -150,7 +207,7 @@ def run_compare(args: argparse.Namespace) -> int:
                        seed=args.seed)
     rows = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
-                   time_limit_s=args.time_limit)
+                   time_limit_s=args.time_limit, method_options=options)
     if args.json:
         print(json.dumps({"records": [_json_safe(r) for r in rows]}, indent=1))
     else:

@@ -6,6 +6,7 @@ tracks memory per stage and returns a :class:`SimResult` whose ``record`` is the
 """
 
 from slimpack.sim.engine import DeadlockError
+from slimpack.sim.memory import plan_fits_memory, plan_peak_bytes
 from slimpack.sim.simulate import SimResult, simulate
 from slimpack.sim.synthetic import uniform_plan
 from slimpack.sim.trace import plot_gantt, to_chrome_trace
@@ -16,6 +17,8 @@ __all__ = [
     "FreeCommModel",
     "SimResult",
     "UniformCostModel",
+    "plan_fits_memory",
+    "plan_peak_bytes",
     "plot_gantt",
     "simulate",
     "to_chrome_trace",

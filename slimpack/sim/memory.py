@@ -23,8 +23,10 @@ from slimpack.cost.memory import (
     logits_bytes,
     model_state_bytes,
 )
-from slimpack.plan import Group
-from slimpack.sim.costs import head_virtual_stages
+from slimpack.plan import Group, Plan
+from slimpack.schedules import build_schedule
+from slimpack.sim.costs import head_virtual_stages, layers_per_virtual_stage
+from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
 
@@ -120,3 +122,25 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
             peak = max(peak, mem)
         peaks.append(peak)
     return peaks
+
+
+def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int) -> list[float]:
+    """Per-stage peak bytes of ``group`` under its own schedule (order-only walk, no timing):
+    the same numbers the timed simulator reports for that group."""
+    memory = group_memory(group, model=model, dp=dp)
+    layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
+    return peak_bytes_by_stage(build_schedule(group), memory, layers)
+
+
+def plan_peak_bytes(plan: Plan, model: ModelSpec) -> float:
+    """The largest per-device peak over every group of every phase of ``plan``."""
+    return max(max(schedule_peak_bytes(g, model, plan.parallel.dp)) for g in plan.groups())
+
+
+def plan_fits_memory(plan: Plan, model: ModelSpec, hardware: HardwareSpec) -> bool:
+    """The one memory check: True exactly when :func:`slimpack.sim.simulate` reports no OOM.
+
+    Planners call this on their finished plan, so a plan's ``memory_fits`` and the
+    simulator's verdict are the same function of the same op order.
+    """
+    return plan_peak_bytes(plan, model) <= hardware.usable_memory_bytes

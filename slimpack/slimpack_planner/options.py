@@ -8,6 +8,9 @@ from typing import Any
 
 @dataclass(frozen=True, kw_only=True)
 class SlimPackOptions:
+    context: int | None = None
+    """Accepted for a uniform interface: SlimPack cuts sequences into cost-balanced slices,
+    so no fixed sample length applies (sequences arrive already split at the context)."""
     slice_tokens: int | None = None
     """Slice length S (a multiple of 128 and of 2*cp). None: searched with the simulator."""
     slice_candidates: tuple[int, ...] = (2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768)

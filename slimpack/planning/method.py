@@ -1,0 +1,88 @@
+"""What a training method is, to the rest of the suite: one :class:`MethodSpec` per method.
+
+Each planner module declares ``METHOD = MethodSpec(...)`` beside its ``plan`` function:
+the options dataclass it accepts, the schedule family its memory follows, which parallel
+layouts it runs on and how it reshapes a layout (FlexSP's SP pool). The registry in
+:mod:`slimpack.methods` only maps names to these declarations, and the configuration search
+in :mod:`slimpack.compare` reads them, so nothing about a method is written twice.
+
+The spec lives in the planning layer (below the planners) so planner modules can declare
+themselves without importing anything above them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from slimpack.batch import Batch
+from slimpack.cost.model import CostModel
+from slimpack.plan import Plan
+from slimpack.planning.auto_parallel import Candidate
+from slimpack.planning.options import build_options, describe_options
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+SCHEDULE_FAMILIES = ("1f1b", "slimpipe")
+"""How a method's activation memory grows: whole micro-batches in 1F1B (interleaved when
+vpp > 1), or slices of a sequence in flight (SlimPipe, SlimPack)."""
+
+
+class Planner(Protocol):
+    def __call__(self, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
+                 parallel: ParallelSpec, cost: CostModel, **options: Any) -> Plan: ...
+
+
+def any_layout(parallel: ParallelSpec) -> bool:
+    """The default ``allows``: the method runs on every (tp, cp, pp, vpp, dp) layout."""
+    return True
+
+
+def keep_layouts(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The default ``reshape``: the candidates as they are."""
+    return list(candidates)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodSpec:
+    """One training method as the registry, the search and the CLI see it."""
+
+    name: str
+    summary: str
+    """One line for ``--help`` and reports."""
+    source: str
+    """Citation of the method (paper, section) or "this suite" for our own helpers."""
+    planner: Planner
+    options: type
+    """Frozen keyword-only dataclass of the planner's options. Every method's options have
+    ``context`` and ``time_limit_s``, so shared settings reach every planner unchanged."""
+    schedule_family: str = "1f1b"
+    allows: Callable[[ParallelSpec], bool] = any_layout
+    """Which parallel layouts the method runs on (e.g. SlimPipe needs pp > 1)."""
+    reshape: Callable[[Sequence[Candidate]], list[Candidate]] = keep_layouts
+    """Turns the memory-feasible layouts into the method's own (e.g. FlexSP's SP pool)."""
+
+    def __post_init__(self) -> None:
+        if self.schedule_family not in SCHEDULE_FAMILIES:
+            raise ValueError(f"MethodSpec {self.name}: schedule_family must be one of "
+                             f"{SCHEDULE_FAMILIES}, got {self.schedule_family!r}")
+        if not dataclasses.is_dataclass(self.options):
+            raise ValueError(f"MethodSpec {self.name}: options must be a dataclass type")
+        names = {f.name for f in dataclasses.fields(self.options)}
+        missing = {"context", "time_limit_s"} - names
+        if missing:
+            raise ValueError(f"MethodSpec {self.name}: options {self.options.__name__} lack "
+                             f"the shared fields {sorted(missing)}")
+
+    def make_options(self, options: dict[str, Any]) -> Any:
+        """The options dataclass from keyword values; unknown names list the allowed ones."""
+        return build_options(self.options, self.name, options)
+
+    def describe_options(self) -> list[tuple[str, str, str]]:
+        """(name, type, default) of every option, for ``--list-options``."""
+        return describe_options(self.options)
+
+    def candidates(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """The method's own layouts among memory-feasible ``candidates``."""
+        return [c for c in self.reshape(candidates) if self.allows(c.parallel)]

@@ -1,0 +1,118 @@
+"""The method registry, typed planner options, and the one memory check planners share with
+the simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from slimpack.batch import Batch
+from slimpack.compare import best_parallel, method_candidates, plan_method
+from slimpack.cost.model import AnalyticCostModel
+from slimpack.methods import METHODS, get_method, method_names
+from slimpack.planning.options import parse_options
+from slimpack.sim import simulate
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+
+def test_every_registered_method_declares_itself_consistently():
+    for name in method_names():
+        spec = get_method(name)
+        assert spec.name == name
+        fields = {f.name for f in dataclasses.fields(spec.options)}
+        assert {"context", "time_limit_s"} <= fields, name
+        assert spec.summary and spec.source
+    assert list(METHODS) == method_names()
+    with pytest.raises(ValueError, match="unknown method 'x'; allowed: reference, naive"):
+        get_method("x")
+
+
+def test_method_layouts_come_from_the_spec():
+    model, hw = model_preset("llama-7b"), hardware_preset("h100")
+    flexsp = method_candidates("flexsp", model, hw, 16, 16384)
+    assert flexsp and all(c.parallel.pp == 1 and c.parallel.cp == 1 for c in flexsp)
+    # The SP pool folds cp into dp: every tp of the 1F1B candidates at pp 1 is represented.
+    tps = {c.parallel.tp for c in method_candidates("megatron", model, hw, 16, 16384)
+           if c.parallel.pp == 1}
+    assert {c.parallel.tp for c in flexsp} == tps
+    assert all(c.parallel.pp > 1 for c in method_candidates("slimpipe", model, hw, 16, 16384))
+
+
+def test_parse_options_types_every_field_kind():
+    slimpack = get_method("slimpack").options
+    got = parse_options(slimpack, "slimpack", ["search=false", "slice-tokens=4096",
+                                               "slice_candidates=2048, 4096",
+                                               "memory_headroom=0.8", "cp_sharding=per-document"])
+    assert got == {"search": False, "slice_tokens": 4096, "slice_candidates": (2048, 4096),
+                   "memory_headroom": 0.8, "cp_sharding": "per-document"}
+    assert parse_options(slimpack, "slimpack", ["slice_tokens=none"]) == {"slice_tokens": None}
+    for bad, message in [("slice_tokens=4k", "not a int | None|must be an integer"),
+                         ("memory_headroom=nan", "finite"), ("search", "key=value"),
+                         ("nope=1", "unknown option 'nope'")]:
+        with pytest.raises(ValueError, match=message):
+            parse_options(slimpack, "slimpack", [bad])
+    wlb = get_method("wlb-llm").options
+    with pytest.raises(ValueError, match="cannot be set from the command line"):
+        parse_options(wlb, "wlb-llm", ["queue_state=x"])
+
+
+def test_shared_settings_reach_every_planner_and_bad_options_fail_before_planning():
+    model, hw = model_preset("tiny"), hardware_preset("h100")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    batch = Batch.from_lengths([300, 120, 64, 500, 90, 33])
+    parallel = ParallelSpec(pp=2, dp=2)
+    for name in method_names():
+        par = ParallelSpec(dp=4) if name == "flexsp" else parallel
+        plan = plan_method(name, batch, model, hw, par, cost, context=512, time_limit_s=1.0)
+        assert plan.num_tokens == batch.num_tokens, name
+        with pytest.raises(ValueError, match="unknown option"):
+            plan_method(name, batch, model, hw, par, cost, context=512, bogus=1)
+
+
+def _random_batch(rng: random.Random, context: int) -> Batch:
+    lengths = [min(context, max(16, int(rng.paretovariate(1.1) * 600)))
+               for _ in range(rng.randint(8, 40))]
+    return Batch.from_lengths(lengths)
+
+
+@pytest.mark.parametrize("method", ["naive", "megatron", "megatron-dcp", "wlb-llm", "flexsp",
+                                    "slimpipe", "slimpack"])
+def test_planners_memory_verdict_is_the_simulators(method):
+    """docs/architecture.md: one memory check. A plan's memory_fits (where the planner reports
+    one) equals the simulator's "no OOM" on random batches, on a device small enough that
+    some plans do not fit."""
+    model = model_preset("llama-7b")
+    hw = dataclasses.replace(hardware_preset("a100-40g"), memory_gib=30)
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    rng = random.Random(7)
+    verdicts = []
+    for _ in range(6):
+        context = rng.choice([8192, 16384, 32768])
+        batch = _random_batch(rng, context)
+        layout = rng.choice([dict(tp=4, pp=2), dict(tp=2, cp=2, pp=2), dict(tp=8)])
+        if method == "flexsp":
+            layout = dict(tp=layout["tp"])
+        if method == "slimpipe" and layout.get("pp", 1) == 1:
+            layout = dict(tp=4, pp=2)
+        parallel = ParallelSpec.for_world(8, **layout)
+        plan = plan_method(method, batch, model, hw, parallel, cost, context=context)
+        record = simulate(plan, model=model, hardware=hw, cost=cost).record
+        if "memory_fits" in plan.metadata:
+            assert plan.metadata["memory_fits"] == (not record.oom), (method, layout, context)
+        verdicts.append(record.oom)
+    assert len(verdicts) == 6
+
+
+def test_best_parallel_is_the_one_search_and_reports_what_it_tried():
+    model, hw = model_preset("llama-7b"), hardware_preset("h100")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    batch = Batch.from_lengths([4096, 2000, 1500, 9000, 700, 300] * 4)
+    found = best_parallel("megatron", batch, model, hw, 8, cost, context=16384, top_k=2,
+                          candidate_filter=lambda c: c.parallel.vpp == 1)
+    assert found.parallel.vpp == 1 and len(found.tried) == 2
+    assert min(t["step_time_s"] for t in found.tried) == pytest.approx(found.record.step_time_s)
+    with pytest.raises(ValueError, match="no parallel configuration"):
+        best_parallel("megatron", batch, model, hw, 8, cost, context=16384,
+                      candidate_filter=lambda c: False)
