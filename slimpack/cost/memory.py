@@ -103,7 +103,7 @@ def model_state_bytes(model: ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1
     dense = model.attention_params_per_layer + 2 * model.hidden
     if model.is_moe:
         router = model.hidden * model.num_experts
-        experts = 3 * model.hidden * model.ffn_hidden * model.num_experts / ep
+        experts = model.mlp_matrices * model.hidden * model.ffn_hidden * model.num_experts / ep
         per_layer = dense + router + experts
     else:
         per_layer = dense + model.mlp_params_per_layer
