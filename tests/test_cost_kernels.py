@@ -17,6 +17,7 @@ def test_shipped_constants_are_the_fit_of_the_kernel_data():
     fit = kernel_fit.fit_all()
     assert fit.gemm == kernels.GEMM_CONSTANTS
     assert fit.attention == kernels.ATTENTION_CONSTANTS
+    assert fit.network == kernels.NETWORK_EFFICIENCY
 
 
 def test_fit_rows_are_reproduced_within_tolerance():

@@ -8,6 +8,8 @@ rows set which constant:
   square-GEMM rows of that family's GPU (A100 -> ``ampere``, H100 -> ``hopper``; fp16 and bf16
   pooled, they run on the same tensor cores). ``hopper/fp8`` takes ``eta`` from DeepGEMM's
   stated FP8 asymptote and ``k0, launch_s`` from ``hopper/bf16``.
+* Network efficiency (NCCL bus bandwidth over link bandwidth, intra- and inter-node):
+  ``nccl.csv`` all-reduce runs on A100 nodes.
 * Attention ``row_fwd, row_bwd`` (per-query-tile overhead) and the backward/forward asymptote
   ratio: the FlashAttention-2 seqlen sweep (Ampere, RTX A5000); forward ``eta`` of ``ampere``
   from the FlashAttention-2 paper's stated A100 asymptote. ``hopper``: ``row_fwd`` from the
@@ -57,6 +59,16 @@ def read_rows(name: str, directory: Path | None = None) -> list[dict[str, str]]:
 class FitResult:
     gemm: dict[tuple[str, str], K.GemmConstants]
     attention: dict[str, K.AttentionConstants]
+    network: dict[str, tuple[float, float]]
+
+
+def fit_network(rows: Iterable[dict[str, str]]) -> dict[str, tuple[float, float]]:
+    """Bus bandwidth / link bandwidth of the fit rows: NVLink (intra) and InfiniBand (inter);
+    Hopper takes Ampere's (no cited Hopper run)."""
+    rows = [r for r in rows if r["role"] == "fit"]
+    ratio = {r["link"]: float(r["busbw_gbps"]) / float(r["link_gbps"]) for r in rows}
+    pair = (round(ratio["nvlink3"], 2), round(ratio["ib-hdr"], 2))
+    return {"ampere": pair, "hopper": pair}
 
 
 def _gemm_loss(hw: HardwareSpec, rows: list[dict[str, str]], c: K.GemmConstants) -> float:
@@ -146,7 +158,8 @@ def fit_attention(rows: Iterable[dict[str, str]]) -> dict[str, K.AttentionConsta
 
 def fit_all(directory: Path | None = None) -> FitResult:
     return FitResult(gemm=fit_gemm(read_rows("gemm.csv", directory)),
-                     attention=fit_attention(read_rows("flash_attention.csv", directory)))
+                     attention=fit_attention(read_rows("flash_attention.csv", directory)),
+                     network=fit_network(read_rows("nccl.csv", directory)))
 
 
 def residuals(directory: Path | None = None) -> list[dict[str, object]]:

@@ -57,10 +57,11 @@ class KernelCostModel:
         if self.training.dtype == "fp8" and self.hardware.peak_fp8_tflops <= 0:
             raise ValueError(f"TrainingSpec.dtype='fp8' needs FP8 tensor cores; "
                              f"{self.hardware.name} has none")
+        # Collectives run at NCCL's measured bus bandwidth, not the link's datasheet rate.
         hw = self.hardware
-        if self.network_scale != 1.0:
-            hw = replace(hw, intra_node_gbps=hw.intra_node_gbps * self.network_scale,
-                         inter_node_gbps=hw.inter_node_gbps * self.network_scale)
+        intra, inter = K.NETWORK_EFFICIENCY[hw.kernel_family]
+        hw = replace(hw, intra_node_gbps=hw.intra_node_gbps * intra * self.network_scale,
+                     inter_node_gbps=hw.inter_node_gbps * inter * self.network_scale)
         object.__setattr__(self, "comm", CommModel(hardware=hw))
 
     # -- kernels -----------------------------------------------------------------------------

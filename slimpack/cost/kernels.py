@@ -76,6 +76,14 @@ ATTENTION_CONSTANTS: dict[str, AttentionConstants] = {
     "hopper": AttentionConstants(eta_fwd=0.76, eta_bwd=0.74, row_fwd=1.95, row_bwd=2.05, d0=6.8),
 }
 
+NETWORK_EFFICIENCY: dict[str, tuple[float, float]] = {
+    "ampere": (0.67, 0.96),
+    "hopper": (0.67, 0.96),
+}
+"""(intra-node, inter-node) NCCL bus bandwidth / link bandwidth, from nccl-tests all-reduce
+runs (datasets/kernels/nccl.csv). Hopper has no cited run here and takes Ampere's ratios
+(*reconstructed*)."""
+
 
 def _peak(hw: HardwareSpec, dtype: str) -> float:
     if dtype == "fp8":
