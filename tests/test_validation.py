@@ -86,3 +86,28 @@ def test_fp8_and_zero3_configurations_plan_and_simulate(training):
     else:
         assert rec.extra["model_state_bytes"][0] < base.extra["model_state_bytes"][0]
         assert rec.extra["dp_sync_s"] > base.extra["dp_sync_s"]  # parameter all-gathers
+
+
+def test_validate_cli_prints_the_table_and_summary(capsys):
+    from slimpack.cli.main import main
+
+    assert main(["validate"]) == 0
+    out = capsys.readouterr().out
+    assert "korthikanti22-t5-22B-full" in out and "skipped: micro-batch-level" in out
+    assert "expressible 44 of 46 measured" in out
+
+
+def test_experiment_claims_from_its_records():
+    import pandas as pd
+
+    from repro.experiments import megatron_validation as mv
+
+    pts = mv.points(quick=True)
+    assert len(pts) == 46 and mv.points(quick=False) == pts
+    chosen = [p for p in pts if p["record"] in ("korthikanti22-t5-22B-full",
+                                                "korthikanti22-appC-175B-mb-level-recompute")]
+    rows = [{**row, "record": p["record"]} for p in chosen for row in mv.run_point(p)]
+    claims = {c.claim_id: c for c in mv.claims(pd.DataFrame(rows))}
+    assert claims["expressible"].reproduced == 1
+    assert claims["korthikanti22-t5-22B-full"].verdict == "reproduced"
+    assert claims["korthikanti22-appC-175B-mb-level-recompute"].verdict == "no data"
