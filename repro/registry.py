@@ -27,6 +27,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType({
     "flexsp-headline": "repro.experiments.flexsp_headline",
     "sim-fidelity": "repro.experiments.sim_fidelity",
     "megatron-validation": "repro.experiments.megatron_validation",
+    "robustness": "repro.experiments.robustness",
 })
 
 
