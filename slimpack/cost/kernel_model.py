@@ -48,8 +48,12 @@ class KernelCostModel:
     attention_bwd_scale: float = 1.0
     network_scale: float = 1.0
     comm: CommModel = field(init=False)
+    _token_cache: dict = field(init=False, repr=False, compare=False)
+    """(tokens, tp) -> the token-only part of a layer (GEMMs, elementwise, TP comm): planners
+    price the same unit sizes many times."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_token_cache", {})
         for name in ("gemm_scale", "attention_fwd_scale", "attention_bwd_scale",
                      "network_scale"):
             if not getattr(self, name) > 0:
@@ -148,8 +152,23 @@ class KernelCostModel:
         if not pieces:
             return ZERO_TIMES
         tokens = sum(p[0] for p in pieces)
-        lin = self.linear_times(tokens, tp)
+        token_part = self._token_cache.get((tokens, tp))
+        if token_part is None:
+            token_part = self._token_times(tokens, tp)
+            self._token_cache[(tokens, tp)] = token_part
         attn = self.attention_times(pieces, tp)
+        fwd = token_part.forward_s + attn.forward_s
+        bwd = token_part.backward_s + attn.backward_s
+        if recompute == "full":
+            bwd += fwd
+        elif recompute == "selective":
+            # Korthikanti et al. 2022 section 4.2: the attention core is recomputed.
+            bwd += attn.forward_s
+        return PassTimes(forward_s=fwd, backward_s=bwd)
+
+    def _token_times(self, tokens: int, tp: int) -> PassTimes:
+        """GEMMs, elementwise work and (exposed) TP communication of one layer."""
+        lin = self.linear_times(tokens, tp)
         elem = self.elementwise_times(tokens, tp)
         comm = self.tp_comm_seconds(tokens, tp)
         if self.training.tp_comm_overlap:
@@ -157,14 +176,8 @@ class KernelCostModel:
             comm_b = max(0.0, comm - lin.backward_s)
         else:
             comm_f = comm_b = comm
-        fwd = lin.forward_s + attn.forward_s + elem.forward_s + comm_f
-        bwd = lin.backward_s + attn.backward_s + elem.backward_s + comm_b
-        if recompute == "full":
-            bwd += fwd
-        elif recompute == "selective":
-            # Korthikanti et al. 2022 section 4.2: the attention core is recomputed.
-            bwd += attn.forward_s
-        return PassTimes(forward_s=fwd, backward_s=bwd)
+        return PassTimes(forward_s=lin.forward_s + elem.forward_s + comm_f,
+                         backward_s=lin.backward_s + elem.backward_s + comm_b)
 
     def head_times(self, tokens: int, *, tp: int = 1, vocab_shards: int = 1) -> PassTimes:
         if tokens <= 0:
