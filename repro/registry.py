@@ -26,6 +26,8 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType({
     "wlb-table2": "repro.experiments.wlb_table2",
     "flexsp-headline": "repro.experiments.flexsp_headline",
     "sim-fidelity": "repro.experiments.sim_fidelity",
+    "megatron-validation": "repro.experiments.megatron_validation",
+    "robustness": "repro.experiments.robustness",
 })
 
 

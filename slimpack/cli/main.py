@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "slimpack.cli.simulate",
     "slimpack.cli.plan",
     "slimpack.cli.run",
+    "slimpack.cli.validate",
 )
 
 

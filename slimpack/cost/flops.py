@@ -37,14 +37,15 @@ class FlopCount:
 
 
 def linear_flops_per_token(model: ModelSpec) -> float:
-    """Forward FLOPs per token per layer of QKV, out-projection and the SwiGLU MLP.
+    """Forward FLOPs per token per layer of QKV, out-projection and the MLP.
 
-    ``2*(h*(q + 2*kv) + q*h + 3*h*ffn*top_k)``; for MHA (q = kv = h) this is docs/cost-model.md's
+    ``2*(h*(q + 2*kv) + q*h + M*h*ffn*top_k)`` with M = 3 matrices for SwiGLU, 2 for GeLU;
+    for MHA (q = kv = h) this is docs/cost-model.md's
     ``2*(h*(h + 2*kv_dim) + h*h + 3*h*ffn)``. MoE multiplies the MLP term by top_k.
     """
     h = model.hidden
     attn = h * (model.q_dim + 2 * model.kv_dim) + model.q_dim * h
-    mlp = 3 * h * model.ffn_hidden * model.moe_top_k
+    mlp = model.mlp_matrices * h * model.ffn_hidden * model.moe_top_k
     return 2.0 * (attn + mlp)
 
 

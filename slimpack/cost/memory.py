@@ -92,26 +92,40 @@ class MemoryEstimate:
 
 def model_state_bytes(model: ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
                       ep: int = 1, distributed_optimizer: bool = True,
-                      include_embedding: bool = True) -> float:
+                      include_embedding: bool = True, zero_stage: int | None = None,
+                      fp8: bool = False) -> float:
     """Parameters, gradients and Adam states on the heaviest pipeline rank.
 
     Mixed precision: bf16 parameters (2 B) + fp32 main gradients (4 B) + fp32 master weights
     and Adam moments (12 B); the distributed optimizer shards the 12 B over dp*cp (Megatron's
     data-parallel-with-context group). The first stage also holds the embedding table.
+
+    ``zero_stage`` (overrides ``distributed_optimizer``): 0 replicates everything, 1 is the
+    distributed optimizer, 3 shards parameters, gradients and optimizer states over dp*cp with
+    16-bit gradients: ``(2 + 2 + K) * Psi / Nd`` with K = 12, the ZeRO paper's stage-3 formula
+    (Rajbhandari et al. 2020, arXiv 1910.02054, section 5.3). ``fp8`` adds Transformer Engine's
+    fp8 weight copy (1 B per parameter; the bf16 weights stay).
     """
     layers = model.num_layers / pp
     dense = model.attention_params_per_layer + 2 * model.hidden
     if model.is_moe:
         router = model.hidden * model.num_experts
-        experts = 3 * model.hidden * model.ffn_hidden * model.num_experts / ep
+        experts = model.mlp_matrices * model.hidden * model.ffn_hidden * model.num_experts / ep
         per_layer = dense + router + experts
     else:
         per_layer = dense + model.mlp_params_per_layer
     params = layers * per_layer / tp
     if include_embedding:
         params += model.embedding_params / tp
-    shard = dp * cp if distributed_optimizer else 1
-    return params * (BF16 + FP32 + 12 / shard)
+    extra = 1 if fp8 else 0
+    if zero_stage is None:
+        zero_stage = 1 if distributed_optimizer else 0
+    if zero_stage not in (0, 1, 3):
+        raise ValueError(f"zero_stage must be one of 0, 1, 3; got {zero_stage!r}")
+    if zero_stage == 3:
+        return params * (BF16 + BF16 + 12 + extra) / (dp * cp)
+    shard = dp * cp if zero_stage == 1 else 1
+    return params * (BF16 + FP32 + 12 / shard + extra)
 
 
 def logits_bytes(model: ModelSpec, tokens: int, *, tp: int = 1, cp: int = 1,

@@ -9,6 +9,7 @@ so a stage's sync may begin at its last backward's start (but cannot end before 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from slimpack.cost.comm import CommModel
@@ -47,8 +48,16 @@ def stage_layers(pp: int, vpp: int, num_layers: int) -> list[set[int]]:
 
 
 def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: ModelSpec,
-            comm: CommModel, overlap: bool) -> DpSync:
+            comm: CommModel, overlap: bool, zero_stage: int = 1,
+            optimizer_step: Callable[[float], float] | None = None) -> DpSync:
+    """``zero_stage`` 0: all-reduce of fp32 gradients; 1 (default): reduce-scatter + all-gather
+    as above; 3: ZeRO-3 gathers the bf16 parameters for forward and again for backward and
+    reduce-scatters bf16 gradients, charged here after compute without overlap
+    (*reconstructed*: a lower bound on prefetching's benefit is not modelled).
+    ``optimizer_step(local_params)`` (a cost model's) adds the optimizer step after the sync."""
     base = plan.parallel
+    if zero_stage == 3:
+        overlap = False
     sync_size = base.dp * base.cp
     base_layers = stage_layers(base.pp, base.vpp, model.num_layers)
     ready = [0.0] * base.pp
@@ -63,8 +72,6 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
             for b in targets:
                 ready[b] = max(ready[b], start)
                 done[b] = max(done[b], tl.compute_end[s])
-    if sync_size == 1:
-        return DpSync(stage_end_s=tuple(done), duration_s=0.0)
     ends = []
     ops = []
     longest = 0.0
@@ -74,12 +81,25 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
             params += model.embedding_params / base.tp
         if b == base.pp - 1 and not model.tied_embeddings:
             params += model.embedding_params / base.tp
+        step = 0.0
+        if optimizer_step is not None:
+            step = optimizer_step(params / (sync_size if zero_stage else 1))
+        if sync_size == 1:
+            ends.append(done[b] + step)
+            continue
         intra = base.same_node(base.dp_group(base.rank(pp=b)))
-        seconds = (comm.reduce_scatter(params * FP32, sync_size, intra_node=intra)
-                   + comm.all_gather(params * BF16, sync_size, intra_node=intra))
+        if zero_stage == 3:
+            seconds = (comm.reduce_scatter(params * BF16, sync_size, intra_node=intra)
+                       + 2 * comm.all_gather(params * BF16, sync_size, intra_node=intra))
+        elif zero_stage == 0:
+            seconds = comm.all_reduce(params * FP32, sync_size, intra_node=intra)
+        else:
+            seconds = (comm.reduce_scatter(params * FP32, sync_size, intra_node=intra)
+                       + comm.all_gather(params * BF16, sync_size, intra_node=intra))
         longest = max(longest, seconds)
-        end = max(done[b], ready[b] + seconds)
+        end = max(done[b], ready[b] + seconds) + step
         ends.append(end)
-        ops.append(OpTiming(stage=b, kind="dp-sync", unit=-1, chunk=-1, start_s=end - seconds,
-                            end_s=end, lane="dp-sync", group=-1))
+        ops.append(OpTiming(stage=b, kind="dp-sync", unit=-1, chunk=-1,
+                            start_s=end - step - seconds, end_s=end - step, lane="dp-sync",
+                            group=-1))
     return DpSync(stage_end_s=tuple(ends), duration_s=longest, ops=tuple(ops))

@@ -28,6 +28,7 @@ from slimpack.schedules import build_schedule
 from slimpack.sim.costs import head_virtual_stages, layers_per_virtual_stage
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
+from slimpack.specs.training import TrainingSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,7 +51,8 @@ class GroupMemory:
     """Fraction of activation bytes that are the forward K,V (the KV cache)."""
 
 
-def group_memory(group: Group, *, model: ModelSpec, dp: int) -> GroupMemory:
+def group_memory(group: Group, *, model: ModelSpec, dp: int,
+                 training: TrainingSpec | None = None) -> GroupMemory:
     tp, cp, pp = group.tp, group.cp, group.pp
     a = activation_bytes_per_token_per_layer(model, group.recompute)
     per_token = a / (tp * cp)
@@ -77,9 +79,11 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int) -> GroupMemory:
             kvgrad_alloc[first] += seq_tokens[seq] * kv_per_token
             kvgrad_free[last_unit[seq]] += seq_tokens[seq] * kv_per_token
 
+    zero = {} if training is None else {"zero_stage": training.zero_stage,
+                                        "fp8": training.dtype == "fp8"}
     states_no_embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp,
-                                            include_embedding=False)
-    embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp) - states_no_embedding
+                                            include_embedding=False, **zero)
+    embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, **zero) - states_no_embedding
     states = [states_no_embedding] * pp
     states[0] += embedding
     if not model.tied_embeddings:

@@ -76,7 +76,8 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
             used_schedules[group.group_id] = ops
             costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
                                 slice_cache=slice_cache)
-            memory = group_memory(group, model=model, dp=plan.parallel.dp)
+            memory = group_memory(group, model=model, dp=plan.parallel.dp,
+                                  training=getattr(cost, "training", None))
             start = [max(rank_free[r] for r in group.stage_ranks(s)) for s in range(group.pp)]
             timeline = run_group(group_id=group.group_id, ops=ops, costs=costs, memory=memory,
                                  start_s=start, record=trace)
@@ -84,8 +85,13 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
                 for r in group.stage_ranks(s):
                     rank_free[r] = timeline.compute_end[s]
             runs.append(_GroupRun(group=group, costs=costs, memory=memory, timeline=timeline))
+    # Cost models that carry a TrainingSpec (KernelCostModel) also price the ZeRO stage's
+    # traffic and the optimizer step; the others keep the distributed-optimizer sync alone.
+    training = getattr(cost, "training", None)
     sync = dp_sync(plan, [(r.group, r.timeline) for r in runs], model=model, comm=cost.comm,
-                   overlap=overlap_dp_sync)
+                   overlap=overlap_dp_sync,
+                   zero_stage=training.zero_stage if training is not None else 1,
+                   optimizer_step=getattr(cost, "optimizer_step_seconds", None))
     record = _record(plan, runs, sync, model=model, hardware=hardware, trace=trace,
                      wall_s=time.perf_counter() - wall)
     return SimResult(record=record, plan=plan, ops=record.ops, schedules=used_schedules)

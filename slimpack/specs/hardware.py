@@ -12,6 +12,8 @@ from slimpack.specs._validate import (
     unknown_preset,
 )
 
+KERNEL_FAMILIES = ("ampere", "hopper")
+
 
 @dataclass(frozen=True, kw_only=True)
 class HardwareSpec:
@@ -44,6 +46,12 @@ class HardwareSpec:
     """Per-GPU rows at which a GEMM reaches half of gemm_efficiency."""
     usable_memory_fraction: float = 0.92
     """Share of memory_gib left after the CUDA context, NCCL buffers and fragmentation."""
+    num_sms: int = 108
+    """Streaming multiprocessors: the wave size of GEMM tile quantisation (A100 108, H100 132)."""
+    peak_fp8_tflops: float = 0.0
+    """Dense FP8 tensor-core peak, TFLOP/s; 0 where the GPU has no FP8 tensor cores (A100)."""
+    kernel_family: str = "ampere"
+    """Which fitted kernel constants apply (slimpack.cost.kernels): ``ampere`` or ``hopper``."""
 
     def __post_init__(self) -> None:
         for f in ("peak_tflops", "memory_gib", "hbm_tbps", "gpus_per_node",
@@ -53,6 +61,11 @@ class HardwareSpec:
             require_non_negative("HardwareSpec", f, getattr(self, f))
         for f in ("gemm_efficiency", "attention_efficiency", "usable_memory_fraction"):
             require_fraction("HardwareSpec", f, getattr(self, f))
+        require_positive("HardwareSpec", "num_sms", self.num_sms)
+        require_non_negative("HardwareSpec", "peak_fp8_tflops", self.peak_fp8_tflops)
+        if self.kernel_family not in KERNEL_FAMILIES:
+            raise ValueError(f"HardwareSpec.kernel_family must be one of "
+                             f"{', '.join(KERNEL_FAMILIES)}, got {self.kernel_family!r}")
 
     @property
     def peak_flops(self) -> float:
@@ -68,18 +81,24 @@ class HardwareSpec:
 
 # Vendor datasheets (dense bf16, no sparsity). NVLink per direction = half the bidirectional
 # figure; inter-node = one 400 Gb/s NIC per GPU (50 GB/s), 200 Gb/s (25 GB/s) for A100 pods.
+# Hopper SXM: 132 SMs, dense FP8 1979 TFLOP/s (NVIDIA H100 datasheet; H800/H200 share the die).
+_HOPPER = {"num_sms": 132, "peak_fp8_tflops": 1979.0, "kernel_family": "hopper"}
+
 HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     "a100-40g": lambda: HardwareSpec(name="a100-40g", peak_tflops=312, memory_gib=40,
                                      hbm_tbps=1.555, intra_node_gbps=300, inter_node_gbps=25),
     "a100-80g": lambda: HardwareSpec(name="a100-80g", peak_tflops=312, memory_gib=80,
                                      hbm_tbps=2.039, intra_node_gbps=300, inter_node_gbps=25),
     "h100-80g": lambda: HardwareSpec(name="h100-80g", peak_tflops=989, memory_gib=80,
-                                     hbm_tbps=3.35, intra_node_gbps=450, inter_node_gbps=50),
+                                     hbm_tbps=3.35, intra_node_gbps=450, inter_node_gbps=50,
+                                     **_HOPPER),
     # H800: the export part; NVLink 400 GB/s bidirectional (docs/architecture.md, core types).
     "h800-80g": lambda: HardwareSpec(name="h800-80g", peak_tflops=989, memory_gib=80,
-                                     hbm_tbps=3.35, intra_node_gbps=200, inter_node_gbps=50),
+                                     hbm_tbps=3.35, intra_node_gbps=200, inter_node_gbps=50,
+                                     **_HOPPER),
     "h200-141g": lambda: HardwareSpec(name="h200-141g", peak_tflops=989, memory_gib=141,
-                                      hbm_tbps=4.8, intra_node_gbps=450, inter_node_gbps=50),
+                                      hbm_tbps=4.8, intra_node_gbps=450, inter_node_gbps=50,
+                                      **_HOPPER),
 }
 
 _ALIASES = {"a100": "a100-80g", "h100": "h100-80g", "h800": "h800-80g", "h200": "h200-141g"}

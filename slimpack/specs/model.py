@@ -7,16 +7,22 @@ from dataclasses import dataclass
 
 from slimpack.specs._validate import require_positive, unknown_preset
 
+MLP_KINDS = ("swiglu", "gelu")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A Llama-style decoder (RMSNorm, RoPE, GQA, SwiGLU), optionally with MoE MLPs."""
+    """A Llama-style decoder (RMSNorm, RoPE, GQA, SwiGLU), optionally with MoE MLPs.
+
+    ``mlp="gelu"`` describes a GPT-3 style MLP instead (two matrices, h x ffn and ffn x h).
+    """
 
     name: str
     num_layers: int
     hidden: int
     ffn_hidden: int
-    """SwiGLU inner width (each of the gate and up projections is hidden x ffn_hidden)."""
+    """MLP inner width (SwiGLU: each of gate and up is hidden x ffn_hidden; GeLU: the one
+    up projection is)."""
     num_heads: int
     num_kv_heads: int
     """Key/value heads (GQA); equal to num_heads for multi-head attention."""
@@ -28,6 +34,8 @@ class ModelSpec:
     """1 for a dense model."""
     moe_top_k: int = 1
     """Experts each token is routed to (MoE only)."""
+    mlp: str = "swiglu"
+    """``swiglu`` (gate, up, down: 3 matrices) or ``gelu`` (up, down: 2 matrices, GPT-3)."""
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_heads",
@@ -46,6 +54,8 @@ class ModelSpec:
                 f"ModelSpec.num_kv_heads ({self.num_kv_heads}) must divide num_heads "
                 f"({self.num_heads})"
             )
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"ModelSpec.mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
         if self.moe_top_k > self.num_experts:
             raise ValueError(
                 f"ModelSpec.moe_top_k ({self.moe_top_k}) must be <= num_experts "
@@ -62,6 +72,11 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP (expert): 3 for SwiGLU, 2 for GeLU."""
+        return 3 if self.mlp == "swiglu" else 2
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
 
@@ -71,9 +86,9 @@ class ModelSpec:
 
     @property
     def mlp_params_per_layer(self) -> int:
-        """All experts' SwiGLU weights (gate, up, down) plus the router for MoE."""
+        """All experts' MLP weights (SwiGLU: gate, up, down) plus the router for MoE."""
         router = self.hidden * self.num_experts if self.is_moe else 0
-        return 3 * self.hidden * self.ffn_hidden * self.num_experts + router
+        return self.mlp_matrices * self.hidden * self.ffn_hidden * self.num_experts + router
 
     @property
     def params_per_layer(self) -> int:

@@ -1,0 +1,195 @@
+"""``KernelCostModel``: a :class:`~slimpack.cost.model.CostModel` built from kernel models.
+
+Each layer is priced as the kernels Megatron-LM launches for it, on one GPU of a ``tp``-way
+tensor group: the four GEMMs of the linear layers (forward; data- and weight-gradient GEMMs
+backward) through :func:`~slimpack.cost.kernels.gemm_seconds`, attention through the
+FlashAttention model (per document, forward and backward separately) or, for
+``attention_kernel="unfused"``, as Megatron-LM 2021-22 ran it (batched QK^T and PV GEMMs plus
+a memory-bound softmax/dropout over the s x s scores), the memory-bound elementwise work
+(norms, residual adds, activation function, dropout), and tensor-parallel communication.
+The recipe (precision, sequence parallelism, overlap, ZeRO stage) comes from a
+:class:`~slimpack.specs.training.TrainingSpec`.
+
+``gemm_scale``, ``attention_fwd_scale``, ``attention_bwd_scale`` and ``network_scale``
+multiply the corresponding efficiencies/bandwidths (1.0 = as fitted): the robustness
+experiment perturbs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from slimpack.cost import kernels as K
+from slimpack.cost.comm import CommModel
+from slimpack.cost.flops import Piece
+from slimpack.cost.model import ZERO_TIMES, PassTimes
+from slimpack.specs.hardware import HardwareSpec
+from slimpack.specs.model import ModelSpec
+from slimpack.specs.recompute import check_recompute
+from slimpack.specs.training import TrainingSpec
+
+BF16 = 2
+OPTIMIZER_BYTES_PER_PARAM = 34
+"""Adam step on one parameter of the local shard, fp32 master weights: read master, m, v,
+gradient (16 B), write master, m, v (12 B) and the bf16 copy (2 B), plus one more read of the
+gradient for the global norm (4 B)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelCostModel:
+    """Kernel-grounded pricing (docs/cost-model.md, "Kernel-level model")."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    gemm_scale: float = 1.0
+    attention_fwd_scale: float = 1.0
+    attention_bwd_scale: float = 1.0
+    network_scale: float = 1.0
+    comm: CommModel = field(init=False)
+    _token_cache: dict = field(init=False, repr=False, compare=False)
+    """(tokens, tp) -> the token-only part of a layer (GEMMs, elementwise, TP comm): planners
+    price the same unit sizes many times."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_token_cache", {})
+        for name in ("gemm_scale", "attention_fwd_scale", "attention_bwd_scale",
+                     "network_scale"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"KernelCostModel.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.training.dtype == "fp8" and self.hardware.peak_fp8_tflops <= 0:
+            raise ValueError(f"TrainingSpec.dtype='fp8' needs FP8 tensor cores; "
+                             f"{self.hardware.name} has none")
+        # Collectives run at NCCL's measured bus bandwidth, not the link's datasheet rate.
+        hw = self.hardware
+        intra, inter = K.NETWORK_EFFICIENCY[hw.kernel_family]
+        hw = replace(hw, intra_node_gbps=hw.intra_node_gbps * intra * self.network_scale,
+                     inter_node_gbps=hw.inter_node_gbps * inter * self.network_scale)
+        object.__setattr__(self, "comm", CommModel(hardware=hw))
+
+    # -- kernels -----------------------------------------------------------------------------
+    def _gemm(self, m: float, n: float, k: float, batch: int = 1) -> float:
+        return K.gemm_seconds(self.hardware, int(m), int(n), int(k), batch=batch,
+                              dtype=self.training.dtype) / self.gemm_scale
+
+    def _linear_shapes(self, tokens: int, tp: int) -> list[tuple[int, int, int]]:
+        """(m, n, k) of the forward GEMMs of one layer on one TP rank (fused QKV, out
+        projection, fused gate+up or up, down)."""
+        mdl = self.model
+        kv = max(mdl.kv_dim / tp, mdl.head_dim)  # KV heads replicate past tp
+        rows = tokens * mdl.moe_top_k
+        up = (mdl.mlp_matrices - 1) * mdl.ffn_hidden / tp
+        return [(tokens, int(mdl.q_dim / tp + 2 * kv), mdl.hidden),
+                (tokens, mdl.hidden, int(mdl.q_dim / tp)),
+                (rows, int(up), mdl.hidden),
+                (rows, mdl.hidden, int(mdl.ffn_hidden / tp))]
+
+    def linear_times(self, tokens: int, tp: int = 1) -> PassTimes:
+        """GEMMs of one layer: forward, and backward = data-gradient + weight-gradient."""
+        fwd = bwd = 0.0
+        for m, n, k in self._linear_shapes(tokens, tp):
+            fwd += self._gemm(m, n, k)
+            bwd += self._gemm(m, k, n) + self._gemm(k, n, m)
+        return PassTimes(forward_s=fwd, backward_s=bwd)
+
+    def attention_times(self, pieces: Sequence[Piece], tp: int = 1) -> PassTimes:
+        mdl, hw = self.model, self.hardware
+        heads = mdl.num_heads / tp
+        if self.training.attention_kernel == "flash":
+            f = K.attention_seconds(hw, pieces, heads=heads, head_dim=mdl.head_dim,
+                                    backward=False)
+            b = K.attention_seconds(hw, pieces, heads=heads, head_dim=mdl.head_dim,
+                                    backward=True)
+            return PassTimes(forward_s=f / self.attention_fwd_scale,
+                             backward_s=b / self.attention_bwd_scale)
+        # Unfused: the full s x s scores are computed (masking does not skip work).
+        d, nh = mdl.head_dim, max(int(round(heads)), 1)
+        fwd = bwd = 0.0
+        for t, p in pieces:
+            s = t + p
+            fwd += self._gemm(t, s, d, nh) + self._gemm(t, d, s, nh)
+            bwd += (self._gemm(t, d, s, nh) + self._gemm(s, d, t, nh)
+                    + self._gemm(t, s, d, nh) + self._gemm(s, d, t, nh))
+            scores = nh * t * s
+            # scale-mask-softmax: read + write 2 B; dropout: read, write, 1 B mask.
+            f_bytes = scores * (4 + (5 if self.training.dropout else 0))
+            b_bytes = scores * (6 + (5 if self.training.dropout else 0))
+            fwd += K.memory_seconds(hw, f_bytes)
+            bwd += K.memory_seconds(hw, b_bytes)
+        return PassTimes(forward_s=fwd / self.attention_fwd_scale,
+                         backward_s=bwd / self.attention_bwd_scale)
+
+    def elementwise_times(self, tokens: int, tp: int = 1) -> PassTimes:
+        """Memory-bound work of one layer: two norms (read+write h), two residual adds (read
+        2h, write h), dropout masks, the MLP activation; backward moves about twice the bytes
+        (*reconstructed* op count). Without sequence parallelism the norms, residuals and
+        dropouts run replicated on every TP rank."""
+        mdl, tr = self.model, self.training
+        h, ffn = mdl.hidden, mdl.ffn_hidden * mdl.moe_top_k
+        replicated = 2 * 4 * h + 2 * 6 * h + (2 * 1 * h if tr.dropout else 0)
+        act = (6 if mdl.mlp == "swiglu" else 4) * ffn
+        per_token = replicated / (tp if tr.sequence_parallel else 1) + act / tp
+        f = K.memory_seconds(self.hardware, tokens * per_token * BF16 / 2)
+        return PassTimes(forward_s=f, backward_s=2 * f)
+
+    def tp_comm_seconds(self, tokens: int, tp: int) -> float:
+        """Per pass: two all-reduces of the layer's activations, or with sequence parallelism
+        two all-gathers and two reduce-scatters (the same ring volume)."""
+        if tp <= 1:
+            return 0.0
+        nbytes = tokens * self.model.hidden * BF16
+        if self.training.sequence_parallel:
+            return 2 * (self.comm.all_gather(nbytes, tp, intra_node=True)
+                        + self.comm.reduce_scatter(nbytes, tp, intra_node=True))
+        return 2 * self.comm.all_reduce(nbytes, tp, intra_node=True)
+
+    # -- CostModel ----------------------------------------------------------------------------
+    def layer_times(self, pieces: Sequence[Piece], *, tp: int = 1,
+                    recompute: str = "none") -> PassTimes:
+        check_recompute("layer_times", recompute)
+        pieces = [p for p in pieces if p[0] > 0]
+        if not pieces:
+            return ZERO_TIMES
+        tokens = sum(p[0] for p in pieces)
+        token_part = self._token_cache.get((tokens, tp))
+        if token_part is None:
+            token_part = self._token_times(tokens, tp)
+            self._token_cache[(tokens, tp)] = token_part
+        attn = self.attention_times(pieces, tp)
+        fwd = token_part.forward_s + attn.forward_s
+        bwd = token_part.backward_s + attn.backward_s
+        if recompute == "full":
+            bwd += fwd
+        elif recompute == "selective":
+            # Korthikanti et al. 2022 section 4.2: the attention core is recomputed.
+            bwd += attn.forward_s
+        return PassTimes(forward_s=fwd, backward_s=bwd)
+
+    def _token_times(self, tokens: int, tp: int) -> PassTimes:
+        """GEMMs, elementwise work and (exposed) TP communication of one layer."""
+        lin = self.linear_times(tokens, tp)
+        elem = self.elementwise_times(tokens, tp)
+        comm = self.tp_comm_seconds(tokens, tp)
+        if self.training.tp_comm_overlap:
+            comm_f = max(0.0, comm - lin.forward_s)
+            comm_b = max(0.0, comm - lin.backward_s)
+        else:
+            comm_f = comm_b = comm
+        return PassTimes(forward_s=lin.forward_s + elem.forward_s + comm_f,
+                         backward_s=lin.backward_s + elem.backward_s + comm_b)
+
+    def head_times(self, tokens: int, *, tp: int = 1, vocab_shards: int = 1) -> PassTimes:
+        if tokens <= 0:
+            return ZERO_TIMES
+        v = -(-self.model.vocab_size // (tp * vocab_shards))
+        h = self.model.hidden
+        # Logits and cross entropy in fp32: write logits, read them for softmax, write grads.
+        loss = K.memory_seconds(self.hardware, tokens * v * 4 * 3)
+        fwd = self._gemm(tokens, v, h) + loss / 2
+        bwd = self._gemm(tokens, h, v) + self._gemm(h, v, tokens) + loss / 2
+        return PassTimes(forward_s=fwd, backward_s=bwd)
+
+    def optimizer_step_seconds(self, local_params: float) -> float:
+        """Adam over ``local_params`` parameters (this GPU's shard): memory-bound."""
+        return K.memory_seconds(self.hardware, local_params * OPTIMIZER_BYTES_PER_PARAM)

@@ -1,0 +1,50 @@
+"""How a run trains (``TrainingSpec``): precision, sequence parallelism, overlap, ZeRO stage.
+
+The cost model carries one, so the same model and hardware can be priced as Megatron-LM runs
+them in 2021 (fp16, no sequence parallelism, unfused attention) or today (bf16/fp8,
+sequence parallelism, FlashAttention, distributed optimizer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("bf16", "fp8")
+ZERO_STAGES = (0, 1, 3)
+ATTENTION_KERNELS = ("flash", "unfused")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    """Training-recipe switches the cost model prices (defaults: a current Megatron-core run)."""
+
+    dtype: str = "bf16"
+    """GEMM precision: ``bf16`` (fp16 prices the same) or ``fp8`` (Transformer Engine recipe:
+    GEMMs at the FP8 peak, weights kept in bf16 plus an fp8 copy, attention in bf16)."""
+    sequence_parallel: bool = True
+    """Megatron sequence parallelism: norms/dropout split over TP ranks, all-gather +
+    reduce-scatter instead of all-reduce (same bytes on a ring). Off: those elementwise ops
+    run replicated on every TP rank (Korthikanti et al. 2022, arXiv 2205.05198, section 4.2.2)."""
+    tp_comm_overlap: bool = False
+    """Hide tensor-parallel communication behind the GEMMs (Transformer Engine userbuffers);
+    off: it is serial with compute, as in Megatron-LM before 2023."""
+    zero_stage: int = 1
+    """0: plain data parallel; 1: distributed optimizer (Adam states sharded over dp*cp);
+    3: parameters and gradients sharded too (ZeRO-3/FSDP, Rajbhandari et al. 2020)."""
+    attention_kernel: str = "flash"
+    """``flash`` (FlashAttention-2/3) or ``unfused`` (Megatron-LM 2021-22: QK^T and PV batched
+    GEMMs around a fused scale-mask-softmax and dropout that materialise s x s scores)."""
+    dropout: bool = False
+    """Hidden and attention-probability dropout (GPT-3 recipes): its masks and the extra
+    elementwise passes are priced; the s x s attention mask only for ``unfused``."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"TrainingSpec.dtype must be one of {', '.join(DTYPES)}, "
+                             f"got {self.dtype!r}")
+        if self.zero_stage not in ZERO_STAGES:
+            raise ValueError(f"TrainingSpec.zero_stage must be one of {ZERO_STAGES}, "
+                             f"got {self.zero_stage!r}")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"TrainingSpec.attention_kernel must be one of "
+                             f"{', '.join(ATTENTION_KERNELS)}, got {self.attention_kernel!r}")

@@ -1,0 +1,289 @@
+"""Simulate the published Megatron-LM runs of ``datasets/validation/`` and compare.
+
+Every record with a *measured* number is expressed, where the suite can, as a model
+(:class:`ModelSpec`, GeLU MLP for GPT-3 style), a parallel layout, a
+:class:`~slimpack.specs.training.TrainingSpec` (fp16/bf16, sequence parallelism, ZeRO stage,
+Megatron's unfused attention of 2021-22 with dropout) and a recompute mode; a batch of ``gbs``
+sequences of ``seq_len`` tokens is planned with the ``megatron`` planner (``mbs`` sequences per
+micro-batch) and simulated with the :class:`~slimpack.cost.kernel_model.KernelCostModel`,
+whose constants come from kernel benchmarks only: these runs are never fitted.
+
+The predicted number is converted with the source's own FLOP convention:
+Narayanan et al. 2021 count ``96*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h))`` FLOPs (recompute
+included), Korthikanti et al. 2022 report MFU as ``72*B*s*L*h^2*(1 + s/(6h) + V/(12*h*L))``
+over 312 TFLOP/s. The error of a record is its *speed bias*: published time / predicted time
+- 1 (positive: the model is too fast); for throughput metrics that is predicted / published
+throughput - 1, for a recompute overhead ``(1 + published) / (1 + predicted) - 1``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slimpack.batch import Batch
+from slimpack.cost.kernel_model import KernelCostModel
+from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec, hardware_preset
+from slimpack.specs.training import TrainingSpec
+
+VALIDATION_DIR = Path(__file__).resolve().parents[2] / "datasets" / "validation"
+DEFAULT_FILE = VALIDATION_DIR / "megatron_published_a100.json"
+METRICS = ("iteration_time", "achieved_tflops_per_gpu", "mfu", "layer_fwd_plus_bwd_time",
+           "per_layer_fwd_bwd_overhead_vs_baseline")
+"""Metrics a record is compared on, first measured one wins."""
+A100_PEAK = 312e12
+
+
+def load_records(path: str | Path | None = None) -> list[dict[str, Any]]:
+    path = Path(path) if path is not None else DEFAULT_FILE
+    if not path.is_file():
+        raise ValueError(f"validation records {str(path)!r} do not exist")
+    data = json.loads(path.read_text())
+    if "records" not in data:
+        raise ValueError(f"{str(path)!r} has no 'records' list")
+    return list(data["records"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One expressible record: what to simulate and what to compare."""
+
+    record_id: str
+    source: str
+    params_b: float
+    model: ModelSpec
+    hardware: HardwareSpec
+    parallel: ParallelSpec
+    training: TrainingSpec
+    recompute: str
+    seq_len: int
+    mbs: int
+    gbs: int
+    metric: str
+    published: float
+    unit: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Skipped:
+    record_id: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationRow:
+    case: Case
+    predicted: float
+    bias: float
+    """Published time / predicted time - 1 (positive: the model is too fast)."""
+    step_time_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.case
+        return {"record": c.record_id, "source": c.source, "params_b": c.params_b,
+                "metric": c.metric, "unit": c.unit, "published": c.published,
+                "predicted": self.predicted, "bias_pct": 100 * self.bias,
+                "abs_error_pct": 100 * abs(self.bias), "recompute": c.recompute,
+                "sequence_parallel": c.training.sequence_parallel,
+                "zero_stage": c.training.zero_stage, "num_gpus": c.parallel.world,
+                "step_time_s": self.step_time_s}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationReport:
+    rows: list[ValidationRow]
+    skipped: list[Skipped]
+    measured_records: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median_abs_error_pct(self) -> float:
+        return 100 * statistics.median(abs(r.bias) for r in self.rows) if self.rows else float("nan")
+
+    def median_bias_pct(self, *, below_b: float | None = None, above_b: float | None = None) -> float:
+        sel = [r.bias for r in self.rows
+               if (below_b is None or r.case.params_b < below_b)
+               and (above_b is None or r.case.params_b > above_b)]
+        return 100 * statistics.median(sel) if sel else float("nan")
+
+    @property
+    def size_bias_spread_pts(self) -> float:
+        return abs(self.median_bias_pct(below_b=10) - self.median_bias_pct(above_b=100))
+
+    def summary(self) -> dict[str, float]:
+        return {"expressible": len(self.rows), "measured_records": self.measured_records,
+                "median_abs_error_pct": self.median_abs_error_pct,
+                "median_bias_small_pct": self.median_bias_pct(below_b=10),
+                "median_bias_large_pct": self.median_bias_pct(above_b=100),
+                "size_bias_spread_pts": self.size_bias_spread_pts}
+
+
+# -- expressing a record ------------------------------------------------------------------------
+def _measured(record: dict[str, Any]) -> dict[str, Any] | None:
+    by_metric = {m["metric"]: m for m in record.get("measurements", []) if m.get("kind") == "measured"}
+    for metric in METRICS:
+        if metric in by_metric:
+            return by_metric[metric]
+    return None
+
+
+def _recompute(text: str) -> str | None:
+    text = text.lower()
+    if "microbatch-level" in text:
+        return None
+    for mode in ("selective", "full", "none"):
+        if text.startswith(mode):
+            return mode
+    return None
+
+
+def _zero_stage(text: str) -> int | None:
+    text = text.lower()
+    if "zero-3" in text or "fsdp" in text:
+        return 3
+    if "zero-1" in text or "distributed optimizer" in text:
+        return 1
+    if "none" in text or "ddp" in text:
+        return 0
+    return None
+
+
+def express(record: dict[str, Any]) -> Case | Skipped:
+    """The record as a :class:`Case`, or why it cannot be expressed."""
+    rid = record["id"]
+    measured = _measured(record)
+    if measured is None:
+        return Skipped(record_id=rid, reason="no measured metric the suite predicts")
+    recompute = _recompute(record.get("recompute", ""))
+    if recompute is None:
+        return Skipped(record_id=rid, reason="micro-batch-level checkpointing (some in-flight "
+                                             "micro-batches skip recompute) is not modelled")
+    m, p = record["model"], record["parallel"]
+    if p.get("cp", 1) != 1 or p.get("ep", 1) != 1:
+        return Skipped(record_id=rid, reason="context/expert parallelism not in this file's scope")
+    if p.get("mbs") is None:
+        return Skipped(record_id=rid, reason="micro-batch size not published")
+    zero = _zero_stage(p.get("dp_sharding", "none"))
+    if zero is None:
+        return Skipped(record_id=rid, reason=f"dp sharding {p.get('dp_sharding')!r} unknown")
+    arch = m.get("arch", "")
+    gpu = record.get("hardware", {}).get("gpu", "")
+    hardware = hardware_preset("a100-40g" if "40GB" in gpu and "80GB" not in gpu else "a100-80g")
+    model = ModelSpec(name=m.get("name", rid), num_layers=m["layers"], hidden=m["hidden"],
+                      ffn_hidden=m["ffn"], num_heads=m["heads"], num_kv_heads=m["kv_heads"],
+                      vocab_size=m["vocab"], tied_embeddings="tied" in arch,
+                      mlp="gelu" if "gelu" in arch.lower() else "swiglu")
+    parallel = ParallelSpec(tp=p["tp"], pp=p["pp"], dp=p["dp"], vpp=p.get("vpp", 1),
+                            gpus_per_node=8)
+    if parallel.world != p["num_gpus"]:
+        return Skipped(record_id=rid, reason=f"tp*pp*dp = {parallel.world} != num_gpus {p['num_gpus']}")
+    training = TrainingSpec(dtype="bf16", sequence_parallel=bool(p.get("sequence_parallel")),
+                            zero_stage=zero, attention_kernel="unfused", dropout=True)
+    return Case(record_id=rid, source=record["source"]["work"].split(",")[0],
+                params_b=float(m.get("params_b", 0.0)), model=model, hardware=hardware,
+                parallel=parallel, training=training, recompute=recompute,
+                seq_len=m["seq_len"], mbs=p["mbs"], gbs=p["gbs"], metric=measured["metric"],
+                published=float(measured["value"]), unit=measured.get("unit", ""))
+
+
+# -- predicting --------------------------------------------------------------------------------
+def narayanan_flops(case: Case) -> float:
+    """Narayanan et al. 2021 Eq. 3 (recompute counted): FLOPs of one iteration."""
+    m, s, b = case.model, case.seq_len, case.gbs
+    h, L, V = m.hidden, m.num_layers, m.vocab_size
+    return 96 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+
+
+def korthikanti_flops(case: Case) -> float:
+    """Korthikanti et al. 2022 model FLOPs (no recompute): used for their MFU."""
+    m, s, b = case.model, case.seq_len, case.gbs
+    h, L, V = m.hidden, m.num_layers, m.vocab_size
+    return 72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+
+
+def _cost(case: Case, **scales: float) -> KernelCostModel:
+    return KernelCostModel(model=case.model, hardware=case.hardware, training=case.training,
+                           **scales)
+
+
+def simulate_step(case: Case, **scales: float) -> float:
+    """Simulated iteration time (s) of the case's whole global batch."""
+    from slimpack.compare import plan_method
+    from slimpack.sim import simulate
+
+    cost = _cost(case, **scales)
+    batch = Batch.from_lengths([case.seq_len] * case.gbs, source=case.record_id)
+    plan = plan_method("megatron", batch, case.model, case.hardware, case.parallel, cost,
+                       context=case.mbs * case.seq_len, recompute=case.recompute)
+    return simulate(plan, model=case.model, hardware=case.hardware, cost=cost).record.step_time_s
+
+
+def _layer_seconds(case: Case, cost: KernelCostModel, recompute: str) -> float:
+    t = cost.layer_times([(case.seq_len, 0)] * case.mbs, tp=case.parallel.tp, recompute=recompute)
+    return t.forward_s + t.backward_s
+
+
+def predict(case: Case, **scales: float) -> ValidationRow:
+    if case.metric == "layer_fwd_plus_bwd_time":
+        pred = _layer_seconds(case, _cost(case, **scales), case.recompute) * 1e3  # ms
+        return ValidationRow(case=case, predicted=pred, bias=case.published / pred - 1)
+    if case.metric == "per_layer_fwd_bwd_overhead_vs_baseline":
+        base_training = TrainingSpec(**{**case.training.__dict__, "sequence_parallel": False})
+        base = KernelCostModel(model=case.model, hardware=case.hardware, training=base_training,
+                               **scales)
+        ratio = _layer_seconds(case, _cost(case, **scales), case.recompute) / _layer_seconds(
+            case, base, "none")
+        pred = 100 * (ratio - 1)
+        return ValidationRow(case=case, predicted=pred,
+                             bias=(1 + case.published / 100) / ratio - 1)
+    step = simulate_step(case, **scales)
+    world = case.parallel.world
+    if case.metric == "iteration_time":
+        return ValidationRow(case=case, predicted=step, bias=case.published / step - 1,
+                             step_time_s=step)
+    if case.metric == "achieved_tflops_per_gpu":
+        pred = narayanan_flops(case) / (step * world) / 1e12
+        return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
+                             step_time_s=step)
+    if case.metric == "mfu":
+        pred = 100 * korthikanti_flops(case) / (step * world * A100_PEAK)
+        return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
+                             step_time_s=step)
+    raise ValueError(f"metric must be one of {METRICS}, got {case.metric!r}")
+
+
+def validate(records: list[dict[str, Any]] | None = None, **scales: float) -> ValidationReport:
+    """Express, simulate and compare every record with a measured number."""
+    records = load_records() if records is None else records
+    rows: list[ValidationRow] = []
+    skipped: list[Skipped] = []
+    measured = 0
+    for record in records:
+        if not any(m.get("kind") == "measured" for m in record.get("measurements", [])):
+            continue
+        measured += 1
+        case = express(record)
+        if isinstance(case, Skipped):
+            skipped.append(case)
+        else:
+            rows.append(predict(case, **scales))
+    return ValidationReport(rows=rows, skipped=skipped, measured_records=measured)
+
+
+def format_report(report: ValidationReport) -> str:
+    lines = [f"{'record':44} {'metric':38} {'published':>10} {'predicted':>10} {'bias':>7}"]
+    for r in report.rows:
+        c = r.case
+        lines.append(f"{c.record_id:44} {c.metric:38} {c.published:10.2f} {r.predicted:10.2f} "
+                     f"{100 * r.bias:+6.1f}%")
+    for s in report.skipped:
+        lines.append(f"{s.record_id:44} skipped: {s.reason}")
+    summ = report.summary()
+    lines.append(f"expressible {summ['expressible']} of {summ['measured_records']} measured; "
+                 f"median |error| {summ['median_abs_error_pct']:.1f}%; median bias <10B "
+                 f"{summ['median_bias_small_pct']:+.1f}%, >100B {summ['median_bias_large_pct']:+.1f}% "
+                 f"(spread {summ['size_bias_spread_pts']:.1f} pts)")
+    return "\n".join(lines)
