@@ -158,3 +158,80 @@ def test_property_plans_fit_memory_when_any_layout_can(lengths, pp, dp, search):
     result.validate()
     assert result.metadata["slimpack"]["peak_bytes"] <= HW.usable_memory_bytes
     assert result.metadata["plan_seconds"] < 10.0
+
+
+def _exhaustive_fill(rounds, fwd_load, short_ids, short_fwd, *, unit_cap, add_round):
+    """The definition of the short-document fill: every document, longest first, into the
+    lightest MicroPack (ties: round, then position) whose round and cap have room, else into a
+    new filler round. A full scan per document (quadratic): the oracle for the fast fill."""
+    for seq_id in sorted(short_ids, key=lambda s: (-short_ids[s], s)):
+        n = short_ids[seq_id]
+        fits = [(fwd_load[r][u], r, u) for r, rnd in enumerate(rounds)
+                for u in range(rnd.num_units)
+                if rnd.tokens + n <= rnd.capacity
+                and (rnd.unit_tokens[u] == 0 or rnd.unit_tokens[u] + n <= unit_cap)]
+        if fits:
+            _, r, u = min(fits)
+        else:
+            add_round()
+            r, u = len(rounds) - 1, 0
+        rounds[r].short_docs[u].append(seq_id)
+        rounds[r].tokens += n
+        rounds[r].unit_tokens[u] += n
+        fwd_load[r][u] += short_fwd[seq_id]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_short_document_fill_makes_the_exhaustive_scans_choices(seed, monkeypatch):
+    # Phase 2 in O(n log n) must not change a plan: the same MicroPacks as the full scan, on
+    # long-tailed batches where rounds and MicroPacks fill up (caps bind) and filler rounds
+    # are added.
+    import slimpack.slimpack_planner.micropacks as mp
+
+    rng = np.random.default_rng(seed)
+    lengths = long_tail_lengths(int(rng.integers(50, 600)), seed=seed,
+                                cap=int(rng.choice([16384, 65536, 131072])))
+    parallel = ParallelSpec(tp=8, pp=int(rng.choice([1, 2, 4])), dp=int(rng.choice([1, 2])),
+                            cp=int(rng.choice([1, 2])))
+    opts = {"search": False, "no_slicing": bool(seed % 5 == 4)}
+    fast = plan(Batch.from_lengths(lengths), MODEL, HW, parallel, COST, **opts)
+    monkeypatch.setattr(mp, "_fill_short_documents", _exhaustive_fill)
+    slow = plan(Batch.from_lengths(lengths), MODEL, HW, parallel, COST, **opts)
+    assert [(g.slices, g.forward_units, g.backward_units) for g in fast.groups()] == \
+        [(g.slices, g.forward_units, g.backward_units) for g in slow.groups()]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fast_fill_matches_the_exhaustive_scan_under_tight_caps(seed):
+    import slimpack.slimpack_planner.micropacks as mp
+
+    rng = np.random.default_rng(100 + seed)
+    docs = {i: int(n) for i, n in enumerate(rng.integers(1, 4000, size=int(rng.integers(1, 300))))}
+    work = {i: n * (1 + rng.random()) for i, n in docs.items()}
+    unit_cap = float(rng.choice([2000, 5000, 20000, np.inf]))
+    shapes = [(int(rng.integers(1, 6)), int(rng.integers(1000, 60000))) for _ in range(rng.integers(0, 5))]
+
+    def state():
+        rounds, loads = [], []
+        for units, capacity in shapes:
+            rnd = mp._Round(capacity=capacity)
+            rnd.add_units(units)
+            rnd.unit_tokens = [int(t) for t in np.random.default_rng(units).integers(0, 1500, units)]
+            rnd.tokens = sum(rnd.unit_tokens)
+            rounds.append(rnd)
+            loads.append([t / 1000 for t in rnd.unit_tokens])
+
+        def add_round():
+            rnd = mp._Round(capacity=20000)
+            rnd.add_units(3)
+            rnd.unit_tokens = [0, 0, 0]
+            rounds.append(rnd)
+            loads.append([0.0, 0.0, 0.0])
+        return rounds, loads, add_round
+
+    out = []
+    for fill in (mp._fill_short_documents, _exhaustive_fill):
+        rounds, loads, add_round = state()
+        fill(rounds, loads, docs, work, unit_cap=unit_cap, add_round=add_round)
+        out.append([r.short_docs for r in rounds])
+    assert out[0] == out[1]

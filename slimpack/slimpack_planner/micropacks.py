@@ -243,34 +243,85 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
                           short_ids: dict[int, int], short_fwd: dict[int, float], *,
                           unit_cap: float, add_round) -> None:
     """LPT: heaviest document first, into the lightest MicroPack with room (its round's token
-    capacity and the per-MicroPack token cap); a new filler round when none has room."""
-    heap = [(load, r, u) for r, loads in enumerate(fwd_load) for u, load in enumerate(loads)]
-    heapq.heapify(heap)
+    capacity and the per-MicroPack token cap); a new filler round when none has room.
+
+    The lightest fitting MicroPack (ties by round, then position) is found in O(log n):
+    rounds sit in a heap keyed by their lightest *open* MicroPack, each round keeps a heap of
+    its open MicroPacks, and a round or MicroPack without room for the current document is
+    *parked* in a max-heap keyed by its room. Parked rooms do not change (nothing is added
+    to a parked round or MicroPack) and documents come longest first, so a parked item is
+    reopened once the documents have shrunk to its room, and never looked at before that.
+    A reopened item has room for every later document, so it is parked again only after it
+    took one: O((docs + MicroPacks) log) in all, where cycling full MicroPacks through one
+    heap cost O(docs x MicroPacks). The choice is the same as that exhaustive scan's.
+    """
+    unit_heaps: list[list[tuple[float, int]]] = []
+    version: list[int] = []
+    round_parked: list[bool] = []
+    top: list[tuple[float, int, int]] = []  # (lightest open load, round, version), lazy
+    parked_rounds: list[tuple[int, int]] = []  # (-room, round)
+    parked_units: list[tuple[float, int, int]] = []  # (-room, round, unit)
+
+    def push_round(r: int) -> None:
+        version[r] += 1
+        if unit_heaps[r] and not round_parked[r]:
+            heapq.heappush(top, (unit_heaps[r][0][0], r, version[r]))
+
+    def open_round(r: int) -> None:
+        unit_heaps.append([(load, u) for u, load in enumerate(fwd_load[r])])
+        heapq.heapify(unit_heaps[r])
+        version.append(0)
+        round_parked.append(False)
+        push_round(r)
+
+    for r in range(len(rounds)):
+        open_round(r)
     for seq_id in sorted(short_ids, key=lambda s: (-short_ids[s], s)):
         n = short_ids[seq_id]
-        skipped: list[tuple[float, int, int]] = []
-        while heap:
-            load, r, u = heap[0]
+        # Reopen what the shorter document now fits.
+        while parked_rounds and -parked_rounds[0][0] >= n:
+            _, r = heapq.heappop(parked_rounds)
+            round_parked[r] = False
+            push_round(r)
+        touched = set()
+        while parked_units and -parked_units[0][0] >= n:
+            _, r, u = heapq.heappop(parked_units)
+            heapq.heappush(unit_heaps[r], (fwd_load[r][u], u))
+            touched.add(r)
+        for r in touched:
+            push_round(r)
+        while True:
+            force = not top
+            if force:  # nothing has room: a new filler round takes it, fitting or not
+                add_round()
+                open_round(len(rounds) - 1)
+            _, r, ver = heapq.heappop(top)
+            if ver != version[r] or round_parked[r]:
+                continue  # stale entry
             rnd = rounds[r]
-            fits_round = rnd.tokens + n <= rnd.capacity
-            fits_unit = rnd.unit_tokens[u] + n <= unit_cap or rnd.unit_tokens[u] == 0
-            if fits_round and fits_unit:
-                break
-            skipped.append(heapq.heappop(heap))
-        if not heap:
-            add_round()
-            r = len(rounds) - 1
-            for u in range(rounds[r].num_units):
-                heapq.heappush(heap, (0.0, r, u))
-        load, r, u = heapq.heappop(heap)
-        rounds[r].short_docs[u].append(seq_id)
-        rounds[r].tokens += n
-        rounds[r].unit_tokens[u] += n
-        heapq.heappush(heap, (load + short_fwd[seq_id], r, u))
-        # A step that is full for this document may still take a shorter one later.
-        for item in skipped:
-            if rounds[item[1]].tokens < rounds[item[1]].capacity:
-                heapq.heappush(heap, item)
+            if rnd.tokens + n > rnd.capacity and not force:
+                round_parked[r] = True
+                if rnd.tokens < rnd.capacity:  # a full round never reopens
+                    heapq.heappush(parked_rounds, (rnd.tokens - rnd.capacity, r))
+                continue
+            heap = unit_heaps[r]
+            load, u = heap[0]
+            used = rnd.unit_tokens[u]
+            if used and used + n > unit_cap and not force:
+                # Its lightest MicroPack is full for this document; the round's next one
+                # competes with the other rounds again.
+                heapq.heappop(heap)
+                heapq.heappush(parked_units, (used - unit_cap, r, u))
+                push_round(r)
+                continue
+            heapq.heappop(heap)
+            rnd.short_docs[u].append(seq_id)
+            rnd.tokens += n
+            rnd.unit_tokens[u] += n
+            fwd_load[r][u] = load + short_fwd[seq_id]
+            heapq.heappush(heap, (fwd_load[r][u], u))
+            push_round(r)
+            break
 
 
 def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymmetric: bool,
