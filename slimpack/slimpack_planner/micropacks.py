@@ -33,12 +33,23 @@ import math
 from dataclasses import dataclass, field
 
 from slimpack.plan import Segment, Slice, Unit
+from slimpack.planning.deadline import Deadline
 from slimpack.slimpack_planner.estimate import WorkEstimator
 
 TILE = 128
 ATOMS_PER_UNIT = 4
 """Short documents of one forward MicroPack are held in this many atom slices, the granularity
 at which backward MicroPacks may regroup them (more atoms: finer balance, more slices)."""
+
+
+class OutOfTime(Exception):
+    """A candidate's build passed the planner's deadline (caught by the search, never seen
+    by callers)."""
+
+
+def check(deadline: Deadline | None) -> None:
+    if deadline is not None and deadline.expired:
+        raise OutOfTime
 
 
 @dataclass(kw_only=True)
@@ -96,19 +107,45 @@ def cost_balanced_cuts(length: int, pieces: int, est: WorkEstimator, *, align: i
     return cuts
 
 
-def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target: float) -> list[int]:
+def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target: float,
+                   deadline: Deadline | None = None) -> list[int]:
     """Cuts of one long sequence: equal forward cost, each segment at most ``slice_tokens``.
 
     Enough pieces that none exceeds a MicroPack's forward budget; more while the first
-    (longest, cheapest-per-token) segment is longer than S.
+    (longest, cheapest-per-token) segment is longer than S. Segments of equal cost shrink
+    along the sequence, so the first is the longest and costs F(L)/k: it fits S from about
+    k = F(L)/F(S) pieces on, where the search starts; it then doubles its step until the
+    cuts fit and bisects back (O(log) cut sets, where raising k one by one took thousands).
     """
-    pieces = max(math.ceil(length / slice_tokens), math.ceil(est.forward(length) / target), 1)
+    most = max(math.ceil(length / TILE), 1)
+    total = est.forward(length)
+    pieces = min(max(math.ceil(length / slice_tokens), math.ceil(total / target),
+                     math.ceil(total / est.forward(slice_tokens)), 1), most)
+
+    def fits(k: int) -> list[int] | None:
+        check(deadline)
+        cuts = cost_balanced_cuts(length, k, est)
+        ok = max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)) <= slice_tokens
+        return cuts if ok or k >= most else None
+
+    cuts = fits(pieces)
+    if cuts is not None:
+        return cuts
+    lo, step = pieces, 1  # lo fails
     while True:
-        cuts = cost_balanced_cuts(length, pieces, est)
-        if max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)) <= slice_tokens \
-                or pieces >= math.ceil(length / TILE):
-            return cuts
-        pieces += 1
+        hi = min(lo + step, most)
+        cuts = fits(hi)
+        if cuts is not None:
+            break
+        lo, step = hi, step * 2
+    while hi - lo > 1:  # fits(hi) holds, fits(lo) fails
+        mid = (lo + hi) // 2
+        found = fits(mid)
+        if found is not None:
+            hi, cuts = mid, found
+        else:
+            lo = mid
+    return cuts
 
 
 def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_capacity: int,
@@ -131,7 +168,8 @@ def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_c
 
 def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: int | None,
                  round_capacity: int, unit_forward_target: float, asymmetric: bool,
-                 inflight_tokens: int | None = None, warmup_units: int = 0) -> ReplicaPacks:
+                 inflight_tokens: int | None = None, warmup_units: int = 0,
+                 deadline: Deadline | None = None) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
@@ -152,7 +190,8 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     unit_budget = math.inf
     if inflight_tokens is not None and slice_tokens is not None:
         unit_budget = max(inflight_tokens // slice_tokens - warmup_units, 1)
-    cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target)
+    cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target,
+                                   deadline=deadline)
                for seq, n in long_ids.items()}
     members_of = _long_rounds(long_ids, cuts_of, round_capacity, unit_budget) if long_ids else []
     rounds: list[_Round] = []
@@ -235,6 +274,7 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     giants = sorted((r for r in rounds if r.num_units > giant_limit), key=lambda r: r.num_units)
     out = ReplicaPacks()
     for rnd in normal + giants:
+        check(deadline)
         _emit_round(rnd, lengths, est, asymmetric, out)
     return out
 
