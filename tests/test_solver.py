@@ -235,3 +235,52 @@ def test_fast_fill_matches_the_exhaustive_scan_under_tight_caps(seed):
         fill(rounds, loads, docs, work, unit_cap=unit_cap, add_round=add_round)
         out.append([r.short_docs for r in rounds])
     assert out[0] == out[1]
+
+
+def _unit_errors(p, model, cost):
+    """|estimate / simulator - 1| of every forward and backward MicroPack of ``p``: the
+    estimate is the planner's (``WorkEstimator.unit_forward``/``unit_backward`` for the
+    group's CP degree), the truth the simulator's rule (``unit_layer_seconds`` on the
+    per-rank pieces of the unit's slices), per layer."""
+    from slimpack.cost.cp_sharding import shard_pieces
+    from slimpack.sim.costs import unit_layer_seconds
+
+    out = []
+    for g in p.groups():
+        est = WorkEstimator.from_cost(cost, tp=g.tp, cp=g.cp, cp_sharding=g.cp_sharding)
+        for units, which in ((g.forward_units, 0), (g.backward_units, 1)):
+            for unit in units:
+                pieces = [(s.num_tokens, s.start) for sid in unit.slice_ids
+                          for s in g.slice(sid).segments]
+                per_rank = [[] for _ in range(g.cp)]
+                for sid in unit.slice_ids:
+                    shards = shard_pieces([(s.num_tokens, s.start) for s in g.slice(sid).segments],
+                                          g.cp, g.cp_sharding)
+                    for r in range(g.cp):
+                        per_rank[r].extend(shards[r])
+                truth = unit_layer_seconds(per_rank, model=model, cost=cost, tp=g.tp, cp=g.cp,
+                                           cp_kind=g.cp_kind, cp_intra=g.cp * g.tp <= 8)[which]
+                mine = est.unit_backward(pieces) if which else est.unit_forward(pieces)
+                out.append((g.cp, abs(mine / truth - 1)))
+    return out
+
+
+def test_planner_unit_estimates_match_the_simulators_prices():
+    # Random long-tail batches, cp 1 and 2, and one with outliers so DP-Merge groups (cp 4)
+    # are priced too. The estimate is affine (a fixed part per MicroPack + marginal parts per
+    # document, long-sequence segments priced on their real per-rank pieces). Measured: max
+    # 1.0%, p95 0.3% over 684 MicroPacks; before (per-document costs from 8K-token probe
+    # units, a per-pair fit for KV prefixes) max 12%, p95 11% here, and up to 97% too low on
+    # thin MicroPacks of paper-scale batches.
+    errors = []
+    for seed, cp, dp in ((0, 1, 2), (1, 1, 1), (2, 2, 2), (3, 2, 1)):
+        batch = Batch.from_lengths(long_tail_lengths(200, seed=seed, cap=131072))
+        p = plan(batch, MODEL, HW, ParallelSpec(tp=8, cp=cp, pp=2, dp=dp), COST, search=False)
+        errors += _unit_errors(p, MODEL, COST)
+    outliers = Batch.from_lengths(long_tail_lengths(150, seed=9, cap=32768) + [400_000, 380_000])
+    p = plan(outliers, MODEL, HW, ParallelSpec(tp=8, cp=1, pp=2, dp=4), COST, search=False)
+    assert p.metadata["slimpack"]["outliers"], "the batch must exercise DP-Merge"
+    errors += _unit_errors(p, MODEL, COST)
+    assert {cp for cp, _ in errors} >= {1, 2, 4}
+    assert max(e for _, e in errors) < 0.05
+    assert float(np.percentile([e for _, e in errors], 95)) < 0.02
