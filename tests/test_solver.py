@@ -284,3 +284,19 @@ def test_planner_unit_estimates_match_the_simulators_prices():
     assert {cp for cp, _ in errors} >= {1, 2, 4}
     assert max(e for _, e in errors) < 0.05
     assert float(np.percentile([e for _, e in errors], 95)) < 0.02
+
+
+def test_slices_keep_a_minimum_length_per_cp_rank():
+    from slimpack.slimpack_planner.micropacks import MIN_TOKENS_PER_CP_RANK, slice_sequence
+
+    est = WorkEstimator.from_cost(COST, tp=8, cp=8, cp_sharding="per-sequence")
+    length, s = 524288, 16384
+    target = est.forward(length) / 200  # a tight budget: 200 cost-balanced pieces
+    free = slice_sequence(length, est, slice_tokens=s, target=target)
+    sizes = [b - a for a, b in zip(free[:-1], free[1:], strict=True)]
+    floor = MIN_TOKENS_PER_CP_RANK * 8
+    assert min(sizes) < floor  # the constraint binds here
+    held = slice_sequence(length, est, slice_tokens=s, target=target, min_tokens=floor)
+    sizes = [b - a for a, b in zip(held[:-1], held[1:], strict=True)]
+    assert held[0] == 0 and held[-1] == length
+    assert min(sizes) >= floor

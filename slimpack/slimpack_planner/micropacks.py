@@ -37,6 +37,10 @@ from slimpack.planning.deadline import Deadline
 from slimpack.slimpack_planner.estimate import WorkEstimator
 
 TILE = 128
+MIN_TOKENS_PER_CP_RANK = 512
+"""Shortest slice per CP rank: each rank then holds two zigzag chunks of at least 256 tokens
+(two 128-token attention tiles), so tile waste stays small; cost-balanced cuts otherwise
+shrink late slices of a long sequence below one tile per rank at cp 8."""
 ATOMS_PER_UNIT = 4
 """Short documents of one forward MicroPack are held in this many atom slices, the granularity
 at which backward MicroPacks may regroup them (more atoms: finer balance, more slices)."""
@@ -108,7 +112,7 @@ def cost_balanced_cuts(length: int, pieces: int, est: WorkEstimator, *, align: i
 
 
 def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target: float,
-                   deadline: Deadline | None = None) -> list[int]:
+                   deadline: Deadline | None = None, min_tokens: int = TILE) -> list[int]:
     """Cuts of one long sequence: equal forward cost, each segment at most ``slice_tokens``.
 
     Enough pieces that none exceeds a MicroPack's forward budget; more while the first
@@ -130,7 +134,7 @@ def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target
 
     cuts = fits(pieces)
     if cuts is not None:
-        return cuts
+        return _merge_thin_tail(cuts, min_tokens)
     lo, step = pieces, 1  # lo fails
     while True:
         hi = min(lo + step, most)
@@ -145,6 +149,15 @@ def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target
             hi, cuts = mid, found
         else:
             lo = mid
+    return _merge_thin_tail(cuts, min_tokens)
+
+
+def _merge_thin_tail(cuts: list[int], min_tokens: int) -> list[int]:
+    """Equal-cost segments shrink along the sequence: drop cuts from the end while the last
+    segment is shorter than ``min_tokens``."""
+    cuts = list(cuts)
+    while len(cuts) > 2 and cuts[-1] - cuts[-2] < min_tokens:
+        del cuts[-2]
     return cuts
 
 
@@ -169,7 +182,7 @@ def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_c
 def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: int | None,
                  round_capacity: int, unit_forward_target: float, asymmetric: bool,
                  inflight_tokens: int | None = None, warmup_units: int = 0,
-                 deadline: Deadline | None = None) -> ReplicaPacks:
+                 deadline: Deadline | None = None, cp: int = 1) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
@@ -190,8 +203,9 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     unit_budget = math.inf
     if inflight_tokens is not None and slice_tokens is not None:
         unit_budget = max(inflight_tokens // slice_tokens - warmup_units, 1)
+    min_tokens = MIN_TOKENS_PER_CP_RANK * cp if cp > 1 else TILE
     cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target,
-                                   deadline=deadline)
+                                   deadline=deadline, min_tokens=min_tokens)
                for seq, n in long_ids.items()}
     members_of = _long_rounds(long_ids, cuts_of, round_capacity, unit_budget) if long_ids else []
     rounds: list[_Round] = []
