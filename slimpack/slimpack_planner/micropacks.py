@@ -153,12 +153,18 @@ def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target
 
 
 def _merge_thin_tail(cuts: list[int], min_tokens: int) -> list[int]:
-    """Equal-cost segments shrink along the sequence: drop cuts from the end while the last
-    segment is shorter than ``min_tokens``."""
-    cuts = list(cuts)
-    while len(cuts) > 2 and cuts[-1] - cuts[-2] < min_tokens:
-        del cuts[-2]
-    return cuts
+    """Equal-cost segments shrink along the sequence: walking back from its end, join
+    consecutive segments until each holds at least ``min_tokens`` (a short remainder at
+    the front joins its neighbour)."""
+    if min_tokens <= TILE or len(cuts) <= 2:
+        return cuts
+    kept = [cuts[-1]]
+    for c in reversed(cuts[1:-1]):
+        if kept[-1] - c >= min_tokens:
+            kept.append(c)
+    if len(kept) > 1 and kept[-1] < min_tokens:
+        kept.pop()
+    return [0, *reversed(kept)]
 
 
 def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_capacity: int,
