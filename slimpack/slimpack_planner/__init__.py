@@ -59,8 +59,10 @@ def default_slice_tokens(batch: Batch, parallel: ParallelSpec, *, fit_tokens: in
 def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
          cost: CostModel, **options: Any) -> Plan:
     """A SlimPack plan; returns within ``time_limit_s`` (+10%) whenever the first (heuristic)
-    candidate does: later candidates stop inside their build once the limit is reached, and
-    one whose simulation is predicted to overrun it is not started."""
+    candidate is built within it: later candidates stop inside their build once the limit is
+    reached, and a simulation predicted to overrun it is not started. A first candidate that
+    alone takes longer is returned as soon as it is built (``metadata["search"][0]["built_s"]``
+    says when)."""
     opts = SlimPackOptions.from_kwargs(options)
     deadline = Deadline(time_limit_s=opts.time_limit_s)
     parallel.validate_for_model(model)
@@ -119,7 +121,8 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
         except OutOfTime:
             break
         peak = candidate.metadata["slimpack"]["peak_bytes"]
-        tried.append({"slice_tokens": s, "merge": True, "peak_gib": peak / 2**30})
+        tried.append({"slice_tokens": s, "merge": True, "peak_gib": peak / 2**30,
+                      "built_s": deadline.elapsed_s})
         if peak < best_peak:
             best, best_peak = candidate, peak
         if peak <= budget or deadline.expired:
@@ -143,28 +146,37 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                 return best, tried
             if not use_merge and merged_outliers == 0:
                 continue  # no outliers to merge: the no-merge plan is the same plan
+            build_started = time.perf_counter()
             try:
                 candidate = build_plan(ctx, s, use_merge=use_merge,
                                        deadline=deadline if best is not None else None)
             except OutOfTime:
                 return best, tried
+            # Before any simulation has been timed, its build time predicts it (a simulation
+            # walks the same units and schedule once more).
+            if not sim_seconds:
+                sim_seconds = time.perf_counter() - build_started
+            built_s = deadline.elapsed_s
             outliers = len(candidate.metadata["slimpack"]["outliers"])
             if use_merge:
                 merged_outliers = outliers
-            if deadline.remaining_s < sim_seconds or (best is None and deadline.expired):
+            # Room for the simulation and, after it, the plan's validation and the jitter of
+            # a busy machine: twice the predicted simulation.
+            if deadline.remaining_s < 2 * sim_seconds:
                 # No time to judge it: a candidate never simulated is kept only as the
                 # heuristic answer (the first), never in place of a simulated one.
                 if best is None:
                     best = candidate
                     tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
-                                  "simulated": False})
+                                  "built_s": built_s, "simulated": False})
                 return best, tried
             sim_started = time.perf_counter()
             record = simulate(candidate, model=ctx.model, hardware=ctx.hardware,
                               cost=ctx.cost).record
             sim_seconds = max(sim_seconds, time.perf_counter() - sim_started)
             tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
-                          "step_time_s": record.step_time_s, "oom": record.oom})
+                          "built_s": built_s, "step_time_s": record.step_time_s,
+                          "oom": record.oom})
             key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
             if best_key is None or key < best_key:
                 best, best_key = candidate, key

@@ -18,7 +18,7 @@ from slimpack.sim.memory import group_memory, peak_bytes_by_stage
 from slimpack.slimpack_planner.assign import bin_loads, lpt_assign, milp_assign, token_assign
 from slimpack.slimpack_planner.estimate import WorkEstimator
 from slimpack.slimpack_planner.merge import MergeDecision, find_outliers
-from slimpack.slimpack_planner.micropacks import OutOfTime, pack_replica
+from slimpack.slimpack_planner.micropacks import OutOfTime, check, pack_replica
 from slimpack.slimpack_planner.options import SlimPackOptions
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
@@ -167,6 +167,7 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
     group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity, target,
                         deadline)
     floor = slice_tokens or 1
+    check(deadline)
     peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
     for _ in range(MAX_MEMORY_REPAIRS):
         if peak <= budget or round_capacity <= floor:
@@ -174,6 +175,7 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
         round_capacity = max(int(round_capacity * budget / peak * 0.9), floor)
         group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity,
                             target, deadline)
+        check(deadline)
         peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
     return group, peak
 
