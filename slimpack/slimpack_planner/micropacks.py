@@ -390,22 +390,24 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
     unit_slices: list[list[int]] = [[] for _ in range(n_units)]
     segment_slice: dict[tuple[int, int], int] = {}
     atoms: list[int] = []
+    atom_cost: dict[int, float] = {}  # backward seconds of each atom slice
     for u in range(n_units):
         for seg in rnd.long_segments[u]:
             sid = _new_slice(out, (seg,))
             segment_slice[(seg.seq_id, seg.start)] = sid
             unit_slices[u].append(sid)
-        docs = sorted(rnd.short_docs[u], key=lambda s: -lengths[s])
+        docs = rnd.short_docs[u]
         if not docs:
             continue
-        buckets = lpt_buckets([est.backward(lengths[s]) for s in docs],
-                              ATOMS_PER_UNIT if asymmetric else 1)
-        for bucket in buckets:
+        docs = sorted(docs, key=lambda s: -lengths[s])
+        bwd = [est.backward(lengths[s]) for s in docs]
+        for bucket in lpt_buckets(bwd, ATOMS_PER_UNIT if asymmetric else 1):
             if bucket:
                 segs = tuple(Segment(seq_id=docs[i], start=0, end=lengths[docs[i]]) for i in bucket)
                 sid = _new_slice(out, segs)
                 unit_slices[u].append(sid)
                 atoms.append(sid)
+                atom_cost[sid] = sum(bwd[i] for i in bucket)
     for u in range(n_units):
         if unit_slices[u]:
             out.forward_units.append(Unit(slice_ids=tuple(unit_slices[u])))
@@ -421,9 +423,6 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
         for seg in sorted(rnd.long_segments[u], key=lambda s: -s.start):
             back[b].append(segment_slice[(seg.seq_id, seg.start)])
             bwd_load[b] += est.backward(seg.num_tokens, seg.start)
-    by_id = {sl.slice_id: sl for sl in out.slices[-len(segment_slice) - len(atoms):]}
-    atom_cost = {sid: sum(est.backward(seg.num_tokens) for seg in by_id[sid].segments)
-                 for sid in atoms}
     heap = [(load, b) for b, load in enumerate(bwd_load)]
     heapq.heapify(heap)
     for sid in sorted(atoms, key=lambda a: -atom_cost[a]):
@@ -452,6 +451,8 @@ def _lightest_window(loads: list[float], width: int) -> int:
 def lpt_buckets(weights: list[float], num_buckets: int) -> list[list[int]]:
     """Indices of ``weights`` split into ``num_buckets`` buckets of balanced total weight."""
     num_buckets = max(1, min(num_buckets, len(weights)))
+    if num_buckets == 1:
+        return [list(range(len(weights)))]
     heap = [(0.0, b) for b in range(num_buckets)]
     buckets: list[list[int]] = [[] for _ in range(num_buckets)]
     for i in sorted(range(len(weights)), key=lambda j: -weights[j]):
