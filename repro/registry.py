@@ -26,6 +26,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType({
     "wlb-table2": "repro.experiments.wlb_table2",
     "flexsp-headline": "repro.experiments.flexsp_headline",
     "sim-fidelity": "repro.experiments.sim_fidelity",
+    "outliers": "repro.experiments.outliers",
 })
 
 
