@@ -28,6 +28,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType({
     "sim-fidelity": "repro.experiments.sim_fidelity",
     "megatron-validation": "repro.experiments.megatron_validation",
     "robustness": "repro.experiments.robustness",
+    "outliers": "repro.experiments.outliers",
 })
 
 

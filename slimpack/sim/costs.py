@@ -79,30 +79,9 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
         return per_rank
 
     def price(unit: Unit) -> tuple[float, float, float, float, int]:
-        """Per-layer (fwd, bwd) seconds of the slowest rank with CP comm, the balanced
-        (fwd, bwd) seconds, and the unit's tokens."""
-        per_rank = rank_pieces(unit)
-        tokens = sum(t for r in per_rank for t, _ in r)
-        if cp > 1 and group.cp_kind == "ulysses":
-            # Heads are split over the CP group after the all-to-all: every rank does 1/cp of
-            # all the unit's work, so it is balanced by construction.
-            all_pieces = [p for r in per_rank for p in r]
-            t = cost.layer_times(all_pieces, tp=tp * cp, recompute=group.recompute)
-            comm = _ulysses_comm(model, cost, tokens / cp, tp, cp, cp_intra)
-            return t.forward_s + comm, t.backward_s + comm, t.forward_s, t.backward_s, tokens
-        times = [cost.layer_times(r, tp=tp, recompute=group.recompute) for r in per_rank]
-        fwd = max(t.forward_s for t in times)
-        bwd = max(t.backward_s for t in times)
-        if cp > 1:
-            # Ring attention ships each rank's K,V chunk round the ring (cp-1 steps) and, in
-            # backward, dK/dV too; it overlaps with attention, so a layer takes the longer.
-            rank_tokens = max(sum(t for t, _ in r) for r in per_rank)
-            step = cost.comm.p2p(rank_tokens * kv_bytes_per_token_per_layer(model, tp),
-                                 intra_node=cp_intra)
-            fwd = max(fwd, (cp - 1) * step)
-            bwd = max(bwd, 2 * (cp - 1) * step)
-        return (fwd, bwd, sum(t.forward_s for t in times) / cp,
-                sum(t.backward_s for t in times) / cp, tokens)
+        return unit_layer_seconds(rank_pieces(unit), model=model, cost=cost, tp=tp, cp=cp,
+                                  cp_kind=group.cp_kind, recompute=group.recompute,
+                                  cp_intra=cp_intra)
 
     fwd_priced = [price(u) for u in group.forward_units]
     bwd_priced = (fwd_priced if group.backward_units == group.forward_units
@@ -145,6 +124,40 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
                       bwd_ideal_s=bwd_ideal, fwd_send_s=sends(fwd_tokens, 1),
                       bwd_send_s=sends(bwd_tokens, -1), fwd_unit_tokens=fwd_tokens,
                       bwd_unit_tokens=bwd_tokens)
+
+
+def unit_layer_seconds(per_rank: list[list[tuple[int, int]]], *, model: ModelSpec,
+                       cost: CostModel, tp: int, cp: int, cp_kind: str = "ring",
+                       recompute: str = "none",
+                       cp_intra: bool = True) -> tuple[float, float, float, float, int]:
+    """One unit's price per layer from its pieces on each CP rank: (fwd, bwd) seconds of the
+    slowest rank with CP communication, the balanced (fwd, bwd) seconds, and its tokens.
+
+    The simulator's own rule, public so that planners price candidate units exactly as the
+    simulator will (``per_rank`` from :func:`slimpack.cost.cp_sharding.shard_pieces`, one
+    call per slice, concatenated per rank).
+    """
+    tokens = sum(t for r in per_rank for t, _ in r)
+    if cp > 1 and cp_kind == "ulysses":
+        # Heads are split over the CP group after the all-to-all: every rank does 1/cp of
+        # all the unit's work, so it is balanced by construction.
+        all_pieces = [p for r in per_rank for p in r]
+        t = cost.layer_times(all_pieces, tp=tp * cp, recompute=recompute)
+        comm = _ulysses_comm(model, cost, tokens / cp, tp, cp, cp_intra)
+        return t.forward_s + comm, t.backward_s + comm, t.forward_s, t.backward_s, tokens
+    times = [cost.layer_times(r, tp=tp, recompute=recompute) for r in per_rank]
+    fwd = max(t.forward_s for t in times)
+    bwd = max(t.backward_s for t in times)
+    if cp > 1:
+        # Ring attention ships each rank's K,V chunk round the ring (cp-1 steps) and, in
+        # backward, dK/dV too; it overlaps with attention, so a layer takes the longer.
+        rank_tokens = max(sum(t for t, _ in r) for r in per_rank)
+        step = cost.comm.p2p(rank_tokens * kv_bytes_per_token_per_layer(model, tp),
+                             intra_node=cp_intra)
+        fwd = max(fwd, (cp - 1) * step)
+        bwd = max(bwd, 2 * (cp - 1) * step)
+    return (fwd, bwd, sum(t.forward_s for t in times) / cp,
+            sum(t.backward_s for t in times) / cp, tokens)
 
 
 def _ulysses_comm(model: ModelSpec, cost: CostModel, rank_tokens: float, tp: int, cp: int,

@@ -23,7 +23,13 @@ from typing import Any
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
-from slimpack.slimpack_planner.assemble import BuildContext, build_plan, max_tokens_in_flight
+from slimpack.planning.deadline import Deadline
+from slimpack.slimpack_planner.assemble import (
+    BuildContext,
+    OutOfTime,
+    build_plan,
+    max_tokens_in_flight,
+)
 from slimpack.slimpack_planner.options import SlimPackOptions
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
@@ -52,8 +58,13 @@ def default_slice_tokens(batch: Batch, parallel: ParallelSpec, *, fit_tokens: in
 
 def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
          cost: CostModel, **options: Any) -> Plan:
-    started = time.perf_counter()
+    """A SlimPack plan; returns within ``time_limit_s`` (+10%) whenever the first (heuristic)
+    candidate is built within it: later candidates stop inside their build once the limit is
+    reached, and a simulation predicted to overrun it is not started. A first candidate that
+    alone takes longer is returned as soon as it is built (``metadata["search"][0]["built_s"]``
+    says when)."""
     opts = SlimPackOptions.from_kwargs(options)
+    deadline = Deadline(time_limit_s=opts.time_limit_s)
     parallel.validate_for_model(model)
     if opts.slice_tokens is not None and opts.slice_tokens % (2 * parallel.cp):
         raise ValueError(
@@ -65,10 +76,10 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                                    fit_tokens=max_tokens_in_flight(ctx, parallel.cp))
     merge_choices = (True,) if opts.no_dp_merge else (True, False)
     if not opts.search:
-        best, tried = _first_fit(ctx, candidates, started)
+        best, tried = _first_fit(ctx, candidates, deadline)
     else:
-        best, tried = _search(ctx, candidates, merge_choices, started)
-    best.metadata["plan_seconds"] = time.perf_counter() - started
+        best, tried = _search(ctx, candidates, merge_choices, deadline)
+    best.metadata["plan_seconds"] = deadline.elapsed_s
     best.metadata["search"] = tried
     return best.validate()
 
@@ -92,7 +103,7 @@ def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOption
 
 
 def _first_fit(ctx: BuildContext, candidates: list[int | None],
-               started: float) -> tuple[Plan, list[dict]]:
+               deadline: Deadline) -> tuple[Plan, list[dict]]:
     """Heuristic mode: the first candidate whose schedule fits memory (no timing at all).
 
     The check walks each group's op order (exactly the simulator's memory accounting), so a
@@ -102,44 +113,70 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
     best: Plan | None = None
     best_peak = float("inf")
     tried: list[dict] = []
-    deadline = started + ctx.options.time_limit_s
     for s in candidates:
-        if best is not None and time.perf_counter() > deadline:
+        try:
+            # The first candidate is always finished: it is the answer of last resort.
+            candidate = build_plan(ctx, s, use_merge=True,
+                                   deadline=deadline if best is not None else None)
+        except OutOfTime:
             break
-        candidate = build_plan(ctx, s, use_merge=True)
         peak = candidate.metadata["slimpack"]["peak_bytes"]
-        tried.append({"slice_tokens": s, "merge": True, "peak_gib": peak / 2**30})
+        tried.append({"slice_tokens": s, "merge": True, "peak_gib": peak / 2**30,
+                      "built_s": deadline.elapsed_s})
         if peak < best_peak:
             best, best_peak = candidate, peak
-        if peak <= budget:
+        if peak <= budget or deadline.expired:
             break
     assert best is not None
     return best, tried
 
 
 def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tuple[bool, ...],
-            started: float) -> tuple[Plan, list[dict]]:
+            deadline: Deadline) -> tuple[Plan, list[dict]]:
     from slimpack.sim import simulate
 
     best: Plan | None = None
     best_key: tuple[bool, float] | None = None
     tried: list[dict] = []
-    deadline = started + ctx.options.time_limit_s
+    sim_seconds = 0.0  # the slowest simulation so far predicts the next one
     for s in candidates:
         merged_outliers = None
         for use_merge in merge_choices:
-            if best is not None and time.perf_counter() > deadline:
+            if best is not None and deadline.expired:
                 return best, tried
             if not use_merge and merged_outliers == 0:
                 continue  # no outliers to merge: the no-merge plan is the same plan
-            candidate = build_plan(ctx, s, use_merge=use_merge)
+            build_started = time.perf_counter()
+            try:
+                candidate = build_plan(ctx, s, use_merge=use_merge,
+                                       deadline=deadline if best is not None else None)
+            except OutOfTime:
+                return best, tried
+            # Before any simulation has been timed, its build time predicts it (a simulation
+            # walks the same units and schedule once more).
+            if not sim_seconds:
+                sim_seconds = time.perf_counter() - build_started
+            built_s = deadline.elapsed_s
             outliers = len(candidate.metadata["slimpack"]["outliers"])
             if use_merge:
                 merged_outliers = outliers
+            # Room for the simulation and, after it, the plan's validation and the jitter of
+            # a busy machine: twice the predicted simulation.
+            if deadline.remaining_s < 2 * sim_seconds:
+                # No time to judge it: a candidate never simulated is kept only as the
+                # heuristic answer (the first), never in place of a simulated one.
+                if best is None:
+                    best = candidate
+                    tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
+                                  "built_s": built_s, "simulated": False})
+                return best, tried
+            sim_started = time.perf_counter()
             record = simulate(candidate, model=ctx.model, hardware=ctx.hardware,
                               cost=ctx.cost).record
+            sim_seconds = max(sim_seconds, time.perf_counter() - sim_started)
             tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
-                          "step_time_s": record.step_time_s, "oom": record.oom})
+                          "built_s": built_s, "step_time_s": record.step_time_s,
+                          "oom": record.oom})
             key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
             if best_key is None or key < best_key:
                 best, best_key = candidate, key

@@ -11,13 +11,14 @@ from slimpack.cost.memory import (
 )
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Phase, Plan
+from slimpack.planning.deadline import Deadline
 from slimpack.schedules import build_schedule
 from slimpack.sim.costs import layers_per_virtual_stage
 from slimpack.sim.memory import group_memory, peak_bytes_by_stage
 from slimpack.slimpack_planner.assign import bin_loads, lpt_assign, milp_assign, token_assign
 from slimpack.slimpack_planner.estimate import WorkEstimator
 from slimpack.slimpack_planner.merge import MergeDecision, find_outliers
-from slimpack.slimpack_planner.micropacks import pack_replica
+from slimpack.slimpack_planner.micropacks import OutOfTime, check, pack_replica
 from slimpack.slimpack_planner.options import SlimPackOptions
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
@@ -45,7 +46,14 @@ def max_tokens_in_flight(ctx: BuildContext, cp: int) -> int:
     return max(int(budget / per_token), 0)
 
 
-def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) -> Plan:
+__all__ = ["BuildContext", "OutOfTime", "build_plan", "max_tokens_in_flight"]
+
+
+def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
+               deadline: Deadline | None = None) -> Plan:
+    """The plan for one slice length. With ``deadline`` the build checks it between groups
+    and inside phase 2 and raises :class:`OutOfTime` once it has passed (the search's later
+    candidates); without, it always finishes (the heuristic answer)."""
     par, opts = ctx.parallel, ctx.options
     lengths = {s.seq_id: s.length for s in ctx.batch.sequences}
     est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp, cp_sharding=opts.cp_sharding)
@@ -87,7 +95,7 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) 
             capacity = max(max_tokens_in_flight(ctx, par.cp * k) - warmup_tokens,
                            slice_tokens or 128)
             group, peak = _group(ctx, next_group, replicas, seqs, m_est, slice_tokens, capacity,
-                                 target)
+                                 target, deadline)
             groups.append(group)
             peaks.append(peak)
             next_group += 1
@@ -114,7 +122,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool) 
             if not members:
                 continue
             seqs = {ids[i]: regular[ids[i]] for i in members}
-            group, peak = _group(ctx, next_group, [r], seqs, est, slice_tokens, fit_tokens, target)
+            group, peak = _group(ctx, next_group, [r], seqs, est, slice_tokens, fit_tokens, target,
+                                 deadline)
             groups.append(group)
             peaks.append(peak)
             next_group += 1
@@ -147,7 +156,7 @@ IN_FLIGHT_MARGIN = 0.96
 
 def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],
            est: WorkEstimator, slice_tokens: int | None, round_capacity: int,
-           target: float) -> tuple[Group, float]:
+           target: float, deadline: Deadline | None) -> tuple[Group, float]:
     """Pack one group; shrink its rounds until the schedule's peak memory fits.
 
     The round capacity is a first guess from tokens; MicroPacks balanced on cost can hold
@@ -155,15 +164,18 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
     (an order-only walk, no timing) and rounds shrink until it fits or reach one slice.
     """
     budget = ctx.hardware.usable_memory_bytes * ctx.options.memory_headroom
-    group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity, target)
+    group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity, target,
+                        deadline)
     floor = slice_tokens or 1
+    check(deadline)
     peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
     for _ in range(MAX_MEMORY_REPAIRS):
         if peak <= budget or round_capacity <= floor:
             break
         round_capacity = max(int(round_capacity * budget / peak * 0.9), floor)
         group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity,
-                            target)
+                            target, deadline)
+        check(deadline)
         peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
     return group, peak
 
@@ -177,13 +189,13 @@ def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int) -> list[float]:
 
 def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],
                 est: WorkEstimator, slice_tokens: int | None, round_capacity: int,
-                target: float) -> Group:
+                target: float, deadline: Deadline | None) -> Group:
     par = ctx.parallel
     k = len(replicas)
     packs = pack_replica(seqs, est, slice_tokens=slice_tokens, round_capacity=round_capacity,
                          unit_forward_target=target, asymmetric=not ctx.options.no_asymmetric,
                          inflight_tokens=round_capacity + 2 * (par.pp - 1) * (slice_tokens or 0),
-                         warmup_units=2 * (par.pp - 1))
+                         warmup_units=2 * (par.pp - 1), deadline=deadline, cp=par.cp * k)
     # Ranks ordered (pp, cp, tp): a merged group's CP index runs over its replicas' CP ranks.
     ranks = tuple(par.rank(dp=r, pp=s, cp=c, tp=t)
                   for s in range(par.pp) for r in replicas for c in range(par.cp)

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from slimpack.cost.cp_sharding import shard_pieces
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Segment, Slice, Unit
-from slimpack.sim.costs import group_costs
+from slimpack.sim.costs import group_costs, unit_layer_seconds
 
 _GRID = sorted({int(round(2 ** (k / 4))) for k in range(16, 77)})  # 16 .. 512K tokens, 4 per octave
 _REFERENCE_UNIT_TOKENS = 8192
 _PREFIX_PROBE = (4096, 65536)  # (tokens, prefix)
+_FIXED_PROBE, _FIXED_COPIES = 1024, 4  # the fixed part: 4 vs 8 documents of 1K tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,10 +42,27 @@ class WorkEstimator:
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
     """(table id, tokens) -> seconds: planners ask for the same lengths many times."""
 
+    unit_fwd: float = 0.0
+    """Seconds a MicroPack costs whatever it holds (kernel launches, the GEMMs' fixed part,
+    collective latency): what ``unit_forward`` adds to its pieces' marginal costs."""
+    unit_bwd: float = 0.0
+    segment_price: Callable[[int, int], tuple[float, float]] | None = field(
+        default=None, compare=False, repr=False)
+    """Exact (fwd, bwd) marginal seconds of one segment with a KV prefix, on its real per-rank
+    pieces (the per-pair fit misses tile waste: a slice's chunk per CP rank rounds up to
+    128-token tiles against its whole prefix)."""
+
     @classmethod
     def from_cost(cls, cost: CostModel, *, tp: int, cp: int, cp_sharding: str = "per-document",
                   cp_kind: str = "ring") -> WorkEstimator:
-        """Probe the simulator's pricing: seconds per layer on one GPU of the group."""
+        """Probe the simulator's pricing: seconds per layer on one GPU of the group.
+
+        A unit's price is modelled as affine: a fixed part per MicroPack plus a marginal
+        part per piece (exact for the analytic model without CP: GEMM time over R rows at
+        efficiency R/(R+h) is linear in R, launches and collective latency are constant).
+        The fixed part comes from one and two copies of a small reference unit, the marginal
+        cost of a length from a probe holding about 8K tokens of it, minus the fixed part.
+        """
         probes: list[list[tuple[int, int]]] = []
         for length in _GRID:
             copies = max(1, _REFERENCE_UNIT_TOKENS // length)
@@ -50,17 +70,31 @@ class WorkEstimator:
         tokens, prefix = _PREFIX_PROBE
         probes.append([(tokens, 0)])
         probes.append([(tokens, prefix)])
+        probes.append([(_FIXED_PROBE, 0)] * _FIXED_COPIES)
+        probes.append([(_FIXED_PROBE, 0)] * (2 * _FIXED_COPIES))
         fwd, bwd = _price_probes(cost, probes, tp=tp, cp=cp, cp_sharding=cp_sharding,
                                  cp_kind=cp_kind)
-        per_doc_f = [fwd[i] / len(probes[i]) for i in range(len(_GRID))]
-        per_doc_b = [bwd[i] / len(probes[i]) for i in range(len(_GRID))]
+        fixed_f = max(2 * fwd[-2] - fwd[-1], 0.0)
+        fixed_b = max(2 * bwd[-2] - bwd[-1], 0.0)
+        n = len(_GRID)
+        per_doc_f = [(fwd[i] - fixed_f) / len(probes[i]) for i in range(n)]
+        per_doc_b = [(bwd[i] - fixed_b) / len(probes[i]) for i in range(n)]
         pairs = tokens * prefix
+        intra = tp * cp <= cost.hardware.gpus_per_node  # as in the probe group
+
+        def segment_price(seg_tokens: int, seg_prefix: int) -> tuple[float, float]:
+            f, b, *_ = unit_layer_seconds(shard_pieces([(seg_tokens, seg_prefix)], cp, cp_sharding),
+                                          model=cost.model, cost=cost, tp=tp, cp=cp,
+                                          cp_kind=cp_kind, cp_intra=intra)
+            return max(f - fixed_f, 0.0), max(b - fixed_b, 0.0)
+
         return cls(
-            log_lengths=tuple(math.log(n) for n in _GRID),
+            log_lengths=tuple(math.log(x) for x in _GRID),
             log_fwd=tuple(math.log(max(t, 1e-15)) for t in per_doc_f),
             log_bwd=tuple(math.log(max(t, 1e-15)) for t in per_doc_b),
-            fwd_per_prefix_pair=max(fwd[-1] - fwd[-2], 0.0) / pairs,
-            bwd_per_prefix_pair=max(bwd[-1] - bwd[-2], 0.0) / pairs,
+            fwd_per_prefix_pair=max(fwd[n + 1] - fwd[n], 0.0) / pairs,
+            bwd_per_prefix_pair=max(bwd[n + 1] - bwd[n], 0.0) / pairs,
+            unit_fwd=fixed_f, unit_bwd=fixed_b, segment_price=segment_price,
         )
 
     def _doc(self, table: tuple[float, ...], tokens: int) -> float:
@@ -82,14 +116,33 @@ class WorkEstimator:
         t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
         return math.exp(table[i - 1] + t * (table[i] - table[i - 1]))
 
+    def _segment(self, tokens: int, prefix: int) -> tuple[float, float]:
+        key = (tokens, prefix)
+        cached = self._memo.get(key)
+        if cached is None:
+            cached = self._memo[key] = self.segment_price(tokens, prefix)
+        return cached
+
     def forward(self, tokens: int, prefix: int = 0) -> float:
+        if prefix and self.segment_price is not None:
+            return self._segment(tokens, prefix)[0]
         return self._doc(self.log_fwd, tokens) + self.fwd_per_prefix_pair * tokens * prefix
 
     def backward(self, tokens: int, prefix: int = 0) -> float:
+        if prefix and self.segment_price is not None:
+            return self._segment(tokens, prefix)[1]
         return self._doc(self.log_bwd, tokens) + self.bwd_per_prefix_pair * tokens * prefix
 
     def total(self, tokens: int, prefix: int = 0) -> float:
         return self.forward(tokens, prefix) + self.backward(tokens, prefix)
+
+    def unit_forward(self, pieces) -> float:
+        """Estimated forward seconds per layer of a MicroPack holding ``pieces``
+        ((tokens, kv_prefix) of each segment)."""
+        return self.unit_fwd + sum(self.forward(t, p) for t, p in pieces)
+
+    def unit_backward(self, pieces) -> float:
+        return self.unit_bwd + sum(self.backward(t, p) for t, p in pieces)
 
 
 def _price_probes(cost: CostModel, probes: list[list[tuple[int, int]]], *, tp: int, cp: int,

@@ -33,12 +33,27 @@ import math
 from dataclasses import dataclass, field
 
 from slimpack.plan import Segment, Slice, Unit
+from slimpack.planning.deadline import Deadline
 from slimpack.slimpack_planner.estimate import WorkEstimator
 
 TILE = 128
+MIN_TOKENS_PER_CP_RANK = 512
+"""Shortest slice per CP rank: each rank then holds two zigzag chunks of at least 256 tokens
+(two 128-token attention tiles), so tile waste stays small; cost-balanced cuts otherwise
+shrink late slices of a long sequence below one tile per rank at cp 8."""
 ATOMS_PER_UNIT = 4
 """Short documents of one forward MicroPack are held in this many atom slices, the granularity
 at which backward MicroPacks may regroup them (more atoms: finer balance, more slices)."""
+
+
+class OutOfTime(Exception):
+    """A candidate's build passed the planner's deadline (caught by the search, never seen
+    by callers)."""
+
+
+def check(deadline: Deadline | None) -> None:
+    if deadline is not None and deadline.expired:
+        raise OutOfTime
 
 
 @dataclass(kw_only=True)
@@ -96,19 +111,60 @@ def cost_balanced_cuts(length: int, pieces: int, est: WorkEstimator, *, align: i
     return cuts
 
 
-def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target: float) -> list[int]:
+def slice_sequence(length: int, est: WorkEstimator, *, slice_tokens: int, target: float,
+                   deadline: Deadline | None = None, min_tokens: int = TILE) -> list[int]:
     """Cuts of one long sequence: equal forward cost, each segment at most ``slice_tokens``.
 
     Enough pieces that none exceeds a MicroPack's forward budget; more while the first
-    (longest, cheapest-per-token) segment is longer than S.
+    (longest, cheapest-per-token) segment is longer than S. Segments of equal cost shrink
+    along the sequence, so the first is the longest and costs F(L)/k: it fits S from about
+    k = F(L)/F(S) pieces on, where the search starts; it then doubles its step until the
+    cuts fit and bisects back (O(log) cut sets, where raising k one by one took thousands).
     """
-    pieces = max(math.ceil(length / slice_tokens), math.ceil(est.forward(length) / target), 1)
+    most = max(math.ceil(length / TILE), 1)
+    total = est.forward(length)
+    pieces = min(max(math.ceil(length / slice_tokens), math.ceil(total / target),
+                     math.ceil(total / est.forward(slice_tokens)), 1), most)
+
+    def fits(k: int) -> list[int] | None:
+        check(deadline)
+        cuts = cost_balanced_cuts(length, k, est)
+        ok = max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)) <= slice_tokens
+        return cuts if ok or k >= most else None
+
+    cuts = fits(pieces)
+    if cuts is not None:
+        return _merge_thin_tail(cuts, min_tokens)
+    lo, step = pieces, 1  # lo fails
     while True:
-        cuts = cost_balanced_cuts(length, pieces, est)
-        if max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)) <= slice_tokens \
-                or pieces >= math.ceil(length / TILE):
-            return cuts
-        pieces += 1
+        hi = min(lo + step, most)
+        cuts = fits(hi)
+        if cuts is not None:
+            break
+        lo, step = hi, step * 2
+    while hi - lo > 1:  # fits(hi) holds, fits(lo) fails
+        mid = (lo + hi) // 2
+        found = fits(mid)
+        if found is not None:
+            hi, cuts = mid, found
+        else:
+            lo = mid
+    return _merge_thin_tail(cuts, min_tokens)
+
+
+def _merge_thin_tail(cuts: list[int], min_tokens: int) -> list[int]:
+    """Equal-cost segments shrink along the sequence: walking back from its end, join
+    consecutive segments until each holds at least ``min_tokens`` (a short remainder at
+    the front joins its neighbour)."""
+    if min_tokens <= TILE or len(cuts) <= 2:
+        return cuts
+    kept = [cuts[-1]]
+    for c in reversed(cuts[1:-1]):
+        if kept[-1] - c >= min_tokens:
+            kept.append(c)
+    if len(kept) > 1 and kept[-1] < min_tokens:
+        kept.pop()
+    return [0, *reversed(kept)]
 
 
 def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_capacity: int,
@@ -131,7 +187,8 @@ def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_c
 
 def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: int | None,
                  round_capacity: int, unit_forward_target: float, asymmetric: bool,
-                 inflight_tokens: int | None = None, warmup_units: int = 0) -> ReplicaPacks:
+                 inflight_tokens: int | None = None, warmup_units: int = 0,
+                 deadline: Deadline | None = None, cp: int = 1) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
@@ -152,7 +209,9 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     unit_budget = math.inf
     if inflight_tokens is not None and slice_tokens is not None:
         unit_budget = max(inflight_tokens // slice_tokens - warmup_units, 1)
-    cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target)
+    min_tokens = MIN_TOKENS_PER_CP_RANK * cp if cp > 1 else TILE
+    cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target,
+                                   deadline=deadline, min_tokens=min_tokens)
                for seq, n in long_ids.items()}
     members_of = _long_rounds(long_ids, cuts_of, round_capacity, unit_budget) if long_ids else []
     rounds: list[_Round] = []
@@ -235,6 +294,7 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     giants = sorted((r for r in rounds if r.num_units > giant_limit), key=lambda r: r.num_units)
     out = ReplicaPacks()
     for rnd in normal + giants:
+        check(deadline)
         _emit_round(rnd, lengths, est, asymmetric, out)
     return out
 
@@ -243,34 +303,85 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
                           short_ids: dict[int, int], short_fwd: dict[int, float], *,
                           unit_cap: float, add_round) -> None:
     """LPT: heaviest document first, into the lightest MicroPack with room (its round's token
-    capacity and the per-MicroPack token cap); a new filler round when none has room."""
-    heap = [(load, r, u) for r, loads in enumerate(fwd_load) for u, load in enumerate(loads)]
-    heapq.heapify(heap)
+    capacity and the per-MicroPack token cap); a new filler round when none has room.
+
+    The lightest fitting MicroPack (ties by round, then position) is found in O(log n):
+    rounds sit in a heap keyed by their lightest *open* MicroPack, each round keeps a heap of
+    its open MicroPacks, and a round or MicroPack without room for the current document is
+    *parked* in a max-heap keyed by its room. Parked rooms do not change (nothing is added
+    to a parked round or MicroPack) and documents come longest first, so a parked item is
+    reopened once the documents have shrunk to its room, and never looked at before that.
+    A reopened item has room for every later document, so it is parked again only after it
+    took one: O((docs + MicroPacks) log) in all, where cycling full MicroPacks through one
+    heap cost O(docs x MicroPacks). The choice is the same as that exhaustive scan's.
+    """
+    unit_heaps: list[list[tuple[float, int]]] = []
+    version: list[int] = []
+    round_parked: list[bool] = []
+    top: list[tuple[float, int, int]] = []  # (lightest open load, round, version), lazy
+    parked_rounds: list[tuple[int, int]] = []  # (-room, round)
+    parked_units: list[tuple[float, int, int]] = []  # (-room, round, unit)
+
+    def push_round(r: int) -> None:
+        version[r] += 1
+        if unit_heaps[r] and not round_parked[r]:
+            heapq.heappush(top, (unit_heaps[r][0][0], r, version[r]))
+
+    def open_round(r: int) -> None:
+        unit_heaps.append([(load, u) for u, load in enumerate(fwd_load[r])])
+        heapq.heapify(unit_heaps[r])
+        version.append(0)
+        round_parked.append(False)
+        push_round(r)
+
+    for r in range(len(rounds)):
+        open_round(r)
     for seq_id in sorted(short_ids, key=lambda s: (-short_ids[s], s)):
         n = short_ids[seq_id]
-        skipped: list[tuple[float, int, int]] = []
-        while heap:
-            load, r, u = heap[0]
+        # Reopen what the shorter document now fits.
+        while parked_rounds and -parked_rounds[0][0] >= n:
+            _, r = heapq.heappop(parked_rounds)
+            round_parked[r] = False
+            push_round(r)
+        touched = set()
+        while parked_units and -parked_units[0][0] >= n:
+            _, r, u = heapq.heappop(parked_units)
+            heapq.heappush(unit_heaps[r], (fwd_load[r][u], u))
+            touched.add(r)
+        for r in touched:
+            push_round(r)
+        while True:
+            force = not top
+            if force:  # nothing has room: a new filler round takes it, fitting or not
+                add_round()
+                open_round(len(rounds) - 1)
+            _, r, ver = heapq.heappop(top)
+            if ver != version[r] or round_parked[r]:
+                continue  # stale entry
             rnd = rounds[r]
-            fits_round = rnd.tokens + n <= rnd.capacity
-            fits_unit = rnd.unit_tokens[u] + n <= unit_cap or rnd.unit_tokens[u] == 0
-            if fits_round and fits_unit:
-                break
-            skipped.append(heapq.heappop(heap))
-        if not heap:
-            add_round()
-            r = len(rounds) - 1
-            for u in range(rounds[r].num_units):
-                heapq.heappush(heap, (0.0, r, u))
-        load, r, u = heapq.heappop(heap)
-        rounds[r].short_docs[u].append(seq_id)
-        rounds[r].tokens += n
-        rounds[r].unit_tokens[u] += n
-        heapq.heappush(heap, (load + short_fwd[seq_id], r, u))
-        # A step that is full for this document may still take a shorter one later.
-        for item in skipped:
-            if rounds[item[1]].tokens < rounds[item[1]].capacity:
-                heapq.heappush(heap, item)
+            if rnd.tokens + n > rnd.capacity and not force:
+                round_parked[r] = True
+                if rnd.tokens < rnd.capacity:  # a full round never reopens
+                    heapq.heappush(parked_rounds, (rnd.tokens - rnd.capacity, r))
+                continue
+            heap = unit_heaps[r]
+            load, u = heap[0]
+            used = rnd.unit_tokens[u]
+            if used and used + n > unit_cap and not force:
+                # Its lightest MicroPack is full for this document; the round's next one
+                # competes with the other rounds again.
+                heapq.heappop(heap)
+                heapq.heappush(parked_units, (used - unit_cap, r, u))
+                push_round(r)
+                continue
+            heapq.heappop(heap)
+            rnd.short_docs[u].append(seq_id)
+            rnd.tokens += n
+            rnd.unit_tokens[u] += n
+            fwd_load[r][u] = load + short_fwd[seq_id]
+            heapq.heappush(heap, (fwd_load[r][u], u))
+            push_round(r)
+            break
 
 
 def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymmetric: bool,
@@ -279,22 +390,24 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
     unit_slices: list[list[int]] = [[] for _ in range(n_units)]
     segment_slice: dict[tuple[int, int], int] = {}
     atoms: list[int] = []
+    atom_cost: dict[int, float] = {}  # backward seconds of each atom slice
     for u in range(n_units):
         for seg in rnd.long_segments[u]:
             sid = _new_slice(out, (seg,))
             segment_slice[(seg.seq_id, seg.start)] = sid
             unit_slices[u].append(sid)
-        docs = sorted(rnd.short_docs[u], key=lambda s: -lengths[s])
+        docs = rnd.short_docs[u]
         if not docs:
             continue
-        buckets = lpt_buckets([est.backward(lengths[s]) for s in docs],
-                              ATOMS_PER_UNIT if asymmetric else 1)
-        for bucket in buckets:
+        docs = sorted(docs, key=lambda s: -lengths[s])
+        bwd = [est.backward(lengths[s]) for s in docs]
+        for bucket in lpt_buckets(bwd, ATOMS_PER_UNIT if asymmetric else 1):
             if bucket:
                 segs = tuple(Segment(seq_id=docs[i], start=0, end=lengths[docs[i]]) for i in bucket)
                 sid = _new_slice(out, segs)
                 unit_slices[u].append(sid)
                 atoms.append(sid)
+                atom_cost[sid] = sum(bwd[i] for i in bucket)
     for u in range(n_units):
         if unit_slices[u]:
             out.forward_units.append(Unit(slice_ids=tuple(unit_slices[u])))
@@ -310,9 +423,6 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
         for seg in sorted(rnd.long_segments[u], key=lambda s: -s.start):
             back[b].append(segment_slice[(seg.seq_id, seg.start)])
             bwd_load[b] += est.backward(seg.num_tokens, seg.start)
-    by_id = {sl.slice_id: sl for sl in out.slices[-len(segment_slice) - len(atoms):]}
-    atom_cost = {sid: sum(est.backward(seg.num_tokens) for seg in by_id[sid].segments)
-                 for sid in atoms}
     heap = [(load, b) for b, load in enumerate(bwd_load)]
     heapq.heapify(heap)
     for sid in sorted(atoms, key=lambda a: -atom_cost[a]):
@@ -341,6 +451,8 @@ def _lightest_window(loads: list[float], width: int) -> int:
 def lpt_buckets(weights: list[float], num_buckets: int) -> list[list[int]]:
     """Indices of ``weights`` split into ``num_buckets`` buckets of balanced total weight."""
     num_buckets = max(1, min(num_buckets, len(weights)))
+    if num_buckets == 1:
+        return [list(range(len(weights)))]
     heap = [(0.0, b) for b in range(num_buckets)]
     buckets: list[list[int]] = [[] for _ in range(num_buckets)]
     for i in sorted(range(len(weights)), key=lambda j: -weights[j]):

@@ -1,0 +1,55 @@
+"""SlimPack planning time at paper scale (targets of docs/slimpack-planner.md, "Planning
+time"). Measured by `make bench` (medians); under plain pytest each body runs once and only
+the plan is checked.
+
+* 16,384 sequences on one replica (llama-13b, 64K Common Crawl, tp 8 pp 4), heuristic mode:
+  target under 200 ms.
+* One 134M-token global batch (512 x 256K tokens of Common Crawl, about 65K documents) for
+  llama-70b on 256 H800 GPUs (tp 8 pp 8 dp 4): heuristic under 1 s, search under 10 s.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from slimpack.cost import AnalyticCostModel
+from slimpack.slimpack_planner import plan
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+HW = hardware_preset("h800")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return pytest.importorskip("slimpack.data")
+
+
+def test_bench_slimpack_heuristic_16k_sequences_one_replica(benchmark, data):
+    model = model_preset("llama-13b")
+    cost = AnalyticCostModel(model=model, hardware=HW)
+    batch = data.sample_batch("commoncrawl", num_sequences=16384, context=65536, seed=0)
+    parallel = ParallelSpec(tp=8, pp=4, dp=1)
+    result = benchmark(lambda: plan(batch, model, HW, parallel, cost, search=False))
+    result.validate()
+    assert result.num_tokens == batch.num_tokens
+
+
+@pytest.fixture(scope="module")
+def paper_batch(data):
+    return data.sample_batch("commoncrawl", token_budget=512 * 262144, context=262144, seed=0)
+
+
+MODEL_70B = model_preset("llama-70b")
+COST_70B = AnalyticCostModel(model=MODEL_70B, hardware=HW)
+PARALLEL_256 = ParallelSpec(tp=8, pp=8, dp=4)
+
+
+@pytest.mark.parametrize("search", [False, True], ids=["heuristic", "search"])
+def test_bench_slimpack_134m_token_batch_256_gpus(benchmark, paper_batch, search):
+    if search and benchmark.disabled:
+        pytest.skip("a full search of this batch takes about a minute: `make bench` only")
+    result = benchmark(lambda: plan(paper_batch, MODEL_70B, HW, PARALLEL_256, COST_70B,
+                                    search=search, time_limit_s=60.0))
+    result.validate()
+    assert result.num_tokens == paper_batch.num_tokens == 512 * 262144
+    assert result.metadata["slimpack"]["peak_bytes"] <= HW.usable_memory_bytes
