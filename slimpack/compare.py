@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimpack.batch import Batch
-from slimpack.cost.model import AnalyticCostModel, CostModel
+from slimpack.cost.kernel_model import default_cost_model
+from slimpack.cost.model import CostModel
 from slimpack.methods import get_method
 from slimpack.plan import Plan
 from slimpack.planning.auto_parallel import (
@@ -194,7 +195,7 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
                          f"but gpus={gpus}")
     settings = CompareSettings(context=context, time_limit_s=time_limit_s,
                                auto_parallel_top_k=auto_parallel_top_k)
-    cost = cost or AnalyticCostModel(model=model, hardware=hardware)
+    cost = cost or default_cost_model(model, hardware)
     ctx = settings.context or max(batch.lengths)
     method_options = method_options or {}
     rows = []

@@ -72,13 +72,13 @@ def simulate_planner(point: Point, method: str, experiment: str, batch: Any = No
                      **options: Any) -> Row:
     """Plan with one registered planner at the point's fixed parallel config and simulate."""
     from slimpack import sim
-    from slimpack.cost.model import AnalyticCostModel
+    from slimpack.cost.kernel_model import default_cost_model
     from slimpack.methods import get_planner
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
     parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
-    cost = AnalyticCostModel(model=model, hardware=hardware)
+    cost = default_cost_model(model, hardware)
     batch = batch if batch is not None else draw_batch(point, experiment)
     plan = get_planner(method)(batch, model, hardware, parallel, cost, **options)
     record = sim.simulate(plan, model=model, hardware=hardware, cost=cost).record
@@ -110,11 +110,11 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
     rows. A method that cannot be planned gets a row with ``error`` set, never silence.
     """
     from slimpack.compare import best_parallel
-    from slimpack.cost.model import AnalyticCostModel
+    from slimpack.cost.kernel_model import default_cost_model
     from slimpack.specs import hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
-    cost = AnalyticCostModel(model=model, hardware=hardware)
+    cost = default_cost_model(model, hardware)
     batch = batch if batch is not None else draw_batch(point, experiment)
     rows = []
     for entry in methods:

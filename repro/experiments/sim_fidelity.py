@@ -38,7 +38,7 @@ def run_point(point: Point) -> list[Row]:
 
     from slimpack import compare as cmp
     from slimpack import sim
-    from slimpack.cost.model import AnalyticCostModel
+    from slimpack.cost.kernel_model import default_cost_model
     from slimpack.runtime import config as config_mod
     from slimpack.runtime import launch
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -48,7 +48,7 @@ def run_point(point: Point) -> list[Row]:
     gpus = int(os.environ.get("WORLD_SIZE", torch.cuda.device_count() if cuda else 2))
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
     parallel = ParallelSpec(pp=2 if gpus >= 2 else 1, dp=max(1, gpus // 2) if gpus >= 2 else 1)
-    cost = AnalyticCostModel(model=model, hardware=hardware)
+    cost = default_cost_model(model, hardware)
     batch = draw_batch(point, "sim-fidelity")
     plan = cmp.plan_method(point["method"], batch, model, hardware, parallel, cost,
                            context=point["context"])

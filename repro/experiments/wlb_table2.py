@@ -65,11 +65,11 @@ def run_point(point: Point) -> list[Row]:
     from baselines.common import fixed_length as fixed
     from slimpack import planning
     from slimpack.batch import Batch, Sequence
-    from slimpack.cost.model import AnalyticCostModel
+    from slimpack.cost.kernel_model import default_cost_model
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
-    cost = AnalyticCostModel(model=model, hardware=hardware)
+    cost = default_cost_model(model, hardware)
     par = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
     thresholds = VARIANTS[point["variant"]][0]
     state = None if thresholds is None else wlb.OutlierQueues(thresholds=thresholds)

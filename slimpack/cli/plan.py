@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from slimpack.batch import Batch
-from slimpack.cost.model import AnalyticCostModel
+from slimpack.cost.kernel_model import default_cost_model
 from slimpack.methods import get_method, method_names
 from slimpack.planning.options import parse_options
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -144,7 +144,7 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec | None:
 
 def _specs(args: argparse.Namespace):
     model, hardware = model_preset(args.model), hardware_preset(args.hardware)
-    return model, hardware, AnalyticCostModel(model=model, hardware=hardware)
+    return model, hardware, default_cost_model(model, hardware)
 
 
 def run_plan(args: argparse.Namespace) -> int:

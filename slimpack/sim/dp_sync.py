@@ -29,6 +29,8 @@ class DpSync:
     """Per base pipeline stage: when its synchronisation ends."""
     duration_s: float
     """Longest single stage synchronisation (seconds of communication)."""
+    optimizer_s: float = 0.0
+    """Longest per-stage optimizer step (0 for cost models that do not price it)."""
     ops: tuple[OpTiming, ...] = ()
 
     @property
@@ -75,6 +77,7 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
     ends = []
     ops = []
     longest = 0.0
+    longest_step = 0.0
     for b in range(base.pp):
         params = len(base_layers[b]) * model.params_per_layer / base.tp
         if b == 0:
@@ -84,8 +87,13 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
         step = 0.0
         if optimizer_step is not None:
             step = optimizer_step(params / (sync_size if zero_stage else 1))
+        longest_step = max(longest_step, step)
         if sync_size == 1:
             ends.append(done[b] + step)
+            if step > 0:
+                ops.append(OpTiming(stage=b, kind="optimizer", unit=-1, chunk=-1,
+                                    start_s=done[b], end_s=done[b] + step, lane="optimizer",
+                                    group=-1))
             continue
         intra = base.same_node(base.dp_group(base.rank(pp=b)))
         if zero_stage == 3:
@@ -102,4 +110,8 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
         ops.append(OpTiming(stage=b, kind="dp-sync", unit=-1, chunk=-1,
                             start_s=end - step - seconds, end_s=end - step, lane="dp-sync",
                             group=-1))
-    return DpSync(stage_end_s=tuple(ends), duration_s=longest, ops=tuple(ops))
+        if step > 0:
+            ops.append(OpTiming(stage=b, kind="optimizer", unit=-1, chunk=-1,
+                                start_s=end - step, end_s=end, lane="optimizer", group=-1))
+    return DpSync(stage_end_s=tuple(ends), duration_s=longest, optimizer_s=longest_step,
+                  ops=tuple(ops))

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slimpack.cost.flops import mfu, model_flops
-from slimpack.cost.model import AnalyticCostModel, CostModel
+from slimpack.cost.kernel_model import default_cost_model
+from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Plan
 from slimpack.records import OpTiming, StepRecord
 from slimpack.schedules import Op, build_schedule, validate_schedule
@@ -50,7 +51,8 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
              validate: bool = True) -> SimResult:
     """Simulate one training step of ``plan``.
 
-    ``cost`` defaults to :class:`AnalyticCostModel`. ``schedules`` overrides the op lists of
+    ``cost`` defaults to :func:`~slimpack.cost.kernel_model.default_cost_model` (the
+    kernel-level model validated against published runs). ``schedules`` overrides the op lists of
     some groups (by group id; they are checked with ``validate_schedule``); the others use
     :func:`build_schedule`. ``validate=False`` skips ``Plan.validate`` for planners that
     already validated. Raises PlanError for a malformed plan or schedule and DeadlockError
@@ -59,7 +61,7 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
     wall = time.perf_counter()
     if validate:
         plan.validate()
-    cost = cost if cost is not None else AnalyticCostModel(model=model, hardware=hardware)
+    cost = cost if cost is not None else default_cost_model(model, hardware)
     world = plan.world_size
     gpus_per_node = plan.parallel.gpus_per_node
     rank_free = [0.0] * world
@@ -147,6 +149,7 @@ def _record(plan: Plan, runs: list[_GroupRun], sync: DpSync, *, model: ModelSpec
             "usable_memory_bytes": hardware.usable_memory_bytes,
             "compute_end_s": compute_end,
             "dp_sync_s": sync.duration_s,
+            "optimizer_step_s": sync.optimizer_s,
             "num_ops": sum(r.timeline.num_ops for r in runs) + len(sync.stage_end_s),
             "sim_wall_s": wall_s,
         },

@@ -13,7 +13,7 @@ from typing import Any
 from slimpack.plan import Group, Plan
 from slimpack.sim.simulate import SimResult
 
-LANES = ("compute", "send-next", "send-prev", "dp-sync")
+LANES = ("compute", "send-next", "send-prev", "dp-sync", "optimizer")
 DP_SYNC_PID = 1_000_000
 
 
@@ -51,7 +51,7 @@ def to_chrome_trace(result: SimResult) -> dict[str, Any]:
         pid = DP_SYNC_PID if op.group < 0 else op.group * 1000 + op.stage
         if pid not in named:
             named.add(pid)
-            name = "dp-sync" if op.group < 0 else f"group {op.group} stage {op.stage}"
+            name = "dp-sync and optimizer" if op.group < 0 else f"group {op.group} stage {op.stage}"
             events.append({"ph": "M", "name": "process_name", "pid": pid,
                            "args": {"name": name}})
             events.append({"ph": "M", "name": "process_sort_index", "pid": pid,
