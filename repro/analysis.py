@@ -38,3 +38,24 @@ def scalar(frame: pd.DataFrame, column: str, how: str = "mean") -> float:
     if values.empty:
         return math.nan
     return float(getattr(values, how)())
+
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
+"""Two-sided 95% quantiles of Student's t by degrees of freedom (any statistics table)."""
+
+
+def mean_ci95(values: pd.Series | list[float]) -> tuple[float, float, float]:
+    """Mean and 95% confidence interval (Student's t) of a small sample: (mean, low, high).
+
+    One value gives (v, nan, nan): no spread can be claimed from one batch. Beyond 15 degrees
+    of freedom the normal quantile 1.96 is used.
+    """
+    data = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    if data.empty:
+        return math.nan, math.nan, math.nan
+    mean = float(data.mean())
+    if len(data) < 2:
+        return mean, math.nan, math.nan
+    half = T95.get(len(data) - 1, 1.96) * float(data.std(ddof=1)) / math.sqrt(len(data))
+    return mean, mean - half, mean + half

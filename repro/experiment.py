@@ -139,6 +139,9 @@ class Experiment:
     """Library modules the sweep imports (shown by ``repro list`` and in errors)."""
     timing_columns: tuple[str, ...] = ()
     """Columns holding wall-clock measurements: the only ones allowed to differ between runs."""
+    tables: Callable[[pd.DataFrame], list[tuple[str, pd.DataFrame]]] | None = None
+    """Optional (title, frame) tables computed from the records, shown in REPORT.md under the
+    experiment's section (e.g. per-component gains with their spread)."""
 
     def __post_init__(self) -> None:
         if not self.name or self.name != self.name.strip().lower() or " " in self.name:

@@ -58,6 +58,18 @@ def _md_cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _md_table(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(_md_cell(c) for c in frame.columns) + " |"
+    rule = "|" + "---|" * len(frame.columns)
+    body = ["| " + " | ".join(_md_cell(_fmt(v)) for v in row) + " |"
+            for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 def render_report(results_dir: Path, registry: str = "repro.registry") -> str:
     collected = collect_claims(results_dir, registry)
     frame = claims_frame(collected)
@@ -95,6 +107,9 @@ def render_report(results_dir: Path, registry: str = "repro.registry") -> str:
                          f"(backend: {backends}); `results/{entry.experiment}/records.csv`.")
         if entry.error:
             lines += ["", f"**Claims could not be computed:** {entry.error}"]
+        if experiment.tables is not None and not records.empty:
+            for title, table in experiment.tables(records):
+                lines += ["", f"**{title}**", "", _md_table(table)]
         for png in sorted((results_dir / entry.experiment).glob("*.png")):
             lines += ["", f"![{entry.experiment}: {png.stem}]({entry.experiment}/{png.name})"]
     return "\n".join(lines) + "\n"

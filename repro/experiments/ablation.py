@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import seaborn as sns
 
-from repro.analysis import scalar, select
+from repro.analysis import mean_ci95, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, simulate_planner
 from repro.figures import new_figure, placeholder, save
@@ -21,7 +21,8 @@ from repro.figures import new_figure, placeholder, save
 HARDWARE, MODEL, CONTEXT, GPUS = "h800-80g", "llama-13b", 256 * 1024, 128
 PARALLEL = {"tp": 8, "pp": 4}
 DATASETS, QUICK_DATASETS = ("commoncrawl", "github"), ("commoncrawl",)
-SEEDS, QUICK_SEEDS = (0, 1), (0,)
+SEEDS, QUICK_SEEDS = (0, 1, 2, 3, 4, 5), (0,)
+"""Six batches per dataset: the issue asks for a mean and 95% interval over at least five."""
 VARIANTS = {  # label -> (planner, options), cumulative order
     "megatron": ("megatron", {}),
     "slicing": ("slimpack", {"no_asymmetric": True, "no_dp_aware": True, "no_dp_merge": True}),
@@ -51,56 +52,122 @@ def run_point(point: Point) -> list[Row]:
     return rows
 
 
+COMPONENTS = {"+asymmetric": "slicing", "+dp-aware": "+asymmetric",
+              "+dp-merge (slimpack)": "+dp-aware"}
+"""Each component's step: the variant that adds it -> the variant it is added to."""
+
+
 def with_speedup(records: pd.DataFrame) -> pd.DataFrame:
     base = records[records["variant"] == "megatron"][["point_key", "tokens_per_s"]]
     merged = records.merge(base.rename(columns={"tokens_per_s": "_base"}), on="point_key")
     return merged.assign(speedup=merged["tokens_per_s"] / merged["_base"]).drop(columns="_base")
 
 
+def gains(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per batch and component: throughput with the component / without it (the same
+    batch and layout), plus the whole of SlimPack over slicing alone."""
+    if records.empty:
+        return pd.DataFrame(columns=["dataset", "seed", "component", "gain", "tokens"])
+    wide = records.pivot_table(index=["dataset", "seed"], columns="variant",
+                               values="tokens_per_s")
+    tokens = records.groupby(["dataset", "seed"])["num_tokens"].first()
+    steps = {**COMPONENTS, "+dp-merge (slimpack)/slicing": None}
+    rows = []
+    for (dataset, seed), per in wide.iterrows():
+        for label, before in steps.items():
+            if before is None:
+                gain = per["+dp-merge (slimpack)"] / per["slicing"]
+                name = "all (slimpack / slicing)"
+            else:
+                gain = per[label] / per[before]
+                name = label.split(" ")[0].lstrip("+")
+            rows.append({"dataset": dataset, "seed": seed, "component": name,
+                         "gain": float(gain), "tokens": int(tokens[(dataset, seed)])})
+    return pd.DataFrame(rows)
+
+
+def gain_table(records: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    frame = gains(records)
+    rows = []
+    for (component, dataset), part in frame.groupby(["component", "dataset"], sort=False):
+        mean, low, high = mean_ci95(part["gain"])
+        rows.append({"component": component, "dataset": dataset, "batches": len(part),
+                     "mean tokens per batch": f"{part['tokens'].mean() / 1e6:.2f}M",
+                     "mean gain": mean, "95% low": low, "95% high": high,
+                     "min": float(part["gain"].min()), "max": float(part["gain"].max())})
+    title = (f"Component gains with spread (throughput with / without the component on the "
+             f"same batch; mean and Student-t 95% interval over batches; {MODEL}, "
+             f"{CONTEXT // 1024}K context, {GPUS} GPUs, tp8 pp4 dp4)")
+    return [(title, pd.DataFrame(rows))]
+
+
 def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     if records.empty:
         return [placeholder(out_dir, "ablation.png", "no records: run ablation")]
     frame = with_speedup(records)
-    fig, axes = new_figure(1, width=7.0)
+    fig, axes = new_figure(2, width=11.0)
     ax = axes[0][0]
     sns.barplot(frame, x="variant", y="speedup", hue="dataset", order=list(VARIANTS), ax=ax,
                 errorbar=None)
     for container in ax.containers:
         ax.bar_label(container, fmt="%.2f", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_ylabel("throughput / megatron")
+    ax.set_ylabel("throughput / megatron (mean over batches)")
     ax.set_xlabel("")
-    ax.set_title(f"SlimPack ablation: {MODEL}, {CONTEXT // 1024}K, {GPUS} GPUs, tp8 pp4", fontsize=9)
+    tokens = records["num_tokens"].mean() / 1e6
+    samples = tokens * 1e6 / (CONTEXT * GPUS // (PARALLEL["tp"] * PARALLEL["pp"]))
+    ax.set_title(f"SlimPack ablation: {MODEL}, {CONTEXT // 1024}K, {GPUS} GPUs, tp8 pp4, "
+                 f"~{tokens:.1f}M tokens per batch\n(megatron at the same layout gets "
+                 f"~{samples:.1f} {CONTEXT // 1024}K samples per replica: a deep bubble)",
+                 fontsize=9)
     ax.tick_params(axis="x", rotation=15)
-    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    sns.move_legend(ax, "upper left", fontsize=8)
+    ax = axes[0][1]
+    per_batch = gains(records)
+    sns.stripplot(per_batch, x="component", y="gain", hue="dataset", dodge=True, ax=ax,
+                  size=4, legend=False)
+    sns.pointplot(per_batch, x="component", y="gain", hue="dataset", dodge=0.4,
+                  errorbar=("ci", 95), linestyle="none", markers="_", ax=ax)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("gain on the same batch (each dot one batch)")
+    ax.set_xlabel("")
+    ax.set_title("Each component's gain and its spread over batches", fontsize=9)
+    ax.tick_params(axis="x", rotation=15)
     return [save(fig, out_dir, "ablation.png")]
 
 
 def claims(records: pd.DataFrame) -> list[Claim]:
-    means = {}
-    if not records.empty:
-        frame = with_speedup(records)
-        means = {v: scalar(select(frame, variant=v), "speedup") for v in VARIANTS}
-    ratios = [means[b] / means[a] for a, b in zip(STEPS, STEPS[1:], strict=False)] if means else []
-    worst = min(ratios) if ratios else float("nan")
-    full = means.get("+dp-merge (slimpack)", float("nan")) / means.get("slicing", float("nan")) \
-        if means else float("nan")
-    return [
-        Claim(claim_id="components-monotone", text="Smallest throughput gain of adding one "
-              "component (asymmetric, DP-aware, DP-Merge), mean over batches", source=SLIMPACK_SOURCE,
-              paper_value="each component helps", reproduced=worst, unit="x",
-              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
-        Claim(claim_id="full-over-slicing", text="Full SlimPack / slicing only", source=SLIMPACK_SOURCE,
-              paper_value="> 1 (components add up)", reproduced=full, unit="x",
-              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
-    ]
+    frame = gains(records)
+    out = []
+    for component in ("asymmetric", "dp-aware", "dp-merge"):
+        mean, low, high = mean_ci95(select(frame, component=component)["gain"]) \
+            if not frame.empty else (float("nan"),) * 3
+        out.append(Claim(
+            claim_id=f"gain-{component}",
+            text=(f"Gain of adding {component} (same batch, with / without), lower end of the "
+                  f"95% interval over all batches (mean {mean:.3f}, interval "
+                  f"[{low:.3f}, {high:.3f}])"),
+            source=SLIMPACK_SOURCE, paper_value="each component helps", reproduced=low,
+            unit="x", check=Check(kind="at_least", target=1.0), hardware=HARDWARE))
+    mean, low, high = mean_ci95(select(frame, component="all (slimpack / slicing)")["gain"]) \
+        if not frame.empty else (float("nan"),) * 3
+    out.append(Claim(
+        claim_id="full-over-slicing",
+        text=(f"Full SlimPack / slicing only, lower end of the 95% interval over all batches "
+              f"(mean {mean:.3f}, interval [{low:.3f}, {high:.3f}])"),
+        source=SLIMPACK_SOURCE, paper_value="> 1 (components add up)", reproduced=low,
+        unit="x", check=Check(kind="at_least", target=1.0), hardware=HARDWARE))
+    return out
 
 
 EXPERIMENT = Experiment(
     name="ablation",
     description=("SlimPack components added one at a time (slicing; + asymmetric MicroPacks; + "
                  "DP-aware phase 1; + DP-Merge), throughput relative to Megatron-LM at the same "
-                 "parallel configuration (llama-13b, 256K, 128 GPUs, tp 8 pp 4)."),
-    points=points, run_point=run_point, plot=plot, claims=claims,
+                 "parallel configuration (llama-13b, 256K, 128 GPUs, tp 8 pp 4), six batches of 512 "
+                 "documents per dataset. A component's claim is the lower end of its gain's 95% "
+                 "interval, so it is reproduced only if the gain is above 1 beyond the spread "
+                 "between batches."),
+    points=points, run_point=run_point, plot=plot, claims=claims, tables=gain_table,
     needs=("slimpack.methods", "slimpack.slimpack_planner", "slimpack.sim"), timing_columns=TIMING_COLUMNS,
 )
