@@ -29,6 +29,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType({
     "megatron-validation": "repro.experiments.megatron_validation",
     "robustness": "repro.experiments.robustness",
     "outliers": "repro.experiments.outliers",
+    "paper-scale": "repro.experiments.paper_scale",
 })
 
 

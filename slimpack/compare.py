@@ -3,8 +3,8 @@
 This is the library behind ``slimpack compare`` and the harness's method sweeps. With
 ``auto_parallel=True`` each method gets its own best (tp, cp, pp, vpp, dp) and recompute, as
 the SlimPipe authors did for every method they compared (arXiv 2504.14519, section 6): the
-memory model lists the candidates that fit, a cheap estimate ranks them, and the best few are
-planned and simulated.
+memory model lists the candidates that fit, and every one is planned and simulated unless a
+lower bound on its step (``step_lower_bound``) shows it cannot beat the best found so far.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 RECORD_KEYS = ("method", "step_time_s", "tokens_per_s", "mfu", "bubble_fraction",
                "peak_memory_gib", "oom", "imbalance_degree", "speedup_vs_first",
                "step_over_ideal", "plan_seconds", "parallel", "recompute", "num_tokens",
-               "error")
+               "search", "search_exhaustive", "error")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,14 +40,20 @@ class CompareSettings:
     """Training context; default: the longest sequence of the batch."""
     time_limit_s: float | None = None
     """Passed to every planner (None: each planner's default)."""
-    auto_parallel_top_k: int = 3
-    """Candidates planned and simulated per method after ranking by the estimate."""
+    auto_parallel_top_k: int | None = None
+    """Cap on layouts simulated per method (None: no cap; the lower bound prunes)."""
+    search_budget_s: float | None = 60.0
+    """Wall seconds per method's configuration search (None: no limit). A search stopped by
+    it says so in its record (``search_exhaustive`` False)."""
 
     def __post_init__(self) -> None:
         if self.context is not None and self.context < 1:
             raise ValueError(f"context must be >= 1 token, got {self.context}")
-        if self.auto_parallel_top_k < 1:
-            raise ValueError(f"auto_parallel_top_k must be >= 1, got {self.auto_parallel_top_k}")
+        if self.auto_parallel_top_k is not None and self.auto_parallel_top_k < 1:
+            raise ValueError(f"auto_parallel_top_k must be >= 1 or None, got "
+                             f"{self.auto_parallel_top_k}")
+        if self.search_budget_s is not None and not self.search_budget_s > 0:
+            raise ValueError(f"search_budget_s must be > 0 or None, got {self.search_budget_s}")
 
 
 def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
@@ -117,7 +123,15 @@ class SearchResult:
     """The simulated step of ``plan`` (every per-unit and per-stage field)."""
     parallel: ParallelSpec
     tried: tuple[dict[str, Any], ...]
-    """Every candidate planned: its layout, step seconds and OOM flag, or its error."""
+    """Every candidate planned: its layout, lower bound, step seconds and OOM flag, or its
+    error; a last ``{"stopped": ...}`` entry when a cap ended the search."""
+    candidates: int
+    """Memory-feasible layouts of the method."""
+    simulated: int
+    pruned: int
+    """Layouts skipped because their lower bound could not beat the best step found."""
+    exhaustive: bool
+    """True when every layout was simulated or pruned: the answer is the simulator's best."""
 
 
 def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpus: int,
@@ -132,26 +146,90 @@ def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpu
     return candidates
 
 
+def step_lower_bound(cost: CostModel, lengths: Sequence[int], parallel: ParallelSpec) -> float:
+    """Seconds no plan of any method can beat on ``parallel``: the batch's layer work (forward
+    and backward, no recompute, every document causal under its own mask) priced as one
+    kernel per layer at ``parallel.tp``, spread perfectly over the ``dp * cp`` GPUs of the
+    most loaded pipeline stage, with no bubble and no communication.
+
+    It is a bound because the cost model's kernels are sub-additive: packing pieces into one
+    kernel never costs more than running them apart (tiles and waves round up, fixed costs are
+    paid per kernel), and the most loaded GPU carries at least the average. Full-context
+    attention (no document masks) only adds work.
+    """
+    return _bound_from_layer_work(_batch_layer_seconds(cost, lengths, parallel.tp), parallel,
+                                  cost.model.num_layers)
+
+
+def _batch_layer_seconds(cost: CostModel, lengths: Sequence[int], tp: int) -> float:
+    """Forward + backward seconds of one layer over the whole batch as one kernel set."""
+    times = cost.layer_times([(n, 0) for n in lengths], tp=tp)
+    return times.forward_s + times.backward_s
+
+
+def _bound_from_layer_work(layer_seconds: float, parallel: ParallelSpec, num_layers: int) -> float:
+    layers = -(-num_layers // parallel.pp)
+    return layers * layer_seconds / (parallel.dp * parallel.cp)
+
+
 def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
-                  gpus: int, cost: CostModel, *, context: int, top_k: int = 3,
-                  time_limit_s: float | None = None,
+                  gpus: int, cost: CostModel, *, context: int, top_k: int | None = None,
+                  budget_s: float | None = None, time_limit_s: float | None = None,
                   candidate_filter: CandidateFilter | None = None,
-                  **options: Any) -> SearchResult:
-    """The configuration search (the only one in the suite): plan and simulate the ``top_k``
-    best-estimated memory-feasible layouts; return the fastest that does not run out of
-    memory (or the fastest overall when all do). A candidate that fails to plan is skipped
-    and listed in ``tried``; ValueError when none plans."""
+                  estimate_cache: dict | None = None, **options: Any) -> SearchResult:
+    """The configuration search (the only one in the suite): plan and simulate the
+    memory-feasible layouts, skipping every one whose :func:`step_lower_bound` is no better
+    than the fastest in-memory step found so far, so the answer is the true best of the
+    simulator unless a cap stops the search early.
+
+    Order: the fixed-length estimate's ranking, so a capped search keeps the most promising
+    layouts (the order changes only the time of an exhaustive search, never its answer).
+    ``top_k`` caps the layouts simulated and ``budget_s`` the seconds spent
+    planning and simulating them (checked between layouts; ranking is not counted);
+    ``estimate_cache`` shares the ranking's work between calls on the same batch, cost model
+    and context (``compare`` passes one for all its methods); ``SearchResult.exhaustive`` says whether every
+    layout was simulated or pruned. Returns the fastest layout that does not run out of memory
+    (or the fastest overall when all do). A layout that fails to plan is skipped and listed in
+    ``tried``; ValueError when none plans."""
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s must be > 0 or None, got {budget_s}")
     candidates = method_candidates(method, model, hardware, gpus, context, candidate_filter)
     if not candidates:
         raise ValueError(f"no parallel configuration of {gpus} GPUs fits {model.name} at "
                          f"context {context} for {method}; add GPUs or shorten the context")
-    ranked = sorted(candidates, key=lambda c: estimate_fixed_length_step(
-        cost, batch.lengths, c, context))
+    work_of_tp: dict[int, float] = {}  # the bound's kernel sum depends on tp only
+    for cand in candidates:
+        if cand.parallel.tp not in work_of_tp:
+            work_of_tp[cand.parallel.tp] = _batch_layer_seconds(cost, batch.lengths,
+                                                                cand.parallel.tp)
+    bounds = [_bound_from_layer_work(work_of_tp[c.parallel.tp], c.parallel, model.num_layers)
+              for c in candidates]
+    cache = {} if estimate_cache is None else estimate_cache
+    estimates = [estimate_fixed_length_step(cost, batch.lengths, c, context, cache=cache)
+                 for c in candidates]
+    order = sorted(range(len(candidates)), key=lambda i: (estimates[i], bounds[i]))
+    started = time.perf_counter()
     best: tuple[tuple[bool, float], Plan, StepRecord, ParallelSpec] | None = None
     tried: list[dict[str, Any]] = []
     errors: list[str] = []
-    for cand in ranked[:top_k]:
-        entry: dict[str, Any] = {"parallel": cand.parallel.to_dict()}
+    simulated = pruned = 0
+    for position, i in enumerate(order):
+        cand = candidates[i]
+        incumbent = best[0][1] if best is not None and not best[0][0] else math.inf
+        if bounds[i] >= incumbent:
+            pruned += 1
+            continue
+        cap = ("top_k" if top_k is not None and simulated >= top_k else
+               "budget_s" if budget_s is not None and simulated
+               and time.perf_counter() - started > budget_s else None)
+        if cap is not None:
+            unvisited = sum(1 for j in order[position:] if bounds[j] < incumbent)
+            tried.append({"stopped": f"{cap} reached with {unvisited} layouts unvisited"})
+            break
+        entry: dict[str, Any] = {"parallel": cand.parallel.to_dict(), "lower_bound_s": bounds[i]}
+        simulated += 1
         try:
             plan = plan_method(method, batch, model, hardware, cand.parallel, cost,
                                context=context, time_limit_s=time_limit_s, **options)
@@ -168,13 +246,20 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
             best = (key, plan, rec, cand.parallel)
     if best is None:
         raise ValueError(f"{method}: no candidate layout could be planned: " + "; ".join(errors))
-    return SearchResult(plan=best[1], record=best[2], parallel=best[3], tried=tuple(tried))
+    exhaustive = not any("stopped" in t for t in tried)
+    best[1].metadata["parallel_search"] = {"candidates": len(candidates), "simulated": simulated,
+                                  "pruned_by_bound": pruned, "exhaustive": exhaustive,
+                                  "seconds": time.perf_counter() - started}
+    return SearchResult(plan=best[1], record=best[2], parallel=best[3], tried=tuple(tried),
+                        candidates=len(candidates), simulated=simulated, pruned=pruned,
+                        exhaustive=exhaustive)
 
 
 def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: HardwareSpec,
             gpus: int, parallel: ParallelSpec | None = None, auto_parallel: bool = False, *,
             cost: CostModel | None = None, context: int | None = None,
-            time_limit_s: float | None = None, auto_parallel_top_k: int = 3,
+            time_limit_s: float | None = None, auto_parallel_top_k: int | None = None,
+            search_budget_s: float | None = 60.0,
             method_options: Mapping[str, Mapping[str, Any]] | None = None,
             ) -> list[dict[str, Any]]:
     """One record per method (keys ``RECORD_KEYS`` plus ``ideal_step_time_s``).
@@ -194,29 +279,39 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
         raise ValueError(f"parallel degrees {parallel.describe()} use {parallel.world} GPUs "
                          f"but gpus={gpus}")
     settings = CompareSettings(context=context, time_limit_s=time_limit_s,
-                               auto_parallel_top_k=auto_parallel_top_k)
+                               auto_parallel_top_k=auto_parallel_top_k,
+                               search_budget_s=search_budget_s)
     cost = cost or default_cost_model(model, hardware)
     ctx = settings.context or max(batch.lengths)
     method_options = method_options or {}
+    estimate_cache: dict = {}  # one batch, cost model and context: shared by every method
     rows = []
     for method in methods:
         options = dict(method_options.get(method, {}))
         plan, rec, used = None, None, parallel
+        search = "fixed layout"
         try:
             if auto_parallel:
                 found = best_parallel(method, batch, model, hardware, gpus, cost, context=ctx,
                                       top_k=settings.auto_parallel_top_k,
+                                      budget_s=settings.search_budget_s,
+                                      estimate_cache=estimate_cache,
                                       time_limit_s=settings.time_limit_s, **options)
                 plan, rec, used = found.plan, found.record, found.parallel
+                search = (f"{found.simulated} of {found.candidates} layouts simulated, "
+                          f"{found.pruned} pruned by bound")
             else:
                 assert parallel is not None
                 plan = plan_method(method, batch, model, hardware, parallel, cost, context=ctx,
                                    time_limit_s=settings.time_limit_s, **options)
                 rec = _simulate(plan, model, hardware, cost)
-            rows.append(_record(method, plan, rec, used))
+            rows.append(_record(method, plan, rec, used) | {
+                "search": search,
+                "search_exhaustive": not auto_parallel or found.exhaustive})
         except (ValueError, RuntimeError) as exc:
             fallback = used or ParallelSpec.for_world(gpus)
-            rows.append(_record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}"))
+            rows.append(_record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}")
+                        | {"search": search, "search_exhaustive": None})
     first = rows[0]["step_time_s"]
     for row in rows:
         step = row["step_time_s"]

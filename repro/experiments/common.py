@@ -21,13 +21,17 @@ TIMING_COLUMNS = ("plan_seconds", "sim_seconds")
 
 
 def draw_batch(point: Point, experiment: str) -> Any:
-    """The point's global batch: ``global_batch`` documents of ``dataset`` split at ``context``.
+    """The point's global batch: ``global_batch`` documents of ``dataset`` split at ``context``,
+    or, when the point has ``token_budget``, documents drawn until that many tokens.
 
     A global batch counts sequences (documents after splitting), the unit the planners pack;
     ``seed`` makes it reproducible on any machine (numpy PCG64).
     """
     from slimpack import data
 
+    if "token_budget" in point:  # paper-scale: the batch counted in tokens, not documents
+        return data.sample_batch(point["dataset"], token_budget=point["token_budget"],
+                                 context=point["context"], seed=point["seed"])
     return data.sample_batch(point["dataset"], num_sequences=point["global_batch"],
                              context=point["context"], seed=point["seed"])
 

@@ -2,7 +2,8 @@
 
 The SlimPipe paper (arXiv 2504.14519, section 6) compares every method at its best
 (tp, cp, pp, vpp, dp, recompute); this module lists the candidates that fit, and
-:mod:`slimpack.compare` picks the fastest by planning and simulating the best-estimated few.
+:mod:`slimpack.compare` picks the fastest by planning and simulating them (pruned by a lower
+bound; the estimate here only orders the search).
 """
 
 from __future__ import annotations
@@ -75,24 +76,39 @@ def auto_parallel_candidates(model: ModelSpec, hardware: HardwareSpec, gpus: int
 
 
 def estimate_fixed_length_step(cost: CostModel, lengths: Sequence[int], candidate: Candidate,
-                               context: int) -> float:
+                               context: int, *, cache: dict | None = None) -> float:
     """Rough step seconds of fixed-length packing under ``candidate`` (for ranking only):
     concat-and-chunk to ``context``, deal chunks to replicas, 1F1B-style pipeline estimate,
-    plus the ring-attention KV exchange per CP step priced on the cost model's links."""
+    plus the ring-attention KV exchange per CP step priced on the cost model's links.
+
+    ``cache`` (a dict the caller keeps for one batch, cost model and context) reuses the
+    chunking and the per-chunk times between layouts that differ only in dp or vpp, and
+    between methods: ranking every layout of several methods is then cheap.
+    """
     par = candidate.parallel
-    chunks = concat_and_chunk(lengths, context)
+    cache = {} if cache is None else cache
+    chunks = cache.get("chunks")
+    if chunks is None:
+        chunks = cache["chunks"] = [[end - start for _, start, end in chunk]
+                                    for chunk in concat_and_chunk(lengths, context)]
+    key = (par.tp, par.cp, par.pp, par.gpus_per_node, candidate.recompute)
+    times = cache.get(key)
+    if times is None:
+        kv_bytes_per_token = 2 * 2 * cost.model.kv_dim / par.tp
+        layers = max(cost.model.num_layers // par.pp, 1)
+        times = []
+        for docs in chunks:
+            t = microbatch_stage_times(cost, docs, tp=par.tp, cp=par.cp, pp=par.pp,
+                                       recompute=candidate.recompute)
+            comm = 0.0
+            if par.cp > 1:
+                # Ring attention passes every other rank's K/V once forward, twice backward.
+                nbytes = sum(docs) / par.cp * kv_bytes_per_token * layers
+                intra = par.tp * par.cp <= par.gpus_per_node
+                comm = 3 * cost.comm.all_gather(nbytes * par.cp, par.cp, intra_node=intra)
+            times.append(t.forward_s + t.backward_s + comm)
+        cache[key] = times
     replicas: list[list[float]] = [[] for _ in range(par.dp)]
-    kv_bytes_per_token = 2 * 2 * cost.model.kv_dim / par.tp
-    layers = max(cost.model.num_layers // par.pp, 1)
-    for i, chunk in enumerate(chunks):
-        docs = [end - start for _, start, end in chunk]
-        t = microbatch_stage_times(cost, docs, tp=par.tp, cp=par.cp, pp=par.pp,
-                                   recompute=candidate.recompute)
-        comm = 0.0
-        if par.cp > 1:
-            # Ring attention passes every other rank's K/V once forward, twice backward.
-            nbytes = sum(docs) / par.cp * kv_bytes_per_token * layers
-            intra = par.tp * par.cp <= par.gpus_per_node
-            comm = 3 * cost.comm.all_gather(nbytes * par.cp, par.cp, intra_node=intra)
-        replicas[i % par.dp].append(t.forward_s + t.backward_s + comm)
+    for i, seconds in enumerate(times):
+        replicas[i % par.dp].append(seconds)
     return max(pipeline_seconds(r, pp=par.pp, vpp=par.vpp) for r in replicas)

@@ -1,0 +1,128 @@
+"""The headline at the papers' batch size, with every method's configuration search exhaustive.
+
+The papers' "global batch 512-2048" are context-length samples (SlimPack arXiv 2509.26246,
+section 6; SlimPipe arXiv 2504.14519, section 6): at 256K that is 134M-537M tokens. A batch
+counted in documents instead (512 Common Crawl documents are about 1.1M tokens, four 256K
+samples) leaves Megatron-LM one or two micro-batches per replica and a pipeline bubble that
+SlimPack's lead then mostly measures. Here the batch is 512 samples of 256K drawn as documents
+until the token budget is spent (134,217,728 tokens), llama-70b on 256 H800 GPUs, and each
+method gets the simulator's best layout: every memory-feasible layout is simulated unless its
+lower bound (``slimpack.compare.step_lower_bound``) cannot beat the best found (the record says
+whether the search finished: ``search_exhaustive``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import seaborn as sns
+
+from repro.analysis import select
+from repro.experiment import Check, Claim, Experiment, Point, Row
+from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, compare_rows
+from repro.figures import method_order, new_figure, placeholder, save
+
+HARDWARE, MODEL, GPUS, CONTEXT = "h800-80g", "llama-70b", 256, 256 * 1024
+SAMPLES = 512
+"""Context-length samples per global batch: the smallest of the papers' 512-2048."""
+METHODS = ("megatron", "wlb-llm", "slimpipe", "slimpack")
+DATASETS, QUICK_DATASETS = ("commoncrawl", "github"), ("commoncrawl",)
+SEARCH_BUDGET_S = 240.0
+"""A guard, not a cap: on this batch every method's search finishes well inside it on 2 cores
+(checked by the ``search_exhaustive`` column and the exhaustive-search claim)."""
+
+
+def points(quick: bool) -> list[Point]:
+    return [{"model": MODEL, "dataset": dataset, "context": CONTEXT, "num_gpus": GPUS,
+             "token_budget": SAMPLES * CONTEXT, "seed": 0, "hardware": HARDWARE,
+             "methods": list(METHODS), "search_budget_s": SEARCH_BUDGET_S}
+            for dataset in (QUICK_DATASETS if quick else DATASETS)]
+
+
+def run_point(point: Point) -> list[Row]:
+    rows = compare_rows(point, tuple(point["methods"]), "paper-scale",
+                        search_budget_s=point["search_budget_s"])
+    for row in rows:
+        parallel = json.loads(row["parallel"]) if isinstance(row["parallel"], str) \
+            else row["parallel"]
+        # Context-length samples each data-parallel replica steps through (Megatron's
+        # micro-batches; the issue asks for at least 16).
+        row["samples_per_replica"] = point["token_budget"] / CONTEXT / parallel["dp"]
+    return rows
+
+
+def with_speedup(records: pd.DataFrame) -> pd.DataFrame:
+    base = records[records["method"] == "megatron"][["point_key", "tokens_per_s"]]
+    merged = records.merge(base.rename(columns={"tokens_per_s": "_base"}), on="point_key")
+    return merged.assign(speedup=merged["tokens_per_s"] / merged["_base"]).drop(columns="_base")
+
+
+def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
+    if records.empty:
+        return [placeholder(out_dir, "paper_scale.png", "no records: run paper-scale")]
+    frame = with_speedup(records)
+    fig, axes = new_figure(1, width=7.0)
+    ax = axes[0][0]
+    sns.barplot(frame, x="dataset", y="speedup", hue="method",
+                hue_order=method_order(frame["method"].unique()), ax=ax, errorbar=None)
+    for container in ax.containers:
+        ax.bar_label(container, fmt="%.2f", fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    tokens = int(records["num_tokens"].max())
+    ax.set_title(f"{MODEL}, {GPUS} {HARDWARE}, {CONTEXT // 1024}K context, batch {tokens:,} "
+                 f"tokens ({SAMPLES} samples);\neach method at its simulated-best layout",
+                 fontsize=9)
+    ax.set_ylabel("tokens/s / megatron")
+    ax.set_xlabel("")
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, title=None)
+    return [save(fig, out_dir, "paper_scale.png")]
+
+
+def table(records: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    frame = with_speedup(records)
+    columns = ["dataset", "method", "parallel", "recompute", "step_time_s", "tokens_per_s", "mfu",
+               "speedup", "samples_per_replica", "search", "search_exhaustive"]
+    shown = frame[[c for c in columns if c in frame.columns]].copy()
+    shown["parallel"] = shown["parallel"].map(_layout)
+    return [(f"Each method at its searched layout ({SAMPLES} x {CONTEXT // 1024}K-token samples "
+             f"per batch; MFU counts causal attention per document, as every method's)", shown)]
+
+
+def _layout(text: str) -> str:
+    p = json.loads(text) if isinstance(text, str) else text
+    return f"tp{p['tp']} cp{p['cp']} pp{p['pp']} dp{p['dp']}" + (
+        f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "")
+
+
+def claims(records: pd.DataFrame) -> list[Claim]:
+    frame = with_speedup(records) if not records.empty else records
+    ratio = float("nan")
+    searched = float("nan")
+    if not frame.empty:
+        ratio = float(select(frame, method="slimpack")["speedup"].min())
+        searched = float(frame["search_exhaustive"].astype(bool).mean())
+    return [
+        Claim(claim_id="paper-scale-speedup",
+              text=("SlimPack / Megatron-LM throughput at a paper-size batch (512 x 256K "
+                    "samples), both at their simulated-best layouts, worst dataset"),
+              source=SLIMPACK_SOURCE, paper_value="up to 2.8x", reproduced=ratio, unit="x",
+              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+        Claim(claim_id="paper-scale-searches-exhaustive",
+              text="Share of methods whose configuration search finished (every layout "
+                   "simulated or pruned by the lower bound)",
+              source="this suite", paper_value="all", reproduced=searched, unit="",
+              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+    ]
+
+
+EXPERIMENT = Experiment(
+    name="paper-scale",
+    description=("The SlimPack-over-Megatron headline at the papers' batch size: 512 samples "
+                 "of 256K (134M tokens) of Common Crawl and GitHub lengths, llama-70b on 256 "
+                 "H800 GPUs, every method at the layout its exhaustive (bound-pruned) "
+                 "configuration search finds best."),
+    points=points, run_point=run_point, plot=plot, claims=claims, tables=table,
+    needs=("slimpack.compare", "slimpack.data"), timing_columns=TIMING_COLUMNS,
+)

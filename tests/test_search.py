@@ -1,0 +1,58 @@
+"""The configuration search: a lower bound that holds, and an exhaustive answer that is the
+simulator's best layout."""
+
+from __future__ import annotations
+
+import pytest
+
+from slimpack.batch import Batch
+from slimpack.compare import best_parallel, method_candidates, plan_method, step_lower_bound
+from slimpack.cost.kernel_model import default_cost_model
+from slimpack.cost.model import AnalyticCostModel
+from slimpack.data import sample_batch
+from slimpack.sim import simulate
+from slimpack.specs import hardware_preset, model_preset
+
+MODEL, HW = model_preset("llama-7b"), hardware_preset("h100")
+
+
+@pytest.mark.parametrize("make_cost", [default_cost_model,
+                                       lambda m, h: AnalyticCostModel(model=m, hardware=h)],
+                         ids=["kernel", "analytic"])
+@pytest.mark.parametrize("method", ["megatron", "wlb-llm", "slimpipe", "slimpack"])
+def test_lower_bound_never_exceeds_a_simulated_step(method, make_cost):
+    # Real Wikipedia lengths (FlexSP's sample, shipped profile) on 16 GPUs: every layout the
+    # method may use; the bound must hold for each, or pruning could drop the true best.
+    cost = make_cost(MODEL, HW)
+    batch = sample_batch("wikipedia", num_sequences=96, context=16384, seed=3)
+    layouts = method_candidates(method, MODEL, HW, 16, 16384)
+    assert len(layouts) >= 5
+    for cand in layouts[::2]:
+        plan = plan_method(method, batch, MODEL, HW, cand.parallel, cost, context=16384)
+        step = simulate(plan, model=MODEL, hardware=HW, cost=cost, validate=False).record
+        bound = step_lower_bound(cost, batch.lengths, cand.parallel)
+        assert 0 < bound <= step.step_time_s, cand.parallel.describe()
+
+
+def test_exhaustive_search_returns_the_best_simulated_layout():
+    cost = default_cost_model(MODEL, HW)
+    batch = sample_batch("commoncrawl", num_sequences=64, context=32768, seed=1)
+    found = best_parallel("megatron", batch, MODEL, HW, 16, cost, context=32768)
+    assert found.exhaustive and found.simulated + found.pruned == found.candidates
+    brute = []
+    for cand in method_candidates("megatron", MODEL, HW, 16, 32768):
+        plan = plan_method("megatron", batch, MODEL, HW, cand.parallel, cost, context=32768)
+        rec = simulate(plan, model=MODEL, hardware=HW, cost=cost).record
+        brute.append((rec.oom, rec.step_time_s))
+    assert (found.record.oom, found.record.step_time_s) == pytest.approx(min(brute))
+    assert found.plan.metadata["parallel_search"]["exhaustive"] is True
+
+
+def test_a_capped_search_says_it_was_stopped():
+    cost = default_cost_model(MODEL, HW)
+    batch = Batch.from_lengths([4096, 2000, 1500, 9000, 700, 300] * 4)
+    found = best_parallel("megatron", batch, MODEL, HW, 16, cost, context=16384, top_k=1)
+    assert found.simulated == 1 and not found.exhaustive
+    assert "top_k reached" in found.tried[-1]["stopped"]
+    with pytest.raises(ValueError, match="budget_s must be > 0"):
+        best_parallel("megatron", batch, MODEL, HW, 16, cost, context=16384, budget_s=0)
