@@ -100,3 +100,73 @@ def test_constants_from_cost_model_are_quadratic_plus_linear():
     assert k.alpha1_s_per_token2 > 0 and k.alpha2_s_per_token > 0
     assert k.seq_seconds(8192, 2) < k.seq_seconds(8192, 1)
     assert k.max_tokens(2) == pytest.approx(2 * k.max_tokens(1))
+
+
+# -- cp > 1 and explicit fallbacks (the fuzz finding: 46% of cases fell back silently) ------
+
+def test_cp_layout_plans_on_the_sp_pool_with_states_sharded_over_every_slot():
+    """llama-13b, 16 H100s, tp2 cp4 dp2, Wikipedia at 4K: states sharded only dp=2 ways left
+    no activation memory, so every sequence ran alone (0.19x Megatron). Sharded over all
+    8 slots it packs into a few micro-batches that fit memory in the simulator too."""
+    from slimpack import data
+    from slimpack.sim import simulate
+
+    model, hw = model_preset("llama-13b"), hardware_preset("h100-80g")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    batch = data.sample_batch("wikipedia", num_sequences=128, context=4096, seed=0)
+    p = flexsp_plan(batch, model, hw, ParallelSpec(tp=2, cp=4, dp=2), cost, time_limit_s=0.5)
+    assert "fallback" not in p.metadata
+    assert p.parallel.cp == 1 and p.parallel.dp == 8 and p.parallel.tp == 2
+    assert p.metadata["num_microbatches"] < 10  # not one phase per sequence (128)
+    assert np.isfinite(p.metadata["estimated_seconds"]) and p.metadata["estimated_seconds"] > 0
+    assert p.metadata["memory_fits"] and p.metadata["zero_stage"] == 1
+    rec = simulate(p, model=model, hardware=hw, cost=cost).record
+    assert not rec.oom
+    # The cp layout and the pool it folds into are the same FlexSP problem.
+    pool = flexsp_plan(batch, model, hw, ParallelSpec(tp=2, dp=8), cost, time_limit_s=0.5)
+    assert pool.metadata["m_min"] == p.metadata["m_min"]
+
+
+def _random_case(rng: np.random.Generator) -> tuple[list[int], ParallelSpec, str]:
+    """Like the issue's fuzz: lognormal lengths up to a random context, random layouts."""
+    context = int(rng.choice([8192, 32768, 131072]))
+    n = int(rng.integers(1, 80))
+    lengths = np.minimum(rng.lognormal(float(rng.uniform(6.0, 9.5)), float(rng.uniform(0.5, 2.0)),
+                                       size=n).astype(int) + 1, context)
+    parallel = ParallelSpec(tp=int(rng.choice([1, 2, 4, 8])), cp=int(rng.choice([1, 2, 4])),
+                            pp=int(rng.choice([1, 1, 2])), dp=int(rng.choice([1, 2, 4])))
+    return [int(x) for x in lengths], parallel, str(rng.choice(["llama-7b", "llama-13b"]))
+
+
+def test_random_cases_never_fall_back_silently():
+    """Every plan prices its step (no NaN estimate); a fallback carries its reason, and only
+    happens when the reason holds: the longest sequence does not fit the largest SP group
+    even with full recompute."""
+    rng = np.random.default_rng(14)
+    hw = hardware_preset("h800")
+    planned = fallbacks = 0
+    for _ in range(40):
+        lengths, parallel, name = _random_case(rng)
+        model = model_preset(name)
+        try:
+            parallel.validate_for_model(model)
+        except ValueError:
+            continue
+        cost = AnalyticCostModel(model=model, hardware=hw)
+        p = flexsp_plan(Batch.from_lengths(lengths), model, hw, parallel, cost, time_limit_s=0.1)
+        planned += 1
+        assert np.isfinite(p.metadata["estimated_seconds"]), (lengths, parallel)
+        slots = parallel.dp * parallel.cp
+        k = from_cost_model(cost, tp=parallel.tp, pp=parallel.pp, num_gpus=slots,
+                            state_shards=slots, recompute="full")
+        top = 1 << (slots.bit_length() - 1)
+        fits = max(lengths) <= k.max_tokens(top)
+        if "fallback" in p.metadata:
+            fallbacks += 1
+            assert not fits and str(max(lengths)) in p.metadata["fallback"] or (
+                k.memory_budget_bytes <= 0 and "no activation memory" in p.metadata["fallback"])
+            assert p.metadata["num_microbatches"] == len(lengths)
+        else:
+            assert fits, (lengths, parallel, name)
+    assert planned >= 25
+    assert fallbacks < planned / 4  # was 46% of the fuzz cases

@@ -78,10 +78,11 @@ def paper_a100_gpt7b(model: ModelSpec, hardware: HardwareSpec, *, tp: int = 1, p
 
 
 def from_cost_model(cost: CostModel, *, tp: int = 1, pp: int = 1, num_gpus: int = 64,
-                    state_shards: int = 1, recompute: str = "none") -> FlexSPConstants:
+                    state_shards: int = 1, recompute: str = "none",
+                    zero_stage: int = 1) -> FlexSPConstants:
     """Fit alpha1/alpha2 to the cost model's forward+backward time of whole documents over all
-    layers; memory from the shared memory model (optimizer states sharded ``state_shards``
-    ways, as the simulator prices them)."""
+    layers; memory from the shared memory model (optimizer states, and with ``zero_stage=3``
+    parameters and gradients too, sharded ``state_shards`` ways)."""
     model, hardware = cost.model, cost.hardware
     xs = np.array([8192.0, 32768.0, 131072.0])
     ys = []
@@ -92,7 +93,7 @@ def from_cost_model(cost: CostModel, *, tp: int = 1, pp: int = 1, num_gpus: int 
     act = activation_bytes_per_token_per_layer(model, recompute) * model.num_layers / (tp * pp)
     # fp32 logits of the micro-batch on the last stage (one of pp units in flight there).
     act += 4 * model.vocab_size / (tp * pp)
-    states = model_state_bytes(model, tp=tp, pp=pp, dp=state_shards)
+    states = model_state_bytes(model, tp=tp, pp=pp, dp=state_shards, zero_stage=zero_stage)
     gpn = hardware.gpus_per_node
     bandwidth = {}
     d = 2
