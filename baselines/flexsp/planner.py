@@ -213,5 +213,5 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                   "sp_degrees": [[g.degree for g in a.groups] for a in answers],
                   "time_limit_s": opts.time_limit_s, "zero_stage": zero_stage,
                   **({"fallback": fallback} if fallback is not None else {})},
-        escalate_recompute=opts.recompute == AUTO,
+        escalate_recompute=opts.recompute == AUTO, training=getattr(cost, "training", None),
     )
