@@ -297,3 +297,31 @@ def test_ulysses_options_and_layouts_fail_clearly():
         assert "2412.01523" in spec.source and "Ulysses" in spec.summary
         pools = method_candidates(name, model, hw, 16, 65536)
         assert pools and all(c.parallel.pp == 1 and c.parallel.cp == 1 for c in pools)
+
+
+def test_headline_claims_compare_flexsp_with_each_of_its_papers_baselines():
+    """flexsp-headline's speedups are FlexSP's tokens/s over each baseline's in the same point,
+    and each verdict can fail: a FlexSP slower than batch-adaptive SP is "not reproduced"."""
+    import pandas as pd
+
+    from repro.experiments.flexsp_headline import EXPERIMENT
+
+    def records(adaptive: float) -> pd.DataFrame:
+        tokens = {"megatron": 100.0, "flexsp": 190.0, "ulysses-static": 100.0,
+                  "ulysses-adaptive": adaptive}
+        return pd.DataFrame([{"kind": "throughput", "model": "llama-7b", "dataset": "github",
+                              "seed": 0, "method": m, "tokens_per_s": v, "plan_seconds": 1.5}
+                             for m, v in tokens.items()])
+
+    claims = {c.claim_id: c for c in EXPERIMENT.claims(records(adaptive=95.0))}
+    assert claims["speedup-vs-megatron"].reproduced == pytest.approx(1.9)
+    assert claims["speedup-vs-ulysses-static"].reproduced == pytest.approx(1.9)
+    assert claims["speedup-vs-ulysses-adaptive"].reproduced == pytest.approx(2.0)
+    assert all(claims[k].verdict == "reproduced" for k in (
+        "speedup-vs-megatron", "speedup-vs-ulysses-static", "speedup-vs-ulysses-adaptive"))
+    slower = {c.claim_id: c for c in EXPERIMENT.claims(records(adaptive=200.0))}
+    assert slower["speedup-vs-ulysses-adaptive"].reproduced == pytest.approx(0.95)
+    assert slower["speedup-vs-ulysses-adaptive"].verdict == "not reproduced"
+    point = next(p for p in EXPERIMENT.points(True) if p["kind"] == "throughput")
+    assert point["methods"] == ["megatron", "flexsp", "ulysses-static", "ulysses-adaptive"]
+    assert point["sp_zero_stage"] == 3
