@@ -195,11 +195,13 @@ def test_ulysses_static_runs_one_degree_sized_for_the_context():
     batch = _skewed_batch()
     p = plan_static(batch, model, hw, ParallelSpec(dp=16), cost, context=131072)
     degrees = {g.cp for g in p.groups()}
-    assert degrees == {p.metadata["sp_degree"]} and len(p.phases) == 1
+    assert degrees == {p.metadata["sp_degree"]}
+    assert len(p.phases) == p.metadata["num_microbatches"]  # rounds in lockstep (ZeRO-3)
+    d = p.metadata["sp_degree"]
+    assert all(len(ph.groups) <= 16 // d for ph in p.phases)
     assert all(g.cp_kind == "ulysses" for g in p.groups())
     assert p.metadata["sizing_length"] == 131072
     k = from_cost_model(cost, num_gpus=16, state_shards=16, recompute=p.metadata["recompute"])
-    d = p.metadata["sp_degree"]
     assert d == _smallest_fitting_degree(131072, k, 16) and d >= 2
     assert 131072 > k.max_tokens(d // 2)  # the next smaller degree would not hold the context
     assert p.metadata["num_groups"] == 16 // d
@@ -231,7 +233,7 @@ def test_flexsp_beats_static_ulysses_on_a_skewed_batch():
     ones, 64K context). Static SP must hold the context: degree 16, so every short sequence
     pays all-to-alls across two nodes. Batch-adaptive SP sizes one degree (4) to the 16K
     document; FlexSP also runs the short sequences at degree 1. Measured (simulator): FlexSP
-    5.06 s, adaptive 5.19 s, static 7.97 s; the bounds leave ~10% for solver variation."""
+    4.82 s, adaptive 4.91 s, static 7.26 s; the bounds leave ~10% for solver variation."""
     from slimpack.compare import plan_method
     from slimpack.sim import simulate
 

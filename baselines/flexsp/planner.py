@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +133,60 @@ def _units(seqs: list, pp: int) -> list[list]:
     return [[whole(seqs[i].seq_id, seqs[i].length) for i in sorted(p)] for p in parts if p]
 
 
+Solve = Callable[[list[int], float], Assignment | None]
+"""One micro-batch's SP groups from its lengths and a time share (None: it does not fit)."""
+Search = tuple[float, int, list[list[int]], list[Assignment]]
+"""(estimated seconds, micro-batch count, runs of sorted indices, one answer per run)."""
+
+
+def search_microbatches(lengths: list[int], tries: list[int], deadline: Deadline,
+                        solve: Solve) -> Search | None:
+    """FlexSP's outer loop: for each micro-batch count M in ``tries``, cut the sorted
+    ``lengths`` into M token-balanced consecutive runs, solve each run, and keep the M with
+    the smallest total estimate. None when no M has every run solved."""
+    best: Search | None = None
+    solves_left = sum(tries)
+    for m in tries:
+        if best is not None and deadline.expired:
+            break
+        runs = contiguous_partition(lengths, m)
+        answers: list[Assignment] = []
+        for run in runs:
+            if not run:
+                continue
+            share = deadline.share(solves_left)
+            solves_left -= 1
+            answer = solve([lengths[i] for i in run], share)
+            if answer is None:
+                break
+            answers.append(answer)
+        else:
+            total = sum(a.seconds for a in answers)
+            if best is None or total < best[0]:
+                best = (total, m, [r for r in runs if r], answers)
+    return best
+
+
+def microbatch_phases(order: list, runs: list[list[int]], answers: list[Assignment],
+                      parallel: ParallelSpec, recompute: str) -> list[Phase]:
+    """One phase per micro-batch: its SP groups on aligned blocks of the pool's slots."""
+    slots = num_slots(parallel)
+    phases, group_id = [], 0
+    for run, answer in zip(runs, answers, strict=True):
+        placement = aligned_blocks([g.degree for g in answer.groups], slots)
+        assert placement is not None  # degrees are powers of two summing to <= slots
+        groups = []
+        for g, block in zip(answer.groups, placement, strict=True):
+            seqs = [order[run[i]] for i in g.members]
+            layout = GroupLayout(tp=parallel.tp, cp=g.degree, pp=parallel.pp, vpp=1,
+                                 schedule="1f1b", cp_kind="ulysses", recompute=recompute)
+            groups.append(packed_group(group_id, slot_ranks(parallel, block), layout,
+                                       _units(seqs, parallel.pp)))
+            group_id += 1
+        phases.append(Phase(groups=tuple(groups)))
+    return phases
+
+
 def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
          cost: CostModel, **options: Any) -> Plan:
     started = time.perf_counter()
@@ -162,47 +217,18 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     m_min = min(m_min, len(lengths))
     tries = [m for m in range(m_min, m_min + opts.extra_microbatch_counts + 1)
              if m <= len(lengths)]
-    best: tuple[float, int, list[list[int]], list[Assignment]] | None = None
-    solves_left = sum(tries)
-    for m in tries:
-        if best is not None and deadline.expired:
-            break
-        runs = contiguous_partition(lengths, m)
-        answers: list[Assignment] = []
-        for run in runs:
-            if not run:
-                continue
-            share = deadline.share(solves_left)
-            solves_left -= 1
-            answer = _solve_microbatch([lengths[i] for i in run], slots, k, opts, share)
-            if answer is None:
-                break
-            answers.append(answer)
-        else:
-            total = sum(a.seconds for a in answers)
-            if best is None or total < best[0]:
-                best = (total, m, [r for r in runs if r], answers)
+    best = search_microbatches(
+        lengths, tries, deadline,
+        lambda run, share: _solve_microbatch(run, slots, k, opts, share))
     fallback = None
     if best is None:
         fallback = _fallback_reason(lengths, k, top, slots, recompute, capacity)
-        runs = [[i] for i in range(len(lengths))]
         answers = _one_per_microbatch(lengths, slots, k)
-        best = (sum(a.seconds for a in answers), len(lengths), runs, answers)
+        best = (sum(a.seconds for a in answers), len(lengths), [[i] for i in range(len(lengths))],
+                answers)
     _, m, runs, answers = best
-    phases, group_id, sources = [], 0, []
-    for run, answer in zip(runs, answers, strict=True):
-        placement = aligned_blocks([g.degree for g in answer.groups], slots)
-        assert placement is not None  # degrees are powers of two summing to <= slots
-        groups = []
-        for g, block in zip(answer.groups, placement, strict=True):
-            seqs = [order[run[i]] for i in g.members]
-            layout = GroupLayout(tp=parallel.tp, cp=g.degree, pp=parallel.pp, vpp=1,
-                                 schedule="1f1b", cp_kind="ulysses", recompute=recompute)
-            groups.append(packed_group(group_id, slot_ranks(parallel, block), layout,
-                                       _units(seqs, parallel.pp)))
-            group_id += 1
-        phases.append(Phase(groups=tuple(groups)))
-        sources.append(answer.source)
+    phases = microbatch_phases(order, runs, answers, parallel, recompute)
+    sources = [a.source for a in answers]
     return finish_plan(
         method="flexsp", model=model, hardware=hardware, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences}, phases=phases,

@@ -7,11 +7,15 @@ at one SP degree, static or chosen per batch.
 * ``ulysses-adaptive``: batch-adaptive SP, the smallest degree that holds *this batch's*
   longest sequence, chosen again every step.
 
-Either way the pool of dp*cp slots splits into slots/d Ulysses groups of degree d (tp kept).
-Sequences go to groups longest-first to the least-loaded group (LPT on FlexSP's per-sequence
-time), and each group packs its sequences into micro-batches of at most the tokens its memory
-holds (first-fit decreasing) and runs them one after another (gradient accumulation), so the
-only difference from FlexSP is the single degree: short sequences pay the all-to-all of a
+Either way the pool of dp*cp slots splits into slots/d Ulysses groups of degree d (tp kept),
+and the step runs in rounds of one micro-batch per group: DeepSpeed keeps one gradient-
+accumulation count for every data-parallel rank, and ZeRO-3 gathers each layer's parameters
+with a collective over all of them, so the groups advance micro-batch by micro-batch together
+(each round is a phase; the simulator charges ZeRO-3 traffic once per step, so without the
+rounds the groups would drift apart more freely than DeepSpeed lets them). Rounds are cut as
+FlexSP cuts its micro-batches (:func:`baselines.flexsp.planner.search_microbatches`) and each
+is LPT-balanced over the groups at the fixed degree (FlexSP's greedy answer at one degree), so
+the only difference from FlexSP is the single degree: short sequences pay the all-to-alls of a
 degree sized for the longest. Sequences are priced, and memory budgeted, with FlexSP's own
 constants (:func:`baselines.flexsp.constants.from_cost_model`), so the three methods see one
 cost model. Model states are sharded over every slot at the cost model's ZeRO stage (FlexSP's
@@ -26,25 +30,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from baselines.common.finish import finish_plan
+from baselines.flexsp.assignment import Assignment, SPGroup, greedy
 from baselines.flexsp.constants import FlexSPConstants, from_cost_model
-from baselines.flexsp.planner import sp_pool_layout, zero_stage_of
+from baselines.flexsp.planner import (
+    microbatch_phases,
+    search_microbatches,
+    sp_pool_layout,
+    zero_stage_of,
+)
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
-from slimpack.plan import Phase, Plan
+from slimpack.plan import Plan
 from slimpack.planning import (
-    GroupLayout,
+    Deadline,
     build_options,
-    first_fit_decreasing,
-    lpt_partition,
     num_slots,
-    packed_group,
-    slot_ranks,
-    whole,
 )
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.recompute import AUTO, RECOMPUTE_MODES, check_recompute
 
 MODES = ("static", "adaptive")
+EXTRA_COUNTS = 4
+"""Round counts tried above the memory minimum (FlexSP's own M_min .. M_min + 4)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +60,7 @@ class UlyssesOptions:
     """Longest sequence training can meet: sizes ``ulysses-static``'s degree (default: the
     batch's longest). ``ulysses-adaptive`` sizes its degree from the batch alone."""
     time_limit_s: float = 2.0
-    """Accepted for a uniform interface; the planner is a single greedy pass."""
+    """Budget for the round-count search (greedy rounds: milliseconds in practice)."""
     recompute: str = "auto"
     """``auto``: the cheapest of none/selective/full with which the sizing sequence fits the
     largest group the pool can form, as FlexSP chooses."""
@@ -113,26 +120,36 @@ def _plan(mode: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
     choice = choose_degree(sizing, slots, cost, tp=parallel.tp, recompute=opts.recompute,
                            zero_stage=zero_stage)
     d, k = choice.degree, choice.constants
-    seqs = sorted(batch.sequences, key=lambda s: (s.length, s.seq_id))
-    parts = lpt_partition([k.seq_seconds(s.length, d) for s in seqs], slots // d)
-    # A micro-batch holds at most what the group's memory does (never less than the longest
-    # sequence, so a fallback degree still packs every sequence somewhere).
-    capacity = max(int(k.max_tokens(d)), longest)
-    layout = GroupLayout(tp=parallel.tp, cp=d, pp=1, vpp=1, schedule="1f1b", cp_kind="ulysses",
-                         recompute=choice.recompute)
-    groups, estimate, microbatches = [], 0.0, []
-    for g, part in enumerate(p for p in parts if p):
-        members = [seqs[i] for i in part]
-        bins = first_fit_decreasing([s.length for s in members], capacity)
-        units = [[whole(members[i].seq_id, members[i].length) for i in b] for b in bins]
-        block = tuple(range(g * d, (g + 1) * d))
-        groups.append(packed_group(g, slot_ranks(parallel, block), layout, units))
-        estimate = max(estimate, sum(k.beta1_s + sum(k.seq_seconds(members[i].length, d)
-                                                     for i in b) for b in bins))
-        microbatches.append(len(bins))
+    order = sorted(batch.sequences, key=lambda s: (s.length, s.seq_id))
+    lengths = [s.length for s in order]
+    # Rounds of one micro-batch per group, as FlexSP cuts them: at least enough rounds for
+    # the pool's memory, then the count with the smallest estimate. Degree d is fixed, so a
+    # round may not fit at M_min; counts grow until every round fits (one sequence per round
+    # always does when the degree holds the longest).
+    m_min = min(len(lengths), max(1, -(-sum(lengths) // max(int(k.max_tokens(d) * (
+        slots // d)), 1))))
+    deadline = Deadline(time_limit_s=opts.time_limit_s)
+
+    def solve(run: list[int], _share: float) -> Assignment | None:
+        return greedy(run, slots, k, degrees=(d,))
+
+    tries = list(range(m_min, min(m_min + EXTRA_COUNTS, len(lengths)) + 1))
+    best = search_microbatches(lengths, tries, deadline, solve)
+    m = tries[-1]
+    while best is None and m < len(lengths):
+        m = min(2 * m, len(lengths))
+        best = search_microbatches(lengths, [m], deadline, solve)
+    if best is None:  # only when the degree cannot hold the longest sequence (a fallback)
+        answers = [Assignment(groups=(SPGroup(degree=d, members=(0,)),),
+                              seconds=k.beta1_s + k.seq_seconds(n, d), source="fallback")
+                   for n in lengths]
+        best = (sum(a.seconds for a in answers), len(lengths),
+                [[i] for i in range(len(lengths))], answers)
+    estimate, m, runs, answers = best
+    phases = microbatch_phases(order, runs, answers, parallel, choice.recompute)
     metadata: dict[str, Any] = {
-        "sp_degree": d, "sizing_length": sizing, "num_groups": len(groups),
-        "microbatches_per_group": microbatches, "recompute": choice.recompute,
+        "sp_degree": d, "sizing_length": sizing, "num_groups": slots // d,
+        "num_microbatches": m, "recompute": choice.recompute,
         "estimated_seconds": estimate, "zero_stage": zero_stage,
         "time_limit_s": opts.time_limit_s}
     if choice.fallback is not None:
@@ -140,7 +157,7 @@ def _plan(mode: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
     return finish_plan(
         method=method, model=model, hardware=hardware, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences},
-        phases=[Phase(groups=tuple(groups))], started=started, metadata=metadata,
+        phases=phases, started=started, metadata=metadata,
         escalate_recompute=opts.recompute == AUTO,
         training=getattr(cost, "training", None))
 
