@@ -1,4 +1,4 @@
-"""FlexSP's own baselines (arXiv 2412.01523, section 6): DeepSpeed-Ulysses sequence parallelism
+"""FlexSP's own baselines (arXiv 2412.01523, its evaluation): DeepSpeed-Ulysses sequence parallelism
 at one SP degree, static or chosen per batch.
 
 * ``ulysses-static``: one SP degree for the whole run, the smallest power of two whose memory

@@ -17,4 +17,4 @@ METHOD = MethodSpec(
     allows=_pool_without_pipeline, reshape=sp_pool,
     summary=("DeepSpeed-Ulysses SP at one degree per step, sized for "
              "the batch's longest sequence (FlexSP's batch-adaptive baseline)"),
-    source="FlexSP, arXiv 2412.01523, section 6 (baselines); DeepSpeed-Ulysses, arXiv 2309.14509")
+    source="FlexSP, arXiv 2412.01523 (its evaluation baselines); DeepSpeed-Ulysses, arXiv 2309.14509")

@@ -17,4 +17,4 @@ METHOD = MethodSpec(
     allows=_pool_without_pipeline, reshape=sp_pool,
     summary=("DeepSpeed-Ulysses SP at one degree for the run, sized for "
              "the context's longest sequence (FlexSP's static baseline)"),
-    source="FlexSP, arXiv 2412.01523, section 6 (baselines); DeepSpeed-Ulysses, arXiv 2309.14509")
+    source="FlexSP, arXiv 2412.01523 (its evaluation baselines); DeepSpeed-Ulysses, arXiv 2309.14509")
