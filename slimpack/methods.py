@@ -21,6 +21,8 @@ METHODS: Mapping[str, str] = MappingProxyType({
     "megatron-dcp": "baselines.megatron_dcp",
     "wlb-llm": "baselines.wlb_llm.method",
     "flexsp": "baselines.flexsp.method",
+    "ulysses-static": "baselines.flexsp.ulysses_static",
+    "ulysses-adaptive": "baselines.flexsp.ulysses_adaptive",
     "slimpipe": "baselines.slimpipe",
     "slimpack": "slimpack.slimpack_planner.method",
 })

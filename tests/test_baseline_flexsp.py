@@ -100,3 +100,259 @@ def test_constants_from_cost_model_are_quadratic_plus_linear():
     assert k.alpha1_s_per_token2 > 0 and k.alpha2_s_per_token > 0
     assert k.seq_seconds(8192, 2) < k.seq_seconds(8192, 1)
     assert k.max_tokens(2) == pytest.approx(2 * k.max_tokens(1))
+
+
+# -- cp > 1 and explicit fallbacks (the fuzz finding: 46% of cases fell back silently) ------
+
+def test_cp_layout_plans_on_the_sp_pool_with_states_sharded_over_every_slot():
+    """llama-13b, 16 H100s, tp2 cp4 dp2, Wikipedia at 4K: states sharded only dp=2 ways left
+    no activation memory, so every sequence ran alone (0.19x Megatron). Sharded over all
+    8 slots it packs into a few micro-batches that fit memory in the simulator too."""
+    from slimpack import data
+    from slimpack.sim import simulate
+
+    model, hw = model_preset("llama-13b"), hardware_preset("h100-80g")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    batch = data.sample_batch("wikipedia", num_sequences=128, context=4096, seed=0)
+    p = flexsp_plan(batch, model, hw, ParallelSpec(tp=2, cp=4, dp=2), cost, time_limit_s=0.5)
+    assert "fallback" not in p.metadata
+    assert p.parallel.cp == 1 and p.parallel.dp == 8 and p.parallel.tp == 2
+    assert p.metadata["num_microbatches"] < 10  # not one phase per sequence (128)
+    assert np.isfinite(p.metadata["estimated_seconds"]) and p.metadata["estimated_seconds"] > 0
+    assert p.metadata["memory_fits"] and p.metadata["zero_stage"] == 1
+    rec = simulate(p, model=model, hardware=hw, cost=cost).record
+    assert not rec.oom
+    # The cp layout and the pool it folds into are the same FlexSP problem.
+    pool = flexsp_plan(batch, model, hw, ParallelSpec(tp=2, dp=8), cost, time_limit_s=0.5)
+    assert pool.metadata["m_min"] == p.metadata["m_min"]
+
+
+def _random_case(rng: np.random.Generator) -> tuple[list[int], ParallelSpec, str]:
+    """Like the issue's fuzz: lognormal lengths up to a random context, random layouts."""
+    context = int(rng.choice([8192, 32768, 131072]))
+    n = int(rng.integers(1, 80))
+    lengths = np.minimum(rng.lognormal(float(rng.uniform(6.0, 9.5)), float(rng.uniform(0.5, 2.0)),
+                                       size=n).astype(int) + 1, context)
+    parallel = ParallelSpec(tp=int(rng.choice([1, 2, 4, 8])), cp=int(rng.choice([1, 2, 4])),
+                            pp=int(rng.choice([1, 1, 2])), dp=int(rng.choice([1, 2, 4])))
+    return [int(x) for x in lengths], parallel, str(rng.choice(["llama-7b", "llama-13b"]))
+
+
+def test_random_cases_never_fall_back_silently():
+    """Every plan prices its step (no NaN estimate); a fallback carries its reason, and only
+    happens when the reason holds: the longest sequence does not fit the largest SP group
+    even with full recompute."""
+    rng = np.random.default_rng(14)
+    hw = hardware_preset("h800")
+    planned = fallbacks = 0
+    for _ in range(40):
+        lengths, parallel, name = _random_case(rng)
+        model = model_preset(name)
+        try:
+            parallel.validate_for_model(model)
+        except ValueError:
+            continue
+        cost = AnalyticCostModel(model=model, hardware=hw)
+        p = flexsp_plan(Batch.from_lengths(lengths), model, hw, parallel, cost, time_limit_s=0.1)
+        planned += 1
+        assert np.isfinite(p.metadata["estimated_seconds"]), (lengths, parallel)
+        slots = parallel.dp * parallel.cp
+        k = from_cost_model(cost, tp=parallel.tp, pp=parallel.pp, num_gpus=slots,
+                            state_shards=slots, recompute="full")
+        top = 1 << (slots.bit_length() - 1)
+        fits = max(lengths) <= k.max_tokens(top)
+        if "fallback" in p.metadata:
+            fallbacks += 1
+            assert not fits and str(max(lengths)) in p.metadata["fallback"] or (
+                k.memory_budget_bytes <= 0 and "no activation memory" in p.metadata["fallback"])
+            assert p.metadata["num_microbatches"] == len(lengths)
+        else:
+            assert fits, (lengths, parallel, name)
+    assert planned >= 25
+    assert fallbacks < planned / 4  # was 46% of the fuzz cases
+
+
+# -- FlexSP's own baselines: Ulysses SP at one degree (static or per batch) -----------------
+
+def _skewed_batch(longest: int = 49152) -> Batch:
+    """One long document among 120 short ones (1-3K): the long tail FlexSP targets."""
+    rng = np.random.default_rng(3)
+    return Batch.from_lengths([longest] + rng.integers(1024, 3072, size=120).tolist())
+
+
+def _smallest_fitting_degree(length: int, k, slots: int) -> int:
+    d = 1
+    while length > k.max_tokens(d) and d < slots:
+        d *= 2
+    return d
+
+
+def test_ulysses_static_runs_one_degree_sized_for_the_context():
+    from baselines.flexsp.ulysses import plan_static
+
+    model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    batch = _skewed_batch()
+    p = plan_static(batch, model, hw, ParallelSpec(dp=16), cost, context=131072)
+    degrees = {g.cp for g in p.groups()}
+    assert degrees == {p.metadata["sp_degree"]}
+    assert len(p.phases) == p.metadata["num_microbatches"]  # rounds in lockstep (ZeRO-3)
+    d = p.metadata["sp_degree"]
+    assert all(len(ph.groups) <= 16 // d for ph in p.phases)
+    assert all(g.cp_kind == "ulysses" for g in p.groups())
+    assert p.metadata["sizing_length"] == 131072
+    k = from_cost_model(cost, num_gpus=16, state_shards=16, recompute=p.metadata["recompute"])
+    assert d == _smallest_fitting_degree(131072, k, 16) and d >= 2
+    assert 131072 > k.max_tokens(d // 2)  # the next smaller degree would not hold the context
+    assert p.metadata["num_groups"] == 16 // d
+    assert p.num_tokens == batch.num_tokens and p.metadata["memory_fits"]
+    assert "fallback" not in p.metadata
+
+
+def test_ulysses_adaptive_degree_follows_the_batch_longest_sequence():
+    from baselines.flexsp.ulysses import plan_adaptive, plan_static
+
+    model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    k = from_cost_model(cost, num_gpus=16, state_shards=16, recompute="none")
+    short = Batch.from_lengths([2048] * 64)
+    skewed = _skewed_batch()
+    ps = plan_adaptive(short, model, hw, ParallelSpec(dp=16), cost, context=131072)
+    pk = plan_adaptive(skewed, model, hw, ParallelSpec(dp=16), cost, context=131072)
+    assert ps.metadata["sp_degree"] == 1 and ps.metadata["num_groups"] == 16
+    assert pk.metadata["sizing_length"] == 49152
+    assert pk.metadata["sp_degree"] == _smallest_fitting_degree(49152, k, 16) > 1
+    # Sized by the same sequence, static and adaptive are the same plan.
+    same = plan_static(skewed, model, hw, ParallelSpec(dp=16), cost, context=49152)
+    assert same.metadata["sp_degree"] == pk.metadata["sp_degree"]
+    assert [g.cp for g in same.groups()] == [g.cp for g in pk.groups()]
+
+
+def test_flexsp_beats_static_ulysses_on_a_skewed_batch():
+    """FlexSP's claim in miniature (16 A100-80G, llama-7b, a 16K document among 120 short
+    ones, 64K context). Static SP must hold the context: degree 16, so every short sequence
+    pays all-to-alls across two nodes. Batch-adaptive SP sizes one degree (4) to the 16K
+    document; FlexSP also runs the short sequences at degree 1. Measured (simulator): FlexSP
+    4.82 s, adaptive 4.91 s, static 7.26 s; the bounds leave ~10% for solver variation."""
+    from slimpack.compare import plan_method
+    from slimpack.sim import simulate
+
+    model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    batch = _skewed_batch(16384)
+    steps, plans = {}, {}
+    for name in ("flexsp", "ulysses-static", "ulysses-adaptive"):
+        plans[name] = plan_method(name, batch, model, hw, ParallelSpec(dp=16), cost,
+                                  context=65536, time_limit_s=1.0)
+        rec = simulate(plans[name], model=model, hardware=hw, cost=cost).record
+        assert not rec.oom and plans[name].metadata["memory_fits"], name
+        assert plans[name].metadata["recompute"] == "none", name
+        steps[name] = rec.step_time_s
+    assert plans["ulysses-static"].metadata["sp_degree"] == 16
+    assert plans["ulysses-adaptive"].metadata["sp_degree"] == 4
+    assert min(min(d) for d in plans["flexsp"].metadata["sp_degrees"]) == 1
+    assert 1.4 <= steps["ulysses-static"] / steps["flexsp"] <= 1.75
+    assert steps["ulysses-adaptive"] < steps["ulysses-static"] / 1.4
+    assert steps["flexsp"] <= steps["ulysses-adaptive"] * 1.05
+
+
+def test_ulysses_under_zero3_budgets_what_the_simulator_charges():
+    """With a cost model whose TrainingSpec is ZeRO-3, parameters and gradients are sharded
+    too: more room for activations, so a 64K context needs degree 8 instead of 16 (llama-7b,
+    16 A100-80G), and the planner's memory verdict is the simulator's (one memory check, at
+    the same ZeRO stage)."""
+    from baselines.flexsp.ulysses import plan_static
+    from slimpack.cost.kernel_model import KernelCostModel
+    from slimpack.sim import simulate
+    from slimpack.specs.training import TrainingSpec
+
+    model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
+    batch = _skewed_batch(16384)
+    degrees = {}
+    for stage in (1, 3):
+        cost = KernelCostModel(model=model, hardware=hw, training=TrainingSpec(zero_stage=stage))
+        p = plan_static(batch, model, hw, ParallelSpec(dp=16), cost, context=65536)
+        rec = simulate(p, model=model, hardware=hw, cost=cost).record
+        assert p.metadata["zero_stage"] == stage
+        assert p.metadata["memory_fits"] == (not rec.oom)
+        assert p.metadata["recompute"] == "none"  # no escalation from a ZeRO-1 memory check
+        degrees[stage] = p.metadata["sp_degree"]
+    assert degrees == {1: 16, 3: 8}
+
+
+def test_ulysses_options_and_layouts_fail_clearly():
+    from baselines.flexsp.ulysses import plan_static
+    from slimpack.compare import method_candidates
+    from slimpack.methods import get_method
+
+    model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    batch = Batch.from_lengths([1000, 2000])
+    with pytest.raises(ValueError, match="recompute"):
+        plan_static(batch, model, hw, ParallelSpec(dp=4), cost, recompute="some")
+    with pytest.raises(ValueError, match="time_limit_s must be >= 0"):
+        plan_static(batch, model, hw, ParallelSpec(dp=4), cost, time_limit_s=-1.0)
+    with pytest.raises(ValueError, match="pp and vpp must be 1"):
+        plan_static(batch, model, hw, ParallelSpec(pp=2, dp=2), cost)
+    for name in ("ulysses-static", "ulysses-adaptive"):
+        spec = get_method(name)
+        assert "2412.01523" in spec.source and "Ulysses" in spec.summary
+        pools = method_candidates(name, model, hw, 16, 65536)
+        assert pools and all(c.parallel.pp == 1 and c.parallel.cp == 1 for c in pools)
+
+
+def test_headline_claims_compare_flexsp_with_each_of_its_papers_baselines():
+    """flexsp-headline's speedups are FlexSP's tokens/s over each baseline's in the same point,
+    and each verdict can fail: a FlexSP slower than batch-adaptive SP is "not reproduced"."""
+    import pandas as pd
+
+    from repro.experiments.flexsp_headline import EXPERIMENT
+
+    def records(adaptive: float) -> pd.DataFrame:
+        tokens = {"megatron": 100.0, "flexsp": 190.0, "ulysses-static": 100.0,
+                  "ulysses-adaptive": adaptive}
+        return pd.DataFrame([{"kind": "throughput", "model": "llama-7b", "dataset": "github",
+                              "seed": 0, "method": m, "tokens_per_s": v, "plan_seconds": 1.5}
+                             for m, v in tokens.items()])
+
+    claims = {c.claim_id: c for c in EXPERIMENT.claims(records(adaptive=95.0))}
+    assert claims["speedup-vs-megatron"].reproduced == pytest.approx(1.9)
+    assert claims["speedup-vs-ulysses-static"].reproduced == pytest.approx(1.9)
+    assert claims["speedup-vs-ulysses-adaptive"].reproduced == pytest.approx(2.0)
+    assert all(claims[k].verdict == "reproduced" for k in (
+        "speedup-vs-megatron", "speedup-vs-ulysses-static", "speedup-vs-ulysses-adaptive"))
+    slower = {c.claim_id: c for c in EXPERIMENT.claims(records(adaptive=200.0))}
+    assert slower["speedup-vs-ulysses-adaptive"].reproduced == pytest.approx(0.95)
+    assert slower["speedup-vs-ulysses-adaptive"].verdict == "not reproduced"
+    point = next(p for p in EXPERIMENT.points(True) if p["kind"] == "throughput")
+    assert point["methods"] == ["megatron", "flexsp", "ulysses-static", "ulysses-adaptive"]
+    assert point["sp_zero_stage"] == 3
+
+
+@pytest.mark.parametrize("cost_kind", ["analytic", "kernel-zero3"])
+def test_constants_price_each_degree_as_the_simulator_does(cost_kind):
+    """FlexSP's authors profile their cost model on the system that runs it; ours is the
+    simulator. The alpha/d formula priced a 32K sequence at tp 8 x SP 8 at 0.41 s where the
+    simulator charges 1.15 s (llama-13b, A100), so the MILP chose degrees that only looked
+    cheap. Fitted per degree, one sequence's seconds are within 15% of the simulated compute
+    at 32K and 128K tokens (the rest is per-unit overhead, beta1's part)."""
+    from slimpack.cost.kernel_model import KernelCostModel
+    from slimpack.plan import Phase, Plan
+    from slimpack.planning import GroupLayout, packed_group, slot_ranks, whole
+    from slimpack.sim import simulate
+    from slimpack.specs.training import TrainingSpec
+
+    model, hw = model_preset("llama-13b"), hardware_preset("a100-80g")
+    cost = (AnalyticCostModel(model=model, hardware=hw) if cost_kind == "analytic" else
+            KernelCostModel(model=model, hardware=hw, training=TrainingSpec(zero_stage=3)))
+    par = ParallelSpec(tp=8, dp=8)
+    k = from_cost_model(cost, tp=8, num_gpus=8, state_shards=8)
+    for n in (32768, 131072):
+        for d in (1, 2, 4, 8):
+            layout = GroupLayout(tp=8, cp=d, pp=1, vpp=1, schedule="1f1b", cp_kind="ulysses")
+            group = packed_group(0, slot_ranks(par, tuple(range(d))), layout, [[whole(0, n)]])
+            p = Plan(method="probe", model=model.name, parallel=par, sequence_lengths={0: n},
+                     phases=(Phase(groups=(group,)),), metadata={})
+            ops = simulate(p, model=model, hardware=hw, cost=cost, trace=True).ops
+            compute = max(op.end_s for op in ops if op.group >= 0)  # without the DP sync
+            assert k.seq_seconds(n, d) + k.beta1_s == pytest.approx(compute, rel=0.15), (n, d)

@@ -64,7 +64,8 @@ def test_shared_settings_reach_every_planner_and_bad_options_fail_before_plannin
     batch = Batch.from_lengths([300, 120, 64, 500, 90, 33])
     parallel = ParallelSpec(pp=2, dp=2)
     for name in method_names():
-        par = ParallelSpec(dp=4) if name == "flexsp" else parallel
+        # SP-pool methods (FlexSP and its Ulysses baselines) run on a pool without pipeline.
+        par = parallel if get_method(name).allows(parallel) else ParallelSpec(dp=4)
         plan = plan_method(name, batch, model, hw, par, cost, context=512, time_limit_s=1.0)
         assert plan.num_tokens == batch.num_tokens, name
         with pytest.raises(ValueError, match="unknown option"):

@@ -10,31 +10,34 @@ from slimpack.plan import Phase, Plan
 from slimpack.sim.memory import plan_fits_memory
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.recompute import RECOMPUTE_MODES
+from slimpack.specs.training import TrainingSpec
 
 
 def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
                 sequence_lengths: dict[int, int], phases: list[Phase], started: float,
-                metadata: dict[str, Any], escalate_recompute: bool = False) -> Plan:
+                metadata: dict[str, Any], escalate_recompute: bool = False,
+                training: TrainingSpec | None = None) -> Plan:
     """Build and validate the plan, then check memory with the simulator's own walk.
 
     ``metadata['memory_fits']`` is :func:`slimpack.sim.memory.plan_fits_memory` of the final
     plan, so a planner never claims a fit the simulator denies. With ``escalate_recompute``
     (the method chose its recompute mode itself, "when memory forces it"), groups that do not
     fit move to the next costlier recompute mode until the plan fits or full recompute is
-    reached; ``metadata['recompute']`` then names the mode(s) the plan runs.
+    reached; ``metadata['recompute']`` then names the mode(s) the plan runs. ``training``: the
+    cost model's TrainingSpec, whose ZeRO stage the simulator will charge (None: ZeRO-1).
     ``metadata['plan_seconds']`` is the wall time since ``started`` (``time.perf_counter``).
     """
     plan = Plan(method=method, model=model.name, parallel=parallel,
                 sequence_lengths=dict(sequence_lengths), phases=tuple(phases),
                 metadata=dict(metadata))
     plan.validate()
-    fits = plan_fits_memory(plan, model, hardware)
+    fits = plan_fits_memory(plan, model, hardware, training)
     while not fits and escalate_recompute:
         escalated = _with_costlier_recompute(plan)
         if escalated is None:
             break
         plan = escalated
-        fits = plan_fits_memory(plan, model, hardware)
+        fits = plan_fits_memory(plan, model, hardware, training)
     modes = sorted({g.recompute for g in plan.groups()}, key=RECOMPUTE_MODES.index)
     if escalate_recompute or "recompute" in plan.metadata:
         plan.metadata["recompute"] = modes[0] if len(modes) == 1 else ",".join(modes)

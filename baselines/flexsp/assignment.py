@@ -48,11 +48,13 @@ def _degrees(n: int) -> list[int]:
     return out
 
 
-def greedy(lengths: Sequence[int], num_slots: int, k: FlexSPConstants) -> Assignment | None:
-    """Homogeneous SP (DeepSpeed-Ulysses style) at the best uniform degree: LPT sequences over
-    N/d groups under the memory cap. None when no degree fits the micro-batch."""
+def greedy(lengths: Sequence[int], num_slots: int, k: FlexSPConstants,
+           degrees: Sequence[int] | None = None) -> Assignment | None:
+    """Homogeneous SP (DeepSpeed-Ulysses style) at the best uniform degree (among ``degrees``,
+    default every power of two up to N): LPT sequences over N/d groups under the memory cap.
+    None when no degree fits the micro-batch."""
     best: Assignment | None = None
-    for d in _degrees(num_slots):
+    for d in (_degrees(num_slots) if degrees is None else degrees):
         if max(lengths) > k.max_tokens(d):
             continue
         count = num_slots // d

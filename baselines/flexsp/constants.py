@@ -36,6 +36,10 @@ class FlexSPConstants:
     """Bytes one token moves in all Ulysses all-to-alls of a step (forward and backward)."""
     a2a_gbps: dict[int, float] = field(default_factory=dict)
     """All-to-all bandwidth (GB/s) by SP degree."""
+    per_degree: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """(s^2, s) coefficients of one sequence's seconds at each SP degree, all-to-alls and
+    everything else the degree costs included (a profile per degree, as FlexSP's authors
+    measured theirs). A degree listed here replaces the alpha/d + bandwidth formula."""
 
     def bandwidth(self, degree: int) -> float:
         if degree in self.a2a_gbps:
@@ -46,6 +50,9 @@ class FlexSPConstants:
 
     def seq_seconds(self, length: float, degree: int) -> float:
         """Seconds one sequence adds to its group's time (compute and all-to-all)."""
+        if degree in self.per_degree:
+            a, b = self.per_degree[degree]
+            return a * length * length + b * length
         compute = (self.alpha1_s_per_token2 * length * length
                    + self.alpha2_s_per_token * length) / degree
         comm = 0.0
@@ -78,22 +85,35 @@ def paper_a100_gpt7b(model: ModelSpec, hardware: HardwareSpec, *, tp: int = 1, p
 
 
 def from_cost_model(cost: CostModel, *, tp: int = 1, pp: int = 1, num_gpus: int = 64,
-                    state_shards: int = 1, recompute: str = "none") -> FlexSPConstants:
+                    state_shards: int = 1, recompute: str = "none",
+                    zero_stage: int = 1) -> FlexSPConstants:
     """Fit alpha1/alpha2 to the cost model's forward+backward time of whole documents over all
-    layers; memory from the shared memory model (optimizer states sharded ``state_shards``
-    ways, as the simulator prices them)."""
+    layers; memory from the shared memory model (optimizer states, and with ``zero_stage=3``
+    parameters and gradients too, sharded ``state_shards`` ways)."""
     model, hardware = cost.model, cost.hardware
+    gpn = hardware.gpus_per_node
     xs = np.array([8192.0, 32768.0, 131072.0])
+    design = np.vstack([xs**2, xs, np.ones_like(xs)]).T
     ys = []
     for n in xs:
         t = cost.layer_times([(int(n), 0)], tp=tp, recompute=recompute)
         ys.append((t.forward_s + t.backward_s) * model.num_layers)
-    a, b, c = np.linalg.solve(np.vstack([xs**2, xs, np.ones_like(xs)]).T, np.array(ys))
+    a, b, c = np.linalg.solve(design, np.array(ys))
+    # Each degree priced as the simulator prices a Ulysses unit (layers and the LM head):
+    # the alpha/d formula misses what a degree costs beyond its all-to-alls (at tp 8 x SP 8,
+    # 32K tokens: 0.41 s by the formula, 1.15 s in the simulator).
+    per_degree = {}
+    d = 1
+    while d <= max(num_gpus, 1):
+        ys_d = [_ulysses_seconds(cost, int(n), tp=tp, degree=d, recompute=recompute,
+                                 intra=d * tp <= gpn) for n in xs]
+        ad, bd, _ = np.linalg.solve(design, np.array(ys_d))
+        per_degree[d] = (max(float(ad), 0.0), max(float(bd), 0.0))
+        d *= 2
     act = activation_bytes_per_token_per_layer(model, recompute) * model.num_layers / (tp * pp)
     # fp32 logits of the micro-batch on the last stage (one of pp units in flight there).
     act += 4 * model.vocab_size / (tp * pp)
-    states = model_state_bytes(model, tp=tp, pp=pp, dp=state_shards)
-    gpn = hardware.gpus_per_node
+    states = model_state_bytes(model, tp=tp, pp=pp, dp=state_shards, zero_stage=zero_stage)
     bandwidth = {}
     d = 2
     while d <= max(num_gpus, 2):
@@ -106,4 +126,18 @@ def from_cost_model(cost: CostModel, *, tp: int = 1, pp: int = 1, num_gpus: int 
         # 10% headroom: the simulator also counts KV caches and allocator slack per op.
         memory_budget_bytes=max(0.9 * hardware.usable_memory_bytes - states, 0.0),
         a2a_bytes_per_token=_a2a_bytes_per_token(model, tp), a2a_gbps=bandwidth,
+        per_degree=per_degree,
     )
+
+
+def _ulysses_seconds(cost: CostModel, length: int, *, tp: int, degree: int, recompute: str,
+                     intra: bool) -> float:
+    """Forward + backward seconds of one ``length``-token sequence alone in a Ulysses group
+    of ``degree`` (the simulator's own per-unit rule, over all layers, plus the LM head)."""
+    from slimpack.sim.costs import unit_layer_seconds
+
+    fwd, bwd, *_ = unit_layer_seconds([[(length, 0)]] + [[] for _ in range(degree - 1)],
+                                      model=cost.model, cost=cost, tp=tp, cp=degree,
+                                      cp_kind="ulysses", recompute=recompute, cp_intra=intra)
+    head = cost.head_times(-(-length // degree), tp=tp)
+    return (fwd + bwd) * cost.model.num_layers + head.forward_s + head.backward_s

@@ -9,17 +9,26 @@
    groups (degree d = CP size, ``cp_kind='ulysses'``) tile the dp*cp slots.
 
 The slots are the (dp, cp) positions of ``parallel``; tp and pp are kept (FlexSP itself runs
-tp = pp = 1 with ZeRO-3: the auto-parallel search finds that configuration).
+tp = pp = 1 with ZeRO-3: the auto-parallel search finds that configuration). FlexSP has no
+static CP: a layout with cp > 1 is planned, and returned, as its SP pool of dp*cp slots
+(``sp_pool_layout``), and model states are sharded over every slot, as the distributed
+optimizer (or ZeRO-3) of that pool shards them.
+
+When no micro-batching fits memory even with full recompute, the planner falls back to one
+sequence per phase on all slots and says so: ``metadata['fallback']`` holds the reason
+(absent otherwise) and ``estimated_seconds`` still prices the fallback.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from baselines.common.finish import finish_plan
-from baselines.flexsp.assignment import Assignment, greedy, milp
+from baselines.flexsp.assignment import Assignment, SPGroup, greedy, milp
 from baselines.flexsp.bucketing import dp_buckets
 from baselines.flexsp.constants import FlexSPConstants, from_cost_model, paper_a100_gpt7b
 from slimpack.batch import Batch
@@ -84,14 +93,37 @@ def _solve_microbatch(lengths: list[int], slots: int, k: FlexSPConstants, opts: 
     return best
 
 
+def sp_pool_layout(parallel: ParallelSpec) -> ParallelSpec:
+    """``parallel`` with its cp folded into dp: FlexSP's pool of dp*cp slots (same world)."""
+    if parallel.cp == 1:
+        return parallel
+    return dataclasses.replace(parallel, cp=1, dp=parallel.dp * parallel.cp)
+
+
+def zero_stage_of(cost: CostModel) -> int:
+    """The ZeRO stage the simulator will charge for ``cost`` (cost models without a
+    TrainingSpec are priced with the distributed optimizer, ZeRO-1)."""
+    training = getattr(cost, "training", None)
+    return training.zero_stage if training is not None else 1
+
+
 def _one_per_microbatch(lengths: list[int], slots: int, k: FlexSPConstants) -> list[Assignment]:
     """Last resort: every sequence alone on all slots (always valid; memory is the
     simulator's to report)."""
-    from baselines.flexsp.assignment import SPGroup
-
     top = 1 << (slots.bit_length() - 1)
     return [Assignment(groups=(SPGroup(degree=top, members=(0,)),),
                        seconds=k.seq_seconds(n, top), source="fallback") for n in lengths]
+
+
+def _fallback_reason(lengths: list[int], k: FlexSPConstants, top: int, slots: int,
+                     recompute: str, capacity: float) -> str:
+    """Why no micro-batching fits, in numbers (for ``metadata['fallback']``)."""
+    if k.memory_budget_bytes <= 0:
+        return (f"model states leave no activation memory on a GPU (recompute {recompute}, "
+                f"states sharded {slots} ways); each sequence runs alone on {top} slots")
+    return (f"longest sequence {max(lengths)} tokens exceeds the {int(capacity)} tokens an SP "
+            f"group of {top} GPUs holds (recompute {recompute}); each sequence runs alone on "
+            f"{top} slots")
 
 
 def _units(seqs: list, pp: int) -> list[list]:
@@ -101,32 +133,18 @@ def _units(seqs: list, pp: int) -> list[list]:
     return [[whole(seqs[i].seq_id, seqs[i].length) for i in sorted(p)] for p in parts if p]
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    started = time.perf_counter()
-    opts = build_options(FlexSPOptions, "flexsp", options)
-    deadline = Deadline(time_limit_s=opts.time_limit_s)
-    parallel.validate_for_model(model)
-    slots = num_slots(parallel)
-    recompute = opts.recompute
-    for mode in (RECOMPUTE_MODES if recompute == AUTO else (recompute,)):
-        recompute = mode
-        if opts.constants == "paper-a100-gpt7b":
-            k = paper_a100_gpt7b(model, hardware, tp=parallel.tp, pp=parallel.pp,
-                                 num_gpus=slots)
-        else:
-            k = from_cost_model(cost, tp=parallel.tp, pp=parallel.pp, num_gpus=slots,
-                                state_shards=parallel.dp, recompute=mode)
-        if max(batch.lengths) <= k.max_tokens(1 << (slots.bit_length() - 1)):
-            break
-    order = sorted(batch.sequences, key=lambda s: (s.length, s.seq_id))
-    lengths = [s.length for s in order]
-    capacity = k.max_tokens(1 << (slots.bit_length() - 1))
-    m_min = max(1, -(-sum(lengths) // max(int(capacity), 1)))
-    m_min = min(m_min, len(lengths))
-    tries = [m for m in range(m_min, m_min + opts.extra_microbatch_counts + 1)
-             if m <= len(lengths)]
-    best: tuple[float, int, list[list[int]], list[Assignment]] | None = None
+Solve = Callable[[list[int], float], Assignment | None]
+"""One micro-batch's SP groups from its lengths and a time share (None: it does not fit)."""
+Search = tuple[float, int, list[list[int]], list[Assignment]]
+"""(estimated seconds, micro-batch count, runs of sorted indices, one answer per run)."""
+
+
+def search_microbatches(lengths: list[int], tries: list[int], deadline: Deadline,
+                        solve: Solve) -> Search | None:
+    """FlexSP's outer loop: for each micro-batch count M in ``tries``, cut the sorted
+    ``lengths`` into M token-balanced consecutive runs, solve each run, and keep the M with
+    the smallest total estimate. None when no M has every run solved."""
+    best: Search | None = None
     solves_left = sum(tries)
     for m in tries:
         if best is not None and deadline.expired:
@@ -138,7 +156,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                 continue
             share = deadline.share(solves_left)
             solves_left -= 1
-            answer = _solve_microbatch([lengths[i] for i in run], slots, k, opts, share)
+            answer = solve([lengths[i] for i in run], share)
             if answer is None:
                 break
             answers.append(answer)
@@ -146,11 +164,14 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
             total = sum(a.seconds for a in answers)
             if best is None or total < best[0]:
                 best = (total, m, [r for r in runs if r], answers)
-    if best is None:
-        runs = [[i] for i in range(len(lengths))]
-        best = (float("nan"), len(lengths), runs, _one_per_microbatch(lengths, slots, k))
-    _, m, runs, answers = best
-    phases, group_id, sources = [], 0, []
+    return best
+
+
+def microbatch_phases(order: list, runs: list[list[int]], answers: list[Assignment],
+                      parallel: ParallelSpec, recompute: str) -> list[Phase]:
+    """One phase per micro-batch: its SP groups on aligned blocks of the pool's slots."""
+    slots = num_slots(parallel)
+    phases, group_id = [], 0
     for run, answer in zip(runs, answers, strict=True):
         placement = aligned_blocks([g.degree for g in answer.groups], slots)
         assert placement is not None  # degrees are powers of two summing to <= slots
@@ -163,7 +184,51 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                                        _units(seqs, parallel.pp)))
             group_id += 1
         phases.append(Phase(groups=tuple(groups)))
-        sources.append(answer.source)
+    return phases
+
+
+def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
+         cost: CostModel, **options: Any) -> Plan:
+    started = time.perf_counter()
+    opts = build_options(FlexSPOptions, "flexsp", options)
+    deadline = Deadline(time_limit_s=opts.time_limit_s)
+    parallel.validate_for_model(model)
+    parallel = sp_pool_layout(parallel)
+    slots = num_slots(parallel)
+    top = 1 << (slots.bit_length() - 1)
+    zero_stage = zero_stage_of(cost)
+    recompute = opts.recompute
+    for mode in (RECOMPUTE_MODES if recompute == AUTO else (recompute,)):
+        recompute = mode
+        if opts.constants == "paper-a100-gpt7b":
+            k = paper_a100_gpt7b(model, hardware, tp=parallel.tp, pp=parallel.pp,
+                                 num_gpus=slots)
+        else:
+            # Every slot holds a replica of the stage's weights, so the optimizer (ZeRO-1)
+            # or everything (ZeRO-3) is sharded over all dp*cp slots of the pool.
+            k = from_cost_model(cost, tp=parallel.tp, pp=parallel.pp, num_gpus=slots,
+                                state_shards=slots, recompute=mode, zero_stage=zero_stage)
+        if max(batch.lengths) <= k.max_tokens(top):
+            break
+    order = sorted(batch.sequences, key=lambda s: (s.length, s.seq_id))
+    lengths = [s.length for s in order]
+    capacity = k.max_tokens(top)
+    m_min = max(1, -(-sum(lengths) // max(int(capacity), 1)))
+    m_min = min(m_min, len(lengths))
+    tries = [m for m in range(m_min, m_min + opts.extra_microbatch_counts + 1)
+             if m <= len(lengths)]
+    best = search_microbatches(
+        lengths, tries, deadline,
+        lambda run, share: _solve_microbatch(run, slots, k, opts, share))
+    fallback = None
+    if best is None:
+        fallback = _fallback_reason(lengths, k, top, slots, recompute, capacity)
+        answers = _one_per_microbatch(lengths, slots, k)
+        best = (sum(a.seconds for a in answers), len(lengths), [[i] for i in range(len(lengths))],
+                answers)
+    _, m, runs, answers = best
+    phases = microbatch_phases(order, runs, answers, parallel, recompute)
+    sources = [a.source for a in answers]
     return finish_plan(
         method="flexsp", model=model, hardware=hardware, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences}, phases=phases,
@@ -172,6 +237,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                   "recompute": recompute,
                   "estimated_seconds": best[0], "constants": opts.constants,
                   "sp_degrees": [[g.degree for g in a.groups] for a in answers],
-                  "time_limit_s": opts.time_limit_s},
-        escalate_recompute=opts.recompute == AUTO,
+                  "time_limit_s": opts.time_limit_s, "zero_stage": zero_stage,
+                  **({"fallback": fallback} if fallback is not None else {})},
+        escalate_recompute=opts.recompute == AUTO, training=getattr(cost, "training", None),
     )

@@ -3,9 +3,15 @@
 * Sequence bucketing: pricing every sequence at its bucket's bound over-estimates the batch's
   tokens by 0.5-2.3% with FlexSP's DP bucketing (Q = 16) but 8.8-22.1% with fixed-width
   buckets; we measure both on batches of the three length profiles.
-* Throughput: "up to 1.98x" over Megatron-style static sequence parallelism; we run FlexSP and
-  Megatron-LM (each at its best parallel configuration) on 64 A100-80G GPUs, 7B and 13B,
-  128K context, 512 sequences.
+* Throughput: "outperforms state-of-the-art training frameworks by up to 1.98x" (abstract): its
+  paper compares against DeepSpeed-Ulysses at one static SP degree and against batch-adaptive
+  SP (one degree per step), both with ZeRO-3, and against Megatron-LM. We run all four, each
+  at its best parallel configuration, on 64 A100-80G GPUs, 7B and 13B, 128K context, 512
+  sequences, priced by the kernel-level cost model: FlexSP and the two Ulysses baselines with
+  ZeRO-3 (``TrainingSpec(zero_stage=3)``, as its paper ran them), Megatron-LM with its own
+  distributed optimizer (ZeRO-1). The 1.98x is checked against static Ulysses (DeepSpeed) and
+  against Megatron-LM; batch-adaptive SP has no published factor we could read, so FlexSP must
+  only not lose to it.
 * Solver time: 5-15 s with SCIP in the paper; our HiGHS MILP runs under a time limit.
 """
 
@@ -26,6 +32,10 @@ DATASETS = ("commoncrawl", "github", "wikipedia")
 MODELS, QUICK_MODELS = ("llama-7b", "llama-13b"), ("llama-7b",)
 SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
 SOURCE = "FlexSP arXiv 2412.01523"
+SP_METHODS = ("flexsp", "ulysses-static", "ulysses-adaptive")
+"""FlexSP and the two baselines of its paper: ZeRO-3, as the paper ran them."""
+BASELINES = ("megatron", "ulysses-static", "ulysses-adaptive")
+SP_ZERO_STAGE, MEGATRON_ZERO_STAGE = 3, 1
 MICROBATCHES = 8
 """Micro-batches the bucketing is measured over, as FlexSP's planner buckets each one."""
 
@@ -34,8 +44,8 @@ def points(quick: bool) -> list[Point]:
     out: list[Point] = [{"kind": "bucketing", "dataset": d, "context": CONTEXT, "global_batch": 512,
                          "seed": s} for d in DATASETS for s in (QUICK_SEEDS if quick else SEEDS)]
     out += [{"kind": "throughput", "model": m, "dataset": d, "context": CONTEXT, "num_gpus": GPUS,
-             "global_batch": 512, "seed": 0, "hardware": HARDWARE,
-             "methods": ["megatron", "flexsp"]}
+             "global_batch": 512, "seed": 0, "hardware": HARDWARE, "cost_model": "kernel",
+             "methods": ["megatron", *SP_METHODS], "sp_zero_stage": SP_ZERO_STAGE}
             for m in (QUICK_MODELS if quick else MODELS)
             for d in (DATASETS if not quick else DATASETS[:1])]
     return out
@@ -43,7 +53,7 @@ def points(quick: bool) -> list[Point]:
 
 def run_point(point: Point) -> list[Row]:
     if point["kind"] == "throughput":
-        return compare_rows(point, tuple(point["methods"]), "flexsp-headline")
+        return _throughput_rows(point)
     from baselines.flexsp import bucketing
     from slimpack.planning.packing import contiguous_partition
 
@@ -63,6 +73,43 @@ def run_point(point: Point) -> list[Row]:
     return rows
 
 
+def _throughput_rows(point: Point) -> list[Row]:
+    """One compare per ZeRO stage on the same batch and cost model: Megatron-LM with its
+    distributed optimizer, the SP methods with ZeRO-3 (the simulator takes the ZeRO stage from
+    the cost model, one per compare). ``speedup_vs_first`` is over Megatron-LM."""
+    from slimpack.cost.kernel_model import KernelCostModel
+    from slimpack.specs import hardware_preset, model_preset
+    from slimpack.specs.training import TrainingSpec
+
+    model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
+    batch = draw_batch(point, "flexsp-headline")
+    rows = []
+    for stage, methods in ((MEGATRON_ZERO_STAGE, ("megatron",)),
+                           (point["sp_zero_stage"], SP_METHODS)):
+        cost = KernelCostModel(model=model, hardware=hardware,
+                               training=TrainingSpec(zero_stage=stage))
+        group = [m for m in methods if m in point["methods"]]
+        if group:
+            rows += [{**row, "zero_stage": stage} for row in compare_rows(
+                point, tuple(group), "flexsp-headline", batch=batch, cost=cost)]
+    base = next((r["step_time_s"] for r in rows if r["method"] == "megatron"), None)
+    for row in rows:
+        step = row.get("step_time_s")
+        row["speedup_vs_first"] = base / step if base and step else None
+    return rows
+
+
+def flexsp_speedups(thr: pd.DataFrame) -> pd.DataFrame:
+    """FlexSP's tokens/s over each baseline's in the same point: one row per (point, baseline)."""
+    keys = ["model", "dataset", "seed"]
+    frames = []
+    for baseline in BASELINES:
+        speed = speedups(thr, keys, baseline=baseline)
+        speed = speed[speed["method"] == "flexsp"].assign(baseline=baseline)
+        frames.append(speed)
+    return pd.concat(frames, ignore_index=True) if frames else thr
+
+
 def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     if records.empty:
         return [placeholder(out_dir, "flexsp.png", "no records: run flexsp-headline")]
@@ -80,13 +127,16 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
         axes[0][0].set_title("bucketing error (bands: paper ranges)", fontsize=9)
     thr = select(records, kind="throughput")
     if not thr.empty:
-        frame = speedups(thr, ["model", "dataset", "seed"])
-        frame = frame[frame["method"] == "flexsp"]
-        sns.barplot(frame, x="dataset", y="speedup", hue="model", ax=axes[0][1], errorbar=None)
+        frame = flexsp_speedups(thr)
+        frame = frame.assign(setting=frame["model"] + " " + frame["dataset"])
+        sns.barplot(frame, x="setting", y="speedup", hue="baseline", ax=axes[0][1],
+                    errorbar=None)
         axes[0][1].axhline(1.98, color="black", linestyle="--", label="paper: up to 1.98x")
         axes[0][1].axhline(1.0, color="grey", linewidth=0.8)
-        axes[0][1].set_ylabel("FlexSP / Megatron-LM tokens/s")
-        axes[0][1].set_title(f"{GPUS}x {HARDWARE}, {CONTEXT // 1024}K", fontsize=9)
+        axes[0][1].set_ylabel("FlexSP / baseline tokens/s")
+        axes[0][1].tick_params(axis="x", labelrotation=30, labelsize=7)
+        axes[0][1].set_title(f"{GPUS}x {HARDWARE}, {CONTEXT // 1024}K; SP methods ZeRO-3",
+                             fontsize=9)
         axes[0][1].legend(fontsize=7)
     return [save(fig, out_dir, "flexsp.png")]
 
@@ -94,8 +144,9 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
 def claims(records: pd.DataFrame) -> list[Claim]:
     buckets = select(records, kind="bucketing")
     thr = select(records, kind="throughput")
-    speed = speedups(thr, ["model", "dataset", "seed"]) if not thr.empty else thr
-    flex = speed[speed["method"] == "flexsp"] if not speed.empty else speed
+    speed = flexsp_speedups(thr) if not thr.empty else thr.assign(baseline=pd.Series(dtype=str))
+    flex = thr[thr["method"] == "flexsp"] if not thr.empty else thr
+    vs = {b: select(speed, baseline=b) for b in BASELINES}
     return [
         Claim(claim_id="dp-bucketing-error", text="Token over-estimate of DP bucketing (Q=16) per "
               "micro-batch (8 sorted micro-batches), worst dataset", source=SOURCE,
@@ -108,9 +159,24 @@ def claims(records: pd.DataFrame) -> list[Claim]:
               reproduced=scalar(select(buckets, scheme="fixed-2048", scope="per-microbatch"),
                                 "error_pct", "min"), unit="%",
               check=Check(kind="at_least", target=8.8), hardware="none"),
+        # 30%: the paper's factor is a best case over settings we match only in kind (its
+        # cluster, datasets and batch sampler are not ours; the simulator is not its testbed).
         Claim(claim_id="speedup-vs-megatron", text="FlexSP / Megatron-LM throughput, best setting",
-              source=SOURCE, paper_value="up to 1.98x", reproduced=scalar(flex, "speedup", "max"),
+              source=SOURCE, paper_value="up to 1.98x",
+              reproduced=scalar(vs["megatron"], "speedup", "max"),
               unit="x", check=Check(kind="within", target=1.98, rel_tol=0.3), hardware=HARDWARE),
+        Claim(claim_id="speedup-vs-ulysses-static", text="FlexSP / static DeepSpeed-Ulysses SP "
+              "(ZeRO-3) throughput, best setting", source=SOURCE + " (abstract)",
+              paper_value="up to 1.98x",
+              reproduced=scalar(vs["ulysses-static"], "speedup", "max"), unit="x",
+              check=Check(kind="within", target=1.98, rel_tol=0.3), hardware=HARDWARE),
+        # The paper's batch-adaptive factor was not available to us: FlexSP adapts per
+        # sequence, a superset of per-batch choices, so it must at least not lose (can fail:
+        # its micro-batches run as phases, adaptive SP's groups accumulate without barriers).
+        Claim(claim_id="speedup-vs-ulysses-adaptive", text="FlexSP / batch-adaptive Ulysses SP "
+              "(ZeRO-3) throughput, worst setting", source=SOURCE, paper_value="> 1x",
+              reproduced=scalar(vs["ulysses-adaptive"], "speedup", "min"), unit="x",
+              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
         Claim(claim_id="solve-time", text="FlexSP planning time (worst point)", source=SOURCE,
               paper_value="5-15 s (SCIP)", reproduced=scalar(flex, "plan_seconds", "max"), unit="s",
               check=Check(kind="at_most", target=15.0), hardware=HARDWARE, golden_rel_tol=None),
@@ -120,7 +186,8 @@ def claims(records: pd.DataFrame) -> list[Claim]:
 EXPERIMENT = Experiment(
     name="flexsp-headline",
     description=("FlexSP's published results on its own setting: bucketing error of DP vs "
-                 "fixed-width buckets, and FlexSP vs Megatron-LM throughput on 64 A100-80G GPUs."),
+                 "fixed-width buckets, and FlexSP vs its paper's baselines (static and "
+                 "batch-adaptive Ulysses SP, ZeRO-3) and Megatron-LM on 64 A100-80G GPUs."),
     points=points, run_point=run_point, plot=plot, claims=claims,
     needs=("baselines.flexsp", "slimpack.compare", "slimpack.data"), timing_columns=TIMING_COLUMNS,
 )

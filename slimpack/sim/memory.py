@@ -128,23 +128,27 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
     return peaks
 
 
-def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int) -> list[float]:
+def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int,
+                        training: TrainingSpec | None = None) -> list[float]:
     """Per-stage peak bytes of ``group`` under its own schedule (order-only walk, no timing):
-    the same numbers the timed simulator reports for that group."""
-    memory = group_memory(group, model=model, dp=dp)
+    the same numbers the timed simulator reports for that group (under ``training``'s ZeRO
+    stage, as the simulator takes it from a cost model that carries one)."""
+    memory = group_memory(group, model=model, dp=dp, training=training)
     layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
     return peak_bytes_by_stage(build_schedule(group), memory, layers)
 
 
-def plan_peak_bytes(plan: Plan, model: ModelSpec) -> float:
+def plan_peak_bytes(plan: Plan, model: ModelSpec, training: TrainingSpec | None = None) -> float:
     """The largest per-device peak over every group of every phase of ``plan``."""
-    return max(max(schedule_peak_bytes(g, model, plan.parallel.dp)) for g in plan.groups())
+    return max(max(schedule_peak_bytes(g, model, plan.parallel.dp, training))
+               for g in plan.groups())
 
 
-def plan_fits_memory(plan: Plan, model: ModelSpec, hardware: HardwareSpec) -> bool:
+def plan_fits_memory(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
+                     training: TrainingSpec | None = None) -> bool:
     """The one memory check: True exactly when :func:`slimpack.sim.simulate` reports no OOM.
 
     Planners call this on their finished plan, so a plan's ``memory_fits`` and the
     simulator's verdict are the same function of the same op order.
     """
-    return plan_peak_bytes(plan, model) <= hardware.usable_memory_bytes
+    return plan_peak_bytes(plan, model, training) <= hardware.usable_memory_bytes
