@@ -33,6 +33,7 @@ endif
 
 lint: install
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 test: install lint
 	$(PY) -m pytest -q
