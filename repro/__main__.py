@@ -177,6 +177,21 @@ def cmd_golden(args: argparse.Namespace) -> int:
     return 3 if problems else 0
 
 
+def _unwritable(results_dir: Path) -> str:
+    """Why ``results_dir`` cannot hold records ('' when it can), found before any work: a
+    probe file is created and removed, which also catches read-only mounts (and works as root,
+    where permission bits say nothing)."""
+    import tempfile
+
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=results_dir):
+            pass
+    except OSError as exc:
+        return f"not a writable directory ({exc.strerror or exc})"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "jobs", 1) < 1:
@@ -184,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     handlers = {"list": cmd_list, "run": cmd_run, "plot": cmd_plot, "report": cmd_report,
                 "golden": cmd_golden}
+    if args.command != "list" and not (args.command == "golden" and not args.update):
+        problem = _unwritable(args.results_dir)
+        if problem:
+            print(f"error: --results-dir {str(args.results_dir)!r}: {problem}", file=sys.stderr)
+            return 2
     try:
         if hasattr(args, "names"):
             expand_names(args.names, args.registry)  # unknown names: a usage error, up front

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from slimpack.jsonio import atomic_write_text, check_output_path
 from slimpack.specs.parallel import ParallelSpec
 from slimpack.specs.recompute import RECOMPUTE_MODES
 
@@ -339,11 +340,10 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent)
 
     def save(self, path: str | Path) -> None:
-        """Write atomically, so an interrupted save never leaves half a plan behind."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_json(indent=1))
-        tmp.replace(path)
+        """Write atomically (temp file in the same directory, then ``os.replace``), so an
+        interrupted or failed save never leaves half a plan, or a temp file, behind."""
+        check_output_path("plan file", path)
+        atomic_write_text(path, self.to_json(indent=1))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:

@@ -16,6 +16,7 @@ from typing import Any
 
 from slimpack.batch import Batch
 from slimpack.cost.model import AnalyticCostModel
+from slimpack.jsonio import check_output_path
 from slimpack.methods import get_method, method_names
 from slimpack.planning.options import parse_options
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -150,6 +151,8 @@ def _specs(args: argparse.Namespace):
 def run_plan(args: argparse.Namespace) -> int:
     from slimpack.compare import best_parallel, plan_method
 
+    if args.output:
+        check_output_path("-o/--output", args.output)  # before minutes of planning
     model, hardware, cost = _specs(args)
     parallel = parallel_from_args(args)
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,

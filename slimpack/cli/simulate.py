@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 UNIFORM_SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe")
@@ -49,8 +48,12 @@ def closed_form_bubble(schedule: str, *, pp: int, vpp: int, slices: int,
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimpack.jsonio import atomic_write_text, check_output_path
     from slimpack.specs import hardware_preset, model_preset
 
+    for flag, path in (("--trace", args.trace), ("--gantt", args.gantt)):
+        if path:
+            check_output_path(flag, path)  # before the simulation, not after it
     hardware = hardware_preset(args.hardware)
     extra: dict[str, Any] = {}
     if args.uniform:
@@ -77,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
     result = simulate(plan, model=model, hardware=hardware, cost=cost, trace=want_ops,
                       overlap_dp_sync=not args.no_overlap_dp_sync)
     if args.trace:
-        Path(args.trace).write_text(json.dumps(to_chrome_trace(result)))
+        atomic_write_text(args.trace, json.dumps(to_chrome_trace(result)))
     if args.gantt:
-        plot_gantt(result, args.gantt)
+        _atomic_gantt(result, args.gantt, plot_gantt)
     summary = _summary(result.record) | extra
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -89,6 +92,26 @@ def run(args: argparse.Namespace) -> int:
                     "peak_memory_gib", "oom", *extra):
             print(f"{key:28s} {summary[key]}")
     return 0
+
+
+def _atomic_gantt(result, path: str, plot_gantt) -> None:
+    """Draw into a temp file with the same suffix (matplotlib picks the format from it) in
+    the same directory, then replace: a failed draw leaves neither a half PNG nor a temp."""
+    import contextlib
+    import os
+    import tempfile
+    from pathlib import Path
+
+    out = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=out.suffix or ".png")
+    os.close(fd)
+    try:
+        plot_gantt(result, tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _summary(record) -> dict[str, Any]:

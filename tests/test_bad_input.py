@@ -1,0 +1,89 @@
+"""Bad input gets one clear error naming the field and what is allowed, before any work is
+done, with a non-zero exit and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from slimpack.cli.main import main
+from slimpack.plan import Plan
+
+TINY = ["--model", "tiny", "--hardware", "h100", "--gpus", "2", "--pp", "2",
+        "--dataset", "wikipedia", "--context", "4096", "--global-batch", "8",
+        "--time-limit", "0.5"]
+
+
+def _tiny_plan(tmp_path) -> str:
+    out = tmp_path / "tiny.json"
+    assert main(["plan", "--method", "megatron", *TINY, "-o", str(out)]) == 0
+    return str(out)
+
+
+def _leftovers(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if ".tmp" in p.name)
+
+
+# -- 1. output paths --------------------------------------------------------------------------
+def test_plan_output_into_missing_dir_fails_before_planning(tmp_path, capsys):
+    out = tmp_path / "missing" / "p.json"
+    # An unknown dataset would fail later; the output path is checked first, before any work.
+    code = main(["plan", "--method", "megatron", *TINY, "--dataset", "no-such-profile",
+                 "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "-o/--output" in err and "does not exist" in err and "Traceback" not in err
+    assert not (tmp_path / "missing").exists()
+
+
+def test_plan_output_onto_directory_leaves_no_tmp(tmp_path, capsys):
+    target = tmp_path / "existing_dir"
+    target.mkdir()
+    code = main(["plan", "--method", "megatron", *TINY, "-o", str(target)])
+    assert code == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert _leftovers(tmp_path) == []
+
+
+def test_plan_save_is_atomic_and_cleans_up_on_failure(tmp_path):
+    plan = Plan.load(_tiny_plan(tmp_path))
+    plan.metadata["bad"] = object()  # not JSON-serialisable: the write fails midway
+    dest = tmp_path / "p.json"
+    dest.write_text("old")
+    with pytest.raises(TypeError):
+        plan.save(dest)
+    assert dest.read_text() == "old" and _leftovers(tmp_path) == []
+    with pytest.raises(ValueError, match="does not exist"):
+        plan.save(tmp_path / "nope" / "p.json")
+
+
+@pytest.mark.parametrize("flag", ["--gantt", "--trace"])
+def test_simulate_outputs_into_missing_dir(tmp_path, capsys, flag):
+    plan = _tiny_plan(tmp_path)
+    code = main(["simulate", plan, flag, str(tmp_path / "missing" / "f.out")])
+    err = capsys.readouterr().err
+    assert code == 2 and flag in err and "does not exist" in err
+    assert _leftovers(tmp_path) == []
+
+
+def test_simulate_trace_written_atomically(tmp_path):
+    plan = _tiny_plan(tmp_path)
+    trace = tmp_path / "t.json"
+    assert main(["simulate", plan, "--trace", str(trace)]) == 0
+    assert json.loads(trace.read_text())  # complete JSON
+    assert _leftovers(tmp_path) == []
+
+
+def test_repro_unwritable_results_dir(tmp_path, capsys):
+    from repro.__main__ import main as repro_main
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    # A results dir under a regular file cannot be created, whoever runs the test (even root).
+    code = repro_main(["run", "selftest-a", "--registry", "repro.selftest", "--no-progress",
+                       "--results-dir", str(blocker / "results")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--results-dir" in err and "writable" in err
+    assert os.path.isfile(blocker)
