@@ -87,3 +87,47 @@ def test_repro_unwritable_results_dir(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--results-dir" in err and "writable" in err
     assert os.path.isfile(blocker)
+
+
+# -- 2. numbers -------------------------------------------------------------------------------
+def _usage_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "-inf", "soon"])
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_time_limit_must_be_positive_finite(capsys, value, command):
+    head = ["plan", "--method", "megatron"] if command == "plan" else \
+        ["compare", "--methods", "megatron"]
+    args = [a for a in TINY]
+    at = args.index("--time-limit")
+    args[at:at + 2] = [f"--time-limit={value}"]  # '=' form: argparse reads '-inf' as a flag
+    err = _usage_error([*head, *args], capsys)
+    assert "--time-limit" in err and "number > 0" in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--global-batch", "1000000000"),
+                                             ("--global-batch", "0"),
+                                             ("--global-batch", "2.5"),
+                                             ("--token-budget", "1e15"),
+                                             ("--token-budget", "-3")])
+def test_batch_size_bounds_checked_before_sampling(capsys, flag, value):
+    args = [a for a in TINY if a not in ("--global-batch", "8")]
+    err = _usage_error(["plan", "--method", "megatron", *args, flag, value], capsys)
+    assert f"argument {flag}" in err and "integer" in err
+
+
+def test_token_budget_accepts_whole_exponent_notation(tmp_path, capsys):
+    args = [a for a in TINY if a not in ("--global-batch", "8")]
+    assert main(["plan", "--method", "megatron", *args, "--token-budget", "2e4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_tokens"] == 20000
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--timeout", "0"), ("--timeout", "nan"),
+                                             ("--nproc", "0"), ("--nproc", "-2")])
+def test_run_timeout_and_nproc_must_be_positive(tmp_path, capsys, flag, value):
+    err = _usage_error(["run", "--example", "packed", "--model", "tiny", flag, value], capsys)
+    assert flag in err

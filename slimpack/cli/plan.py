@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from slimpack.batch import Batch
+from slimpack.cli.types import MAX_GLOBAL_BATCH, MAX_TOKEN_BUDGET, int_range, positive_float
 from slimpack.cost.model import AnalyticCostModel
 from slimpack.jsonio import check_output_path
 from slimpack.methods import get_method, method_names
@@ -35,15 +36,17 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
                    help="length profile name (wikipedia, wlb-llm, ...) or a length file path")
     p.add_argument("--context", type=int, required=True, help="context length in tokens")
     size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--global-batch", type=int,
+    size.add_argument("--global-batch", type=int_range(1, MAX_GLOBAL_BATCH),
                       help="documents in the global batch (documents longer than the context "
-                           "are split)")
-    size.add_argument("--token-budget", type=int,
+                           f"are split); 1 to {MAX_GLOBAL_BATCH:,}")
+    size.add_argument("--token-budget", type=int_range(1, MAX_TOKEN_BUDGET),
                       help="tokens in the global batch instead (e.g. 512 x context for "
-                           "Megatron's 'global batch 512' of context-length samples)")
+                           "Megatron's 'global batch 512' of context-length samples); 1 to "
+                           f"{MAX_TOKEN_BUDGET:,}")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="planner time limit in seconds (default: each planner's own)")
+    p.add_argument("--time-limit", type=positive_float, default=None,
+                   help="planner time limit in seconds, a finite number > 0 (default: each "
+                        "planner's own)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--option", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
                    help="a planner option, checked against the method's options dataclass "

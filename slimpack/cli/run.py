@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from slimpack.cli.types import positive_float, positive_int
 from slimpack.records import StepRecord
 
 
@@ -43,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--attention", default="auto",
                    choices=("auto", "flash", "torch-varlen", "sdpa", "dense"))
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--nproc", type=int, help="processes to spawn (default: plan world size)")
+    r.add_argument("--nproc", type=positive_int,
+                   help="processes to spawn, >= 1 (default: plan world size)")
     r.add_argument("--warmup", type=int, default=1,
                    help="untimed steps before the measured one (default 1)")
     r.add_argument("--steps", type=int, default=1,
@@ -51,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--out", help="write the record: .csv appends a row, else JSON with ops")
     r.add_argument("--calibration", metavar="CSV",
                    help="also simulate with the calibrated cost model from this profile")
-    r.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds")
+    r.add_argument("--timeout", type=positive_float, default=600.0,
+                   help="collective timeout in seconds, a finite number > 0 (default 600)")
     r.set_defaults(handler=_run)
 
     p = subparsers.add_parser("profile", help="measure per-layer times for the cost model",
@@ -113,7 +116,10 @@ def _run(args: argparse.Namespace) -> int:
     config = RuntimeConfig(device=device, dtype=args.dtype, dist_backend=backend,
                            attention=args.attention, seed=args.seed, warmup_steps=args.warmup,
                            measured_steps=args.steps)
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nproc or plan.world_size)
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+    else:
+        world = args.nproc if args.nproc is not None else plan.world_size
     check_runtime_plan(plan, spec, world_size=world)  # fail before anything starts
     cost = None
     if args.calibration:
