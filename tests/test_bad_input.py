@@ -131,3 +131,47 @@ def test_token_budget_accepts_whole_exponent_notation(tmp_path, capsys):
 def test_run_timeout_and_nproc_must_be_positive(tmp_path, capsys, flag, value):
     err = _usage_error(["run", "--example", "packed", "--model", "tiny", flag, value], capsys)
     assert flag in err
+
+
+# -- 3. integers ------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [1.9, 2.0, True, "3", None])
+def test_batch_lengths_must_be_integers(bad):
+    from slimpack.batch import Batch
+
+    with pytest.raises(ValueError, match=r"Sequence\.length must be an integer"):
+        Batch.from_lengths([100, bad])
+
+
+def test_sequence_fields_must_be_integers():
+    from slimpack.batch import Sequence
+
+    with pytest.raises(ValueError, match=r"Sequence\.length must be an integer, got 2\.5"):
+        Sequence(seq_id=0, length=2.5)
+    with pytest.raises(ValueError, match=r"Sequence\.seq_id must be an integer"):
+        Sequence(seq_id=False, length=3)
+
+
+def test_numpy_integers_accepted_and_normalised():
+    import numpy as np
+
+    from slimpack.batch import Batch
+    from slimpack.specs import ParallelSpec
+
+    batch = Batch.from_lengths(np.array([3, 5], dtype=np.int32))
+    assert batch.lengths == [3, 5] and all(type(n) is int for n in batch.lengths)
+    spec = ParallelSpec(tp=np.int64(2), dp=np.int16(3))
+    assert (spec.tp, spec.dp, spec.world) == (2, 3, 6) and type(spec.tp) is int
+    json.dumps(spec.to_dict())  # plain ints serialise
+
+
+@pytest.mark.parametrize(("field", "bad"), [("tp", 2.5), ("cp", 2.0), ("pp", True),
+                                            ("vpp", "2"), ("dp", None), ("world_size", 4.0)])
+def test_parallel_spec_degrees_must_be_integers(field, bad):
+    from slimpack.specs import ParallelSpec
+
+    with pytest.raises(ValueError, match=rf"ParallelSpec\.{field} must be an integer"):
+        ParallelSpec(**{field: bad})
+    if field != "world_size":
+        with pytest.raises(ValueError, match=r"ParallelSpec\.\w+ must be an integer"):
+            ParallelSpec.for_world(8, **{field: bad}) if field in ("tp", "cp", "pp", "vpp") \
+                else ParallelSpec.for_world(bad)
