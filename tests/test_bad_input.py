@@ -175,3 +175,95 @@ def test_parallel_spec_degrees_must_be_integers(field, bad):
         with pytest.raises(ValueError, match=r"ParallelSpec\.\w+ must be an integer"):
             ParallelSpec.for_world(8, **{field: bad}) if field in ("tp", "cp", "pp", "vpp") \
                 else ParallelSpec.for_world(bad)
+
+
+# -- 4. plan JSON -----------------------------------------------------------------------------
+def _plan_dict(tmp_path) -> dict:
+    return json.loads(open(_tiny_plan(tmp_path)).read())
+
+
+def _set(data: dict, path: str, value) -> dict:
+    node = data
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    last = keys[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return data
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    ("method", None, "method must be a string"),
+    ("model", 7, "model must be a string"),
+    ("parallel.pp", "2", "parallel.pp must be an integer"),
+    ("parallel", None, "parallel must be an object"),
+    ("sequence_lengths.0", "5", "sequence_lengths\\['0'\\] must be an integer"),
+    ("sequence_lengths.0", 5.5, "sequence_lengths\\['0'\\] must be an integer"),
+    ("phases", {}, "phases must be a list"),
+    ("phases.0", None, "phases\\[0\\] must be an object"),
+    ("phases.0.groups.0.pp", "2", "phases\\[0\\].groups\\[0\\].pp must be an integer"),
+    ("phases.0.groups.0.tp", None, "groups\\[0\\].tp must be an integer"),
+    ("phases.0.groups.0.schedule", 1, "groups\\[0\\].schedule must be a string"),
+    ("phases.0.groups.0.ranks", "01", "groups\\[0\\].ranks must be a list"),
+    ("phases.0.groups.0.slices.0.segments.0", [0, 0.0, 10.5],
+     "slices\\[0\\].segments\\[0\\]\\[1\\] must be an integer"),
+    ("phases.0.groups.0.slices.0.segments.0", [0, 1],
+     "segments\\[0\\] must be \\[seq_id, start, end\\]"),
+    ("phases.0.groups.0.forward_units.0", [0.0], "forward_units\\[0\\]\\[0\\] must be an integer"),
+    ("phases.0.groups.0.vocab_parallel_pp", 1, "vocab_parallel_pp must be true or false"),
+    ("metadata", [], "metadata must be an object"),
+])
+def test_plan_json_fields_are_type_checked(tmp_path, path, value, message):
+    from slimpack.plan import PlanError
+
+    data = _set(_plan_dict(tmp_path), path, value)
+    with pytest.raises(PlanError, match=message):
+        Plan.from_dict(data)
+
+
+@pytest.mark.parametrize("top", [[], "plan", None, 3])
+def test_plan_json_top_level_must_be_an_object(tmp_path, capsys, top):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(top))
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "top level must be an object" in err and "Traceback" not in err
+
+
+def test_plan_json_missing_field_named(tmp_path):
+    from slimpack.plan import PlanError
+
+    data = _plan_dict(tmp_path)
+    del data["phases"][0]["groups"][0]["forward_units"]
+    with pytest.raises(PlanError, match="missing field 'phases\\[0\\].groups\\[0\\].forward_units'"):
+        Plan.from_dict(data)
+
+
+def test_plan_json_is_strict_and_round_trips_nan_as_null(tmp_path):
+    plan = Plan.load(_tiny_plan(tmp_path))
+    plan.metadata.update(estimated_seconds=float("nan"), worst=float("inf"),
+                         nested={"x": [1.0, float("-inf")]})
+    path = tmp_path / "nan.json"
+    plan.save(path)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    again = Plan.load(path)
+    assert again.metadata["estimated_seconds"] is None and again.metadata["worst"] is None
+    assert again.metadata["nested"] == {"x": [1.0, None]}
+
+
+def test_step_record_json_nested_and_strict():
+    from slimpack.records import StepRecord
+
+    rec = StepRecord(method="m", backend="sim", model="tiny", hardware="h100",
+                     parallel={"tp": 1, "pp": 2}, num_gpus=2, num_sequences=1, num_tokens=8,
+                     step_time_s=1.0, tokens_per_s=8.0, mfu=float("nan"), bubble_fraction=0.1,
+                     peak_memory_bytes=(1.0, 2.0), oom=False, imbalance_degree=1.0,
+                     ideal_step_time_s=0.0, extra={"err": float("inf")})
+    data = json.loads(rec.to_json())
+    assert data["parallel"] == {"tp": 1, "pp": 2} and data["peak_memory_bytes"] == [1.0, 2.0]
+    assert data["mfu"] is None and data["step_over_ideal"] is None and data["extra"]["err"] is None
+    assert json.loads(rec.to_row()["extra"]) == {"err": None}

@@ -22,11 +22,17 @@ def test_profile_then_run_with_simulated_comparison(tmp_path, capsys):
                  "--calibration", str(calib), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "simulated step" in printed and "measured" in printed
-    row = json.loads(out.read_text())
+    row = json.loads(out.read_text(), parse_constant=_reject_constant)  # strict JSON
     assert row["backend"] == "runtime" and row["num_gpus"] == 2
-    assert row["step_time_s"] > 0 and len(json.loads(row["peak_memory_bytes"])) == 2
+    # Nested fields are JSON lists and objects, not JSON-in-a-string.
+    assert row["step_time_s"] > 0 and len(row["peak_memory_bytes"]) == 2
+    assert row["parallel"]["pp"] == 2 and isinstance(row["extra"], dict)
     assert {op["kind"] for op in row["ops"]} >= {"F", "B"}
-    assert "cmp_step_error" in row
+    assert isinstance(row["comparison"]["step_error"], float)
+
+
+def _reject_constant(name: str) -> None:
+    raise AssertionError(f"bare {name} in JSON output")
 
 
 def test_run_rejects_a_plan_for_another_world_size(tmp_path, capsys):

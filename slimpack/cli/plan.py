@@ -10,14 +10,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from typing import Any
 
 from slimpack.batch import Batch
 from slimpack.cli.types import MAX_GLOBAL_BATCH, MAX_TOKEN_BUDGET, int_range, positive_float
 from slimpack.cost.model import AnalyticCostModel
-from slimpack.jsonio import check_output_path
+from slimpack.jsonio import check_output_path, strict_json
 from slimpack.methods import get_method, method_names
 from slimpack.planning.options import parse_options
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -183,15 +181,11 @@ def run_plan(args: argparse.Namespace) -> int:
                      if isinstance(v, (int, float, str, bool))},
     }
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(strict_json(summary, indent=1))
     else:
         for key, value in summary.items():
             print(f"{key:>14}: {value}")
     return 0
-
-
-def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -215,7 +209,7 @@ def run_compare(args: argparse.Namespace) -> int:
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
                    time_limit_s=args.time_limit, method_options=options)
     if args.json:
-        print(json.dumps({"records": [_json_safe(r) for r in rows]}, indent=1))
+        print(strict_json({"records": rows}, indent=1))
     else:
         print(f"{model.name} on {args.gpus} x {hardware.name}, {args.dataset}, context "
               f"{args.context}, {len(batch)} sequences ({batch.num_tokens:,} tokens), "

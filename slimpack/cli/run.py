@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from slimpack.cli.types import positive_float, positive_int
+from slimpack.jsonio import atomic_write_text, strict_json
 from slimpack.records import StepRecord
 
 
@@ -162,23 +162,23 @@ def write_record(record: StepRecord, path: str, *, comparison: dict[str, Any] | 
                  ) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix != ".csv":
+        # JSON keeps nested fields nested (parallel, per-stage lists, extra, ops) and is
+        # strict: non-finite floats become null.
+        data = record.to_dict(ops=True)
+        if comparison:
+            data["comparison"] = comparison
+        atomic_write_text(out, strict_json(data, indent=1))
+        return
     row = record.to_row()
     if comparison:
         row.update({f"cmp_{k}": v for k, v in comparison.items()})
-    if out.suffix == ".csv":
-        new = not out.exists()
-        with out.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(row))
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
-        return
-    row["ops"] = [vars(op) if hasattr(op, "__dict__") else _op_dict(op) for op in record.ops]
-    out.write_text(json.dumps(row, indent=1))
-
-
-def _op_dict(op) -> dict[str, Any]:
-    return {f: getattr(op, f) for f in op.__slots__}
+    new = not out.exists()
+    with out.open("a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
 
 
 def _profile(args: argparse.Namespace) -> int:

@@ -48,7 +48,7 @@ def closed_form_bubble(schedule: str, *, pp: int, vpp: int, slices: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    from slimpack.jsonio import atomic_write_text, check_output_path
+    from slimpack.jsonio import atomic_write_text, check_output_path, strict_json
     from slimpack.specs import hardware_preset, model_preset
 
     for flag, path in (("--trace", args.trace), ("--gantt", args.gantt)):
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         _atomic_gantt(result, args.gantt, plot_gantt)
     summary = _summary(result.record) | extra
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(strict_json(summary, indent=1))
     else:
         for key in ("method", "model", "step_time_s", "ideal_step_time_s", "step_over_ideal",
                     "bubble_fraction", "mfu", "tokens_per_s", "imbalance_degree",
