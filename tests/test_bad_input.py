@@ -267,3 +267,64 @@ def test_step_record_json_nested_and_strict():
     assert data["parallel"] == {"tp": 1, "pp": 2} and data["peak_memory_bytes"] == [1.0, 2.0]
     assert data["mfu"] is None and data["step_over_ideal"] is None and data["extra"]["err"] is None
     assert json.loads(rec.to_row()["extra"]) == {"err": None}
+
+
+# -- 5. exit codes ----------------------------------------------------------------------------
+def test_compare_exits_1_when_a_method_fails_and_still_prints_table(capsys):
+    # naive accepts the option's type but refuses the value when it plans: a runtime failure.
+    code = main(["compare", "--methods", "naive,megatron", *TINY,
+                 "--option", "naive:packing=nope"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "megatron" in out and "error" in out  # the table is still there
+    assert "naive failed: ValueError" in err and "1 of 2 methods failed" in err
+
+
+def test_compare_json_also_exits_1_on_failure(capsys):
+    code = main(["compare", "--methods", "naive", *TINY, "--option", "naive:packing=nope",
+                 "--json"])
+    records = json.loads(capsys.readouterr().out)["records"]
+    assert code == 1 and records[0]["error"]
+
+
+OOM = ["--model", "llama-70b", "--hardware", "a100-40g", "--gpus", "8", "--tp", "8",
+       "--dataset", "wikipedia", "--context", "32768", "--global-batch", "4",
+       "--time-limit", "1"]
+
+
+def test_plan_warns_when_it_does_not_fit_and_strict_exits_1(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--method", "megatron", *OOM, "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "does not fit in a100-40g memory" in err and "GiB" in err
+    assert Plan.load(out).metadata["memory_fits"] is False
+    out.unlink()
+    assert main(["plan", "--method", "megatron", *OOM, "-o", str(out), "--strict"]) == 1
+    assert "--strict" in capsys.readouterr().err and not out.exists()
+
+
+def test_plan_that_fits_prints_no_warning(tmp_path, capsys):
+    assert main(["plan", "--method", "megatron", *TINY, "--strict"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_simulate_refuses_plan_for_another_model(tmp_path, capsys):
+    plan = _tiny_plan(tmp_path)
+    assert main(["simulate", plan, "--model", "llama-70b"]) == 2
+    err = capsys.readouterr().err
+    assert "--model 'llama-70b' does not match the plan's model 'tiny'" in err
+    assert main(["simulate", plan, "--model", "tiny"]) == 0
+
+
+def test_simulate_refuses_degrees_the_model_cannot_take(tmp_path, capsys):
+    data = _plan_dict(tmp_path)
+    data["model"] = ""  # no model recorded: --model is taken at its word, then checked
+    for group in (g for ph in data["phases"] for g in ph["groups"]):
+        group["tp"], group["pp"] = 8, 1
+        group["ranks"] = list(range(8))
+    data["parallel"].update(tp=8, pp=1, dp=1)
+    path = tmp_path / "tp8.json"
+    path.write_text(json.dumps(data))
+    assert main(["simulate", str(path), "--model", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run tiny" in err and "num_heads=4" in err

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from slimpack.batch import Batch
@@ -58,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the method to plan with")
     _add_workload_flags(plan_p)
     plan_p.add_argument("-o", "--output", default=None, help="write the plan JSON here")
+    plan_p.add_argument("--strict", action="store_true",
+                        help="exit 1 (and write no plan) when the plan does not fit device "
+                             "memory; without it a warning is printed and the plan written")
     plan_p.set_defaults(handler=run_plan)
 
     cmp_p = subparsers.add_parser("compare", help="plan and simulate several methods on the "
@@ -168,6 +172,16 @@ def run_plan(args: argparse.Namespace) -> int:
         parallel.validate_for_model(model)
         plan = plan_method(args.method, batch, model, hardware, parallel, cost,
                            context=args.context, time_limit_s=args.time_limit, **options)
+    fits = plan.metadata.get("memory_fits")
+    if fits is False:
+        print(f"slimpack plan: warning: the {args.method} plan does not fit in "
+              f"{hardware.name} memory ({_peak_note(plan, model, hardware)}); try more "
+              "pp/tp/cp, recompute, or --auto-parallel",
+              file=sys.stderr)
+        if args.strict:
+            print("slimpack plan: --strict: not writing a plan that does not fit",
+                  file=sys.stderr)
+            return 1
     if args.output:
         plan.save(args.output)
     summary = {
@@ -186,6 +200,13 @@ def run_plan(args: argparse.Namespace) -> int:
         for key, value in summary.items():
             print(f"{key:>14}: {value}")
     return 0
+
+
+def _peak_note(plan, model, hardware) -> str:
+    from slimpack.sim.memory import plan_peak_bytes
+
+    return (f"peak {plan_peak_bytes(plan, model) / 2**30:.1f} GiB per device, usable "
+            f"{hardware.usable_memory_bytes / 2**30:.1f} GiB")
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -215,4 +236,11 @@ def run_compare(args: argparse.Namespace) -> int:
               f"{args.context}, {len(batch)} sequences ({batch.num_tokens:,} tokens), "
               f"seed {args.seed}")
         print(format_table(rows))
+    failed = [r for r in rows if r.get("error")]
+    for r in failed:
+        print(f"slimpack compare: {r['method']} failed: {r['error']}", file=sys.stderr)
+    if failed:
+        # A comparison with a missing column is not a result: scripts must be able to tell.
+        print(f"slimpack compare: {len(failed)} of {len(rows)} methods failed", file=sys.stderr)
+        return 1
     return 0

@@ -15,6 +15,8 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from slimpack.specs import ParallelSpec
+
 UNIFORM_SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe")
 
 
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if not name:
             raise ValueError(f"plan {args.plan} names no model; pass --model")
         model = model_preset(name)
+        _check_plan_model(plan, model, given=args.model)
         cost = None
     from slimpack.sim import plot_gantt, simulate, to_chrome_trace
 
@@ -92,6 +95,23 @@ def run(args: argparse.Namespace) -> int:
                     "peak_memory_gib", "oom", *extra):
             print(f"{key:28s} {summary[key]}")
     return 0
+
+
+def _check_plan_model(plan, model, *, given: str | None) -> None:
+    """Refuse a plan made for another model, or whose degrees cannot shard this one: the
+    simulator would otherwise time a step that cannot exist (tp 8 on a 4-head model)."""
+    if given and plan.model and plan.model not in (given, model.name):
+        raise ValueError(f"--model {given!r} does not match the plan's model {plan.model!r}; "
+                         "simulate a plan with the model it was made for (omit --model)")
+    where = f"the plan's layout ({plan.parallel.describe()})"
+    try:
+        plan.parallel.validate_for_model(model)
+        for group in plan.groups():
+            where = f"group {group.group_id} (tp={group.tp} pp={group.pp} vpp={group.vpp})"
+            ParallelSpec(tp=group.tp, cp=group.cp, pp=group.pp, vpp=group.vpp
+                         ).validate_for_model(model)
+    except ValueError as exc:
+        raise ValueError(f"{where} cannot run {model.name}: {exc}") from None
 
 
 def _atomic_gantt(result, path: str, plot_gantt) -> None:
