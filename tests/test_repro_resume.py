@@ -101,3 +101,52 @@ def test_real_experiments_resume_after_sigkill(tmp_path: Path) -> None:
     proc.wait(timeout=60)
     run_to_end([*cmd, "--jobs", "1", "--results-dir", str(killed)])
     assert csv_bytes(killed, names) == csv_bytes(ref, names)
+
+
+def _children(pid: int) -> set[int]:
+    """Live (not zombie) processes whose parent is ``pid``, read from /proc."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_pool_workers_die_when_the_parent_is_sigkilled(tmp_path: Path) -> None:
+    # Only the parent is killed (not its process group): the workers must notice on their own.
+    proc = subprocess.Popen(repro_cmd(tmp_path, "--jobs", "2"), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: set[int] = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None and len(workers) < 2:
+        workers = _children(proc.pid)
+        time.sleep(0.02)
+    assert len(workers) >= 2, "the pool never started two workers"
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_running(w) for w in workers):
+            time.sleep(0.05)
+        survivors = [w for w in workers if _running(w)]
+        assert survivors == [], f"workers {survivors} outlived their parent"
+    finally:
+        for w in workers:
+            if _running(w):
+                os.kill(w, signal.SIGKILL)
