@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+from harness_selftest import REGISTRY
 
 from slimpack.cli.main import main
 from slimpack.plan import Plan
@@ -82,7 +83,7 @@ def test_repro_unwritable_results_dir(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     # A results dir under a regular file cannot be created, whoever runs the test (even root).
-    code = repro_main(["run", "selftest-a", "--registry", "repro.selftest", "--no-progress",
+    code = repro_main(["run", "selftest-a", "--registry", REGISTRY, "--no-progress",
                        "--results-dir", str(blocker / "results")])
     err = capsys.readouterr().err
     assert code == 2 and "--results-dir" in err and "writable" in err

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from harness_selftest import REGISTRY, fixture_env
 
 from repro.experiment import Check, Claim
 from repro.registry import EXPERIMENTS, expand_names, resolve_experiment
@@ -150,13 +151,13 @@ def test_max_context_numbers_against_slimpipe_paper(tmp_path: Path):
 
 
 def test_rerun_is_a_no_op_and_jobs_do_not_change_bytes(tmp_path: Path):
-    one = RunOptions(results_dir=tmp_path / "one", progress=False, registry="repro.selftest")
+    one = RunOptions(results_dir=tmp_path / "one", progress=False, registry=REGISTRY)
     assert run_experiment("selftest-a", one).ran == 24
     again = run_experiment("selftest-a", one)
     assert (again.ran, again.already_done) == (0, 24)
     from repro.runner import make_pool, stop_pool
 
-    two = RunOptions(results_dir=tmp_path / "two", progress=False, registry="repro.selftest",
+    two = RunOptions(results_dir=tmp_path / "two", progress=False, registry=REGISTRY,
                      jobs=2)
     pool = make_pool(2)
     try:
@@ -176,8 +177,8 @@ def test_report_lists_claims_and_marks_missing_runs(tmp_path: Path):
 
 # -- CLI --------------------------------------------------------------------------------------------
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "repro", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "repro", *args], cwd=REPO, env=fixture_env(),
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_cli_unknown_experiment_is_a_usage_error(tmp_path: Path):
@@ -213,13 +214,13 @@ def selftest_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ref = tmp_path_factory.mktemp("reference")
     for name in ("selftest-a", "selftest-b"):
         run_experiment(name, RunOptions(results_dir=ref, progress=False,
-                                        registry="repro.selftest"))
+                                        registry=REGISTRY))
     return ref
 
 
 def _repro(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "repro", *args, "--registry", "repro.selftest"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "repro", *args, "--registry", REGISTRY],
+                          cwd=REPO, env=fixture_env(), capture_output=True, text=True, timeout=120)
 
 
 def _edit_csv(path: Path, edit) -> None:  # noqa: ANN001 - a callable on each row
@@ -282,11 +283,12 @@ def test_make_reproduce_recomputes_every_point_then_compares(tmp_path: Path,
                                                              selftest_reference: Path):
     fresh = tmp_path / "fresh"
     cmd = ["make", "-s", "-o", "install", "reproduce", f"PY={sys.executable}",
-           "REPRO_REGISTRY=repro.selftest", f"REPRO_DIR={fresh}",
+           f"REPRO_REGISTRY={REGISTRY}", f"REPRO_DIR={fresh}",
            f"REPRO_AGAINST={selftest_reference}", "JOBS=2",
            "REPRO_FLAGS=--no-progress --wandb disabled"]
     for attempt in range(2):
-        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(cmd, cwd=REPO, env=fixture_env(), capture_output=True, text=True,
+                              timeout=300)
         assert done.returncode == 0, done.stderr
         # Every point computed each time: the committed (here: reference) records and a
         # previous complete run are never reused.
@@ -296,5 +298,14 @@ def test_make_reproduce_recomputes_every_point_then_compares(tmp_path: Path,
         assert ("starting afresh" in done.stdout) == (attempt == 1)
     # No .complete marker (an interrupted run): the next `make reproduce` resumes instead.
     (fresh / ".complete").unlink()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, cwd=REPO, env=fixture_env(), capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0 and "selftest-a: 0 run, 24 already done" in done.stderr
+
+
+def test_harness_self_test_fixtures_are_not_shipped_in_repro():
+    import importlib.util
+
+    for module in ("repro.selftest", "repro.selftest_b"):
+        assert importlib.util.find_spec(module) is None, module
+    assert resolve_experiment("selftest-b", REGISTRY).name == "selftest-b"

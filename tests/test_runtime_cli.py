@@ -69,3 +69,24 @@ def test_gpu_check_arguments_and_cpu_exit(capsys):
         pytest.skip("CUDA present: the check itself runs under `make gpu-check`")
     assert gpu_check.main([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_nothing_outside_the_cli_imports_the_cli():
+    # Domain logic (compare_with_simulator) lives in slimpack.runtime; the CLI is the top
+    # layer, so no library module may import it (gpu_check used to).
+    import ast
+    from pathlib import Path
+
+    import slimpack
+
+    root = Path(slimpack.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path.parent.name == "cli" and path.parent.parent == root:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(root)}: {n}" for n in names
+                          if n == "slimpack.cli" or n.startswith("slimpack.cli.")]
+    assert offenders == []

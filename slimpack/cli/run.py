@@ -106,6 +106,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from slimpack.runtime.config import RuntimeConfig
     from slimpack.runtime.launch import run_plan, under_torchrun
+    from slimpack.runtime.sim_compare import compare_with_simulator
     from slimpack.runtime.validate import check_runtime_plan
 
     plan, spec = _load(args)
@@ -143,19 +144,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         write_record(record, args.out, comparison=comparison)
     return 0
-
-
-def compare_with_simulator(record: StepRecord, plan, spec, cost) -> dict[str, float]:
-    """Simulate ``plan`` with ``cost`` and return relative errors (sim - real) / real."""
-    from slimpack.sim import simulate
-
-    sim = simulate(plan, model=spec, hardware=cost.hardware, cost=cost).record
-    real_mem = max(record.peak_memory_bytes)
-    sim_mem = max(sim.peak_memory_bytes)
-    return {"sim_step_s": sim.step_time_s, "real_step_s": record.step_time_s,
-            "step_error": (sim.step_time_s - record.step_time_s) / record.step_time_s,
-            "sim_peak_bytes": sim_mem, "real_peak_bytes": real_mem,
-            "memory_error": (sim_mem - real_mem) / real_mem if real_mem else float("nan")}
 
 
 def write_record(record: StepRecord, path: str, *, comparison: dict[str, Any] | None = None
