@@ -38,15 +38,34 @@ lint: install
 test: install lint
 	$(PY) -m pytest -q
 
+# `make reproduce` recomputes every point into $(REPRO_DIR) (never reusing the committed
+# records), compares them with results/ (per-experiment max relative difference, fails beyond
+# RTOL; wall-clock columns aside), then draws the figures and REPORT.md there. An interrupted
+# run resumes on the next `make reproduce`; a finished one (marked .complete) starts afresh.
+REPRO_DIR ?= build/reproduce
+REPRO_AGAINST ?= results
+REPRO_REGISTRY ?= repro.registry
+RTOL ?= 1e-3
+REPRO := $(PY) -m repro
+
+define fresh_run
+	@if [ -f $(1)/.complete ]; then echo "$(1): previous run complete; starting afresh"; \
+		rm -rf $(1); fi
+	$(REPRO) run all --jobs $(JOBS) --results-dir $(1) --registry $(REPRO_REGISTRY) $(2) \
+		$(REPRO_FLAGS)
+	@touch $(1)/.complete
+	status=0; $(REPRO) compare --results-dir $(1) --against $(REPRO_AGAINST) --rtol $(RTOL) \
+		--registry $(REPRO_REGISTRY) || status=$$?; \
+	$(REPRO) plot all --results-dir $(1) --registry $(REPRO_REGISTRY) \
+		&& $(REPRO) report --results-dir $(1) --registry $(REPRO_REGISTRY) \
+		&& echo "figures and REPORT.md in $(1)" && exit $$status
+endef
+
 reproduce: install
-	$(PY) -m repro run all --jobs $(JOBS) $(REPRO_FLAGS)
-	$(PY) -m repro plot all
-	$(PY) -m repro report
+	$(call fresh_run,$(REPRO_DIR),)
 
 reproduce-quick: install
-	$(PY) -m repro run all --quick --jobs $(JOBS)
-	$(PY) -m repro plot all
-	$(PY) -m repro report
+	$(call fresh_run,$(REPRO_DIR)-quick,--quick)
 
 reproduce-gpu: install
 	$(PY) -m repro run all --backend runtime

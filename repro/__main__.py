@@ -1,7 +1,8 @@
-"""``python -m repro {list,run,plot,report,golden}``: the harness's command line.
+"""``python -m repro {list,run,plot,report,compare,golden}``: the harness's command line.
 
 Exit status: 0 success; 1 a point failed; 2 bad usage;
-3 golden regression; 130 interrupted (rerun the same command to resume).
+3 golden regression; 4 compare: drift beyond --rtol, or nothing to compare;
+130 interrupted (rerun the same command to resume).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from repro.drift import DEFAULT_RTOL
 from repro.registry import expand_names, experiment_names, resolve_experiment
 from repro.runner import RESULTS_DIR, RunOptions, make_pool, run_experiment, stop_pool
 from repro.wandb_log import WANDB_MODES
@@ -47,6 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
 
     p = sub.add_parser("report", help="write results/REPORT.md")
+    common(p)
+
+    p = sub.add_parser("compare", help="fresh records (--results-dir) against reference ones "
+                                        "(--against): max relative difference per experiment")
+    p.add_argument("names", nargs="*", default=["all"], help="experiment names (default all)")
+    p.add_argument("--against", type=Path, default=RESULTS_DIR,
+                   help=f"reference records (default {RESULTS_DIR}, the committed ones)")
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL,
+                   help=f"largest relative difference allowed (default {DEFAULT_RTOL:g}); "
+                        "wall-clock columns (plan_seconds, *wall*) are not compared")
+    p.add_argument("--backend", choices=("sim", "runtime"), default="sim")
     common(p)
 
     p = sub.add_parser("golden", help="regression headlines (results/golden/<hardware>.json)")
@@ -162,6 +175,40 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from repro.drift import compare_experiment, format_drift
+
+    if not args.rtol >= 0 or args.rtol == float("inf"):
+        print(f"error: --rtol must be a finite number >= 0, got {args.rtol}", file=sys.stderr)
+        return 2
+    if args.results_dir.resolve() == args.against.resolve():
+        print("error: --results-dir (the fresh records) and --against (the reference) are the "
+              f"same directory {str(args.against)!r}", file=sys.stderr)
+        return 2
+    points = identical = 0
+    drifted: list[str] = []
+    for name in expand_names(args.names, args.registry):
+        drift = compare_experiment(name, args.results_dir, args.against,
+                                   registry=args.registry, backend=args.backend)
+        if drift is None:
+            continue
+        print(format_drift(drift, args.rtol))
+        points += drift.points
+        identical += drift.identical
+        if not drift.ok(args.rtol):
+            drifted.append(name)
+    if points == 0:
+        print(f"compare: nothing to compare: no fresh records in {str(args.results_dir)!r} "
+              f"match reference records in {str(args.against)!r}", file=sys.stderr)
+        return 4
+    print(f"{identical} of {points} points identical (wall-clock columns aside)")
+    if drifted:
+        print(f"compare: {len(drifted)} experiment(s) drifted beyond rtol {args.rtol:g}: "
+              f"{', '.join(drifted)}", file=sys.stderr)
+        return 4
+    return 0
+
+
 def cmd_golden(args: argparse.Namespace) -> int:
     from repro.golden import compute_headlines, read_golden, regressions, write_golden
 
@@ -177,13 +224,35 @@ def cmd_golden(args: argparse.Namespace) -> int:
     return 3 if problems else 0
 
 
+def _unwritable(results_dir: Path) -> str:
+    """Why ``results_dir`` cannot hold records ('' when it can), found before any work: a
+    probe file is created and removed, which also catches read-only mounts (and works as root,
+    where permission bits say nothing)."""
+    import tempfile
+
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=results_dir):
+            pass
+    except OSError as exc:
+        return f"not a writable directory ({exc.strerror or exc})"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "jobs", 1) < 1:
         print(f"--jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
     handlers = {"list": cmd_list, "run": cmd_run, "plot": cmd_plot, "report": cmd_report,
-                "golden": cmd_golden}
+                "golden": cmd_golden, "compare": cmd_compare}
+    read_only = args.command in ("list", "compare") or (args.command == "golden"
+                                                         and not args.update)
+    if not read_only:
+        problem = _unwritable(args.results_dir)
+        if problem:
+            print(f"error: --results-dir {str(args.results_dir)!r}: {problem}", file=sys.stderr)
+            return 2
     try:
         if hasattr(args, "names"):
             expand_names(args.names, args.registry)  # unknown names: a usage error, up front

@@ -131,12 +131,64 @@ def compute_point(registry: str, name: str, key: str, config: Point) -> tuple[st
     return key, [{**flatten_config(config), **row, **lead} for row in rows]
 
 
-def _worker_signals() -> None:
+def _worker_signals(parent_pid: int | None = None) -> None:
     # Only the parent decides what an interrupt means; workers would print tracebacks. The
     # parent's SIGTERM-as-interrupt handler is inherited through fork: restore the default so
     # terminating a worker ends it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent_pid if parent_pid is not None else os.getppid())
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl option (linux/prctl.h): the signal this process gets when its parent dies."""
+PARENT_POLL_S = 1.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """End this worker when ``parent_pid`` dies, even by SIGKILL (which runs no cleanup).
+
+    Without this, `kill -9` of `repro run --jobs N` leaves N workers computing (and holding
+    hundreds of MB) until killed by hand. Linux: prctl(PR_SET_PDEATHSIG, SIGKILL). Elsewhere,
+    or when prctl is unavailable, a daemon thread polls getppid() (re-parenting changes it).
+    """
+    armed = False
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        armed = False
+    if os.getppid() != parent_pid:
+        if not _alive(parent_pid):
+            os._exit(1)  # it died before prctl took effect: nobody would signal us
+        # Alive but not our parent: a forkserver/spawn start method put a process in between;
+        # that one exits when the harness does, so watching it is enough.
+        parent_pid = os.getppid()
+    if armed:
+        return
+
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_S)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def distributed_rank() -> int:
@@ -255,7 +307,11 @@ def _run_parallel(pool: ProcessPoolExecutor, registry: str, name: str,
 
 
 def make_pool(jobs: int) -> ProcessPoolExecutor | None:
-    return ProcessPoolExecutor(max_workers=jobs, initializer=_worker_signals) if jobs > 1 else None
+    if jobs <= 1:
+        return None
+    # The parent's pid is passed explicitly: a worker compares getppid() with it.
+    return ProcessPoolExecutor(max_workers=jobs, initializer=_worker_signals,
+                               initargs=(os.getpid(),))
 
 
 def stop_pool(pool: ProcessPoolExecutor | None, *, interrupted: bool) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from slimpack.specs._validate import require_int
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sequence:
@@ -16,6 +18,9 @@ class Sequence:
     """Number of tokens."""
 
     def __post_init__(self) -> None:
+        # Lengths are token counts: 2.5 tokens is a bug upstream, refused rather than truncated.
+        for name in ("seq_id", "length"):
+            object.__setattr__(self, name, require_int("Sequence", name, getattr(self, name)))
         if self.seq_id < 0:
             raise ValueError(f"Sequence.seq_id must be >= 0, got {self.seq_id}")
         if self.length <= 0:
@@ -50,8 +55,8 @@ class Batch:
     def from_lengths(
         cls, lengths: Iterable[int], *, seed: int | None = None, source: str = "manual"
     ) -> Batch:
-        """Number the lengths 0..n-1 in the order given."""
-        seqs = tuple(Sequence(seq_id=i, length=int(n)) for i, n in enumerate(lengths))
+        """Number the lengths 0..n-1 in the order given (integers only, numpy ones included)."""
+        seqs = tuple(Sequence(seq_id=i, length=n) for i, n in enumerate(lengths))
         return cls(sequences=seqs, seed=seed, source=source)
 
     @property

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from slimpack.jsonio import atomic_write_text, check_output_path, strict_json
 from slimpack.specs.parallel import ParallelSpec
 from slimpack.specs.recompute import RECOMPUTE_MODES
 
@@ -336,34 +337,55 @@ class Plan:
         }
 
     def to_json(self, *, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        """Strict JSON: a non-finite float in ``metadata`` (e.g. ``estimated_seconds`` of a
+        planner that fell back) is written as ``null``, never as a bare ``NaN``."""
+        return strict_json(self.to_dict(), indent=indent)
 
     def save(self, path: str | Path) -> None:
-        """Write atomically, so an interrupted save never leaves half a plan behind."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.to_json(indent=1))
-        tmp.replace(path)
+        """Write atomically (temp file in the same directory, then ``os.replace``), so an
+        interrupted or failed save never leaves half a plan, or a temp file, behind."""
+        check_output_path("plan file", path)
+        atomic_write_text(path, self.to_json(indent=1))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
-        fmt = data.get("format")
+    def from_dict(cls, data: Any) -> Plan:
+        """Parse a plan with a type check on every field: a wrong type is a PlanError naming
+        the field (``phases[0].groups[1].pp``), never a TypeError from deep inside."""
+        obj = _expect(data, dict, "top level")
+        fmt = obj.get("format")
         if fmt != "slimpack-plan/1":
             raise PlanError(f"Plan JSON: format must be 'slimpack-plan/1', got {fmt!r}")
+        parallel = _get(obj, "parallel", dict, "")
+        for key, value in parallel.items():
+            _expect(value, int, f"parallel.{key}")
         try:
-            return cls(
-                method=data["method"],
-                model=data.get("model", ""),
-                parallel=ParallelSpec.from_dict(data["parallel"]),
-                sequence_lengths={int(k): int(v) for k, v in data["sequence_lengths"].items()},
-                phases=tuple(
-                    Phase(groups=tuple(_group_from_dict(g) for g in ph["groups"]))
-                    for ph in data["phases"]
-                ),
-                metadata=data.get("metadata", {}),
-            )
-        except KeyError as exc:
-            raise PlanError(f"Plan JSON: missing field {exc.args[0]!r}") from None
+            spec = ParallelSpec.from_dict(parallel)
+        except ValueError as exc:
+            raise PlanError(f"Plan JSON: parallel: {exc}") from None
+        lengths: dict[int, int] = {}
+        for key, value in _get(obj, "sequence_lengths", dict, "").items():
+            try:
+                seq_id = int(key)
+            except ValueError:
+                raise PlanError(f"Plan JSON: sequence_lengths keys must be integer seq ids, "
+                                f"got {key!r}") from None
+            lengths[seq_id] = _expect(value, int, f"sequence_lengths[{key!r}]")
+        phases = []
+        for p_idx, ph in enumerate(_get(obj, "phases", list, "")):
+            where = f"phases[{p_idx}]"
+            groups = _get(_expect(ph, dict, where), "groups", list, where)
+            phases.append(Phase(groups=tuple(
+                _group_from_dict(_expect(g, dict, f"{where}.groups[{g_idx}]"),
+                                 f"{where}.groups[{g_idx}]")
+                for g_idx, g in enumerate(groups))))
+        return cls(
+            method=_get(obj, "method", str, ""),
+            model=_get(obj, "model", str, "", default=""),
+            parallel=spec,
+            sequence_lengths=lengths,
+            phases=tuple(phases),
+            metadata=_get(obj, "metadata", dict, "", default={}),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -398,21 +420,63 @@ def _group_to_dict(g: Group) -> dict[str, Any]:
     }
 
 
-def _group_from_dict(d: dict[str, Any]) -> Group:
+_REQUIRED = object()
+_TYPE_NAMES = {int: "an integer", str: "a string", bool: "true or false", dict: "an object",
+               list: "a list"}
+
+
+def _expect(value: Any, kind: type, where: str) -> Any:
+    """``value`` if it is of JSON type ``kind`` (bools are not integers), else PlanError."""
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        raise PlanError(f"Plan JSON: {where} must be {_TYPE_NAMES[kind]}, got {value!r}")
+    return value
+
+
+def _get(obj: dict[str, Any], key: str, kind: type, where: str, *, default: Any = _REQUIRED
+         ) -> Any:
+    path = f"{where}.{key}" if where else key
+    if key not in obj:
+        if default is _REQUIRED:
+            raise PlanError(f"Plan JSON: missing field {path!r}")
+        return default
+    return _expect(obj[key], kind, path)
+
+
+def _int_list(value: Any, where: str) -> tuple[int, ...]:
+    return tuple(_expect(x, int, f"{where}[{i}]")
+                 for i, x in enumerate(_expect(value, list, where)))
+
+
+def _slice_from_dict(d: Any, where: str) -> Slice:
+    obj = _expect(d, dict, where)
+    segments = []
+    for i, seg in enumerate(_get(obj, "segments", list, where)):
+        triple = _int_list(seg, f"{where}.segments[{i}]")
+        if len(triple) != 3:
+            raise PlanError(f"Plan JSON: {where}.segments[{i}] must be [seq_id, start, end], "
+                            f"got {list(triple)}")
+        segments.append(Segment(seq_id=triple[0], start=triple[1], end=triple[2]))
+    return Slice(slice_id=_get(obj, "id", int, where), segments=tuple(segments))
+
+
+def _group_from_dict(d: dict[str, Any], where: str = "group") -> Group:
+    def units(key: str) -> tuple[Unit, ...]:
+        return tuple(Unit(slice_ids=_int_list(u, f"{where}.{key}[{i}]"))
+                     for i, u in enumerate(_get(d, key, list, where)))
+
     return Group(
-        group_id=d["group_id"],
-        ranks=tuple(d["ranks"]),
-        tp=d.get("tp", 1), cp=d.get("cp", 1), pp=d.get("pp", 1), vpp=d.get("vpp", 1),
-        schedule=d.get("schedule", "1f1b"),
-        cp_sharding=d.get("cp_sharding", "per-sequence"),
-        cp_kind=d.get("cp_kind", "ring"),
-        recompute=d.get("recompute", "none"),
-        vocab_parallel_pp=d.get("vocab_parallel_pp", False),
-        slices=tuple(
-            Slice(slice_id=s["id"],
-                  segments=tuple(Segment(seq_id=a, start=b, end=c) for a, b, c in s["segments"]))
-            for s in d["slices"]
-        ),
-        forward_units=tuple(Unit(slice_ids=tuple(u)) for u in d["forward_units"]),
-        backward_units=tuple(Unit(slice_ids=tuple(u)) for u in d["backward_units"]),
+        group_id=_get(d, "group_id", int, where),
+        ranks=_int_list(_get(d, "ranks", list, where), f"{where}.ranks"),
+        tp=_get(d, "tp", int, where, default=1), cp=_get(d, "cp", int, where, default=1),
+        pp=_get(d, "pp", int, where, default=1), vpp=_get(d, "vpp", int, where, default=1),
+        schedule=_get(d, "schedule", str, where, default="1f1b"),
+        cp_sharding=_get(d, "cp_sharding", str, where, default="per-sequence"),
+        cp_kind=_get(d, "cp_kind", str, where, default="ring"),
+        recompute=_get(d, "recompute", str, where, default="none"),
+        vocab_parallel_pp=_get(d, "vocab_parallel_pp", bool, where, default=False),
+        slices=tuple(_slice_from_dict(s, f"{where}.slices[{i}]")
+                     for i, s in enumerate(_get(d, "slices", list, where))),
+        forward_units=units("forward_units"),
+        backward_units=units("backward_units"),
     )

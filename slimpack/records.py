@@ -8,9 +8,10 @@ CSV cells) because balance plots need them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from slimpack.jsonio import strict_json
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,12 +66,22 @@ class StepRecord:
     def peak_memory_gib(self) -> float:
         return max(self.peak_memory_bytes, default=0.0) / 2**30
 
+    def to_dict(self, *, ops: bool = True) -> dict[str, Any]:
+        """Nested dict for JSON: lists and dicts stay lists and objects (not JSON strings)."""
+        out = asdict(self)
+        if not ops:
+            out.pop("ops")
+        out["step_over_ideal"] = self.step_over_ideal
+        out["peak_memory_gib"] = self.peak_memory_gib
+        return out
+
+    def to_json(self, *, indent: int | None = None, ops: bool = True) -> str:
+        """Strict JSON: non-finite floats (a NaN memory error, say) are written as null."""
+        return strict_json(self.to_dict(ops=ops), indent=indent)
+
     def to_row(self) -> dict[str, Any]:
-        """A flat dict for CSV/W&B: scalars as is, lists and dicts as JSON strings."""
-        row = asdict(self)
-        row.pop("ops")
-        row["step_over_ideal"] = self.step_over_ideal
-        row["peak_memory_gib"] = self.peak_memory_gib
+        """A flat dict for CSV/W&B: scalars as is, lists and dicts as strict JSON strings."""
+        row = self.to_dict(ops=False)
         for key in ("parallel", "peak_memory_bytes", "unit_forward_s", "unit_backward_s", "extra"):
-            row[key] = json.dumps(row[key])
+            row[key] = strict_json(row[key])
         return row

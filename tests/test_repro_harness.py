@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from harness_selftest import REGISTRY, fixture_env
 
 from repro.experiment import Check, Claim
 from repro.registry import EXPERIMENTS, expand_names, resolve_experiment
@@ -149,13 +151,13 @@ def test_max_context_numbers_against_slimpipe_paper(tmp_path: Path):
 
 
 def test_rerun_is_a_no_op_and_jobs_do_not_change_bytes(tmp_path: Path):
-    one = RunOptions(results_dir=tmp_path / "one", progress=False, registry="repro.selftest")
+    one = RunOptions(results_dir=tmp_path / "one", progress=False, registry=REGISTRY)
     assert run_experiment("selftest-a", one).ran == 24
     again = run_experiment("selftest-a", one)
     assert (again.ran, again.already_done) == (0, 24)
     from repro.runner import make_pool, stop_pool
 
-    two = RunOptions(results_dir=tmp_path / "two", progress=False, registry="repro.selftest",
+    two = RunOptions(results_dir=tmp_path / "two", progress=False, registry=REGISTRY,
                      jobs=2)
     pool = make_pool(2)
     try:
@@ -175,8 +177,8 @@ def test_report_lists_claims_and_marks_missing_runs(tmp_path: Path):
 
 # -- CLI --------------------------------------------------------------------------------------------
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "repro", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "repro", *args], cwd=REPO, env=fixture_env(),
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_cli_unknown_experiment_is_a_usage_error(tmp_path: Path):
@@ -204,3 +206,106 @@ def test_wandb_failure_never_loses_results(tmp_path: Path, monkeypatch: pytest.M
     assert "failed, local results are intact" in warning and "no wandb today" in warning
     assert wl.log_to_wandb(mode="disabled", results_dir=tmp_path, experiment="x", job_type="run",
                            config={}) == ""
+
+
+# -- fresh records against reference ones (repro compare, make reproduce) -----------------------
+@pytest.fixture(scope="module")
+def selftest_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ref = tmp_path_factory.mktemp("reference")
+    for name in ("selftest-a", "selftest-b"):
+        run_experiment(name, RunOptions(results_dir=ref, progress=False,
+                                        registry=REGISTRY))
+    return ref
+
+
+def _repro(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "repro", *args, "--registry", REGISTRY],
+                          cwd=REPO, env=fixture_env(), capture_output=True, text=True, timeout=120)
+
+
+def _edit_csv(path: Path, edit) -> None:  # noqa: ANN001 - a callable on each row
+    import csv
+
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for i, row in enumerate(rows):
+        edit(i, row)
+    header = list(rows[0])
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_repro_compare_reports_drift_and_ignores_wall_clock(tmp_path: Path,
+                                                            selftest_reference: Path):
+    fresh = tmp_path / "fresh"
+    shutil.copytree(selftest_reference, fresh)
+    done = _repro("compare", "--results-dir", str(fresh), "--against", str(selftest_reference))
+    assert done.returncode == 0, done.stderr
+    assert "48 of 48 points identical (wall-clock columns aside)" in done.stdout
+
+    # A wall-clock column that differs everywhere changes nothing.
+    for directory, seconds in ((fresh, "1.5"), (selftest_reference, "9.0")):
+        _edit_csv(directory / "selftest-a" / "records.csv",
+                  lambda i, row, s=seconds: row.update(plan_seconds=s))
+    done = _repro("compare", "--results-dir", str(fresh), "--against", str(selftest_reference))
+    assert done.returncode == 0 and "48 of 48 points identical" in done.stdout
+
+    # One value 1% off: reported with its column, fails at rtol 1e-3, passes at 2e-2.
+    def nudge(i: int, row: dict) -> None:
+        if i == 3:
+            row["value"] = repr(float(row["value"]) * 1.01)
+
+    _edit_csv(fresh / "selftest-b" / "records.csv", nudge)
+    done = _repro("compare", "--results-dir", str(fresh), "--against", str(selftest_reference))
+    assert done.returncode == 4
+    assert "selftest-b: 23 of 24 points identical, max relative difference 0.0099" in done.stdout
+    assert "largest: value" in done.stdout and "DRIFT beyond rtol 0.001" in done.stdout
+    assert "47 of 48 points identical" in done.stdout
+    done = _repro("compare", "--results-dir", str(fresh), "--against", str(selftest_reference),
+                  "--rtol", "0.02")
+    assert done.returncode == 0
+
+
+def test_repro_compare_with_nothing_to_compare_fails(tmp_path: Path, selftest_reference: Path):
+    done = _repro("compare", "--results-dir", str(tmp_path / "empty"), "--against",
+                  str(selftest_reference))
+    assert done.returncode == 4 and "nothing to compare" in done.stderr
+    done = _repro("compare", "--results-dir", str(selftest_reference), "--against",
+                  str(selftest_reference))
+    assert done.returncode == 2 and "same directory" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_reproduce_recomputes_every_point_then_compares(tmp_path: Path,
+                                                             selftest_reference: Path):
+    fresh = tmp_path / "fresh"
+    cmd = ["make", "-s", "-o", "install", "reproduce", f"PY={sys.executable}",
+           f"REPRO_REGISTRY={REGISTRY}", f"REPRO_DIR={fresh}",
+           f"REPRO_AGAINST={selftest_reference}", "JOBS=2",
+           "REPRO_FLAGS=--no-progress --wandb disabled"]
+    for attempt in range(2):
+        done = subprocess.run(cmd, cwd=REPO, env=fixture_env(), capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        # Every point computed each time: the committed (here: reference) records and a
+        # previous complete run are never reused.
+        assert "selftest-a: 24 run, 0 already done" in done.stderr
+        assert "48 of 48 points identical (wall-clock columns aside)" in done.stdout
+        assert (fresh / "REPORT.md").exists() and (fresh / ".complete").exists()
+        assert ("starting afresh" in done.stdout) == (attempt == 1)
+    # No .complete marker (an interrupted run): the next `make reproduce` resumes instead.
+    (fresh / ".complete").unlink()
+    done = subprocess.run(cmd, cwd=REPO, env=fixture_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "selftest-a: 0 run, 24 already done" in done.stderr
+
+
+def test_harness_self_test_fixtures_are_not_shipped_in_repro():
+    import importlib.util
+
+    for module in ("repro.selftest", "repro.selftest_b"):
+        assert importlib.util.find_spec(module) is None, module
+    assert resolve_experiment("selftest-b", REGISTRY).name == "selftest-b"

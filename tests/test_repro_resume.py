@@ -16,18 +16,20 @@ import time
 from pathlib import Path
 
 import pytest
+from harness_selftest import REGISTRY, fixture_env
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("selftest-a", "selftest-b")
 
 
-def repro_cmd(results: Path, *extra: str, registry: str = "repro.selftest") -> list[str]:
+def repro_cmd(results: Path, *extra: str, registry: str = REGISTRY) -> list[str]:
     return [sys.executable, "-m", "repro", "run", "all", "--registry", registry, "--wandb",
             "disabled", "--no-progress", "--results-dir", str(results), *extra]
 
 
 def run_to_end(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(cmd, cwd=REPO, env=fixture_env(), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
 
 
@@ -59,8 +61,8 @@ def test_killed_sweep_resumes_to_identical_records(tmp_path: Path, reference: di
         results = tmp_path / f"attempt{attempt}"
         cmd = repro_cmd(results, "--jobs", "2")
         # Python start-up plus pool start is ~1 s here; the sweeps take ~2 s after that.
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=fixture_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
         # Wait for the first finished point, then a random moment inside the sweep: a fixed
         # sleep raced machine load (too early on a busy machine, too late on an idle one).
         wait_for_first_record(results, proc)
@@ -92,7 +94,7 @@ def test_real_experiments_resume_after_sigkill(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "repro", "run", *names, "--wandb", "disabled", "--no-progress"]
     run_to_end([*cmd, "--jobs", "2", "--results-dir", str(ref)])
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([*cmd, "--jobs", "2", "--results-dir", str(killed)], cwd=REPO,
+    proc = subprocess.Popen([*cmd, "--jobs", "2", "--results-dir", str(killed)], cwd=REPO, env=fixture_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     time.sleep(random.Random(7).uniform(0.3, 1.5))
@@ -101,3 +103,52 @@ def test_real_experiments_resume_after_sigkill(tmp_path: Path) -> None:
     proc.wait(timeout=60)
     run_to_end([*cmd, "--jobs", "1", "--results-dir", str(killed)])
     assert csv_bytes(killed, names) == csv_bytes(ref, names)
+
+
+def _children(pid: int) -> set[int]:
+    """Live (not zombie) processes whose parent is ``pid``, read from /proc."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_pool_workers_die_when_the_parent_is_sigkilled(tmp_path: Path) -> None:
+    # Only the parent is killed (not its process group): the workers must notice on their own.
+    proc = subprocess.Popen(repro_cmd(tmp_path, "--jobs", "2"), cwd=REPO, env=fixture_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: set[int] = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None and len(workers) < 2:
+        workers = _children(proc.pid)
+        time.sleep(0.02)
+    assert len(workers) >= 2, "the pool never started two workers"
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_running(w) for w in workers):
+            time.sleep(0.05)
+        survivors = [w for w in workers if _running(w)]
+        assert survivors == [], f"workers {survivors} outlived their parent"
+    finally:
+        for w in workers:
+            if _running(w):
+                os.kill(w, signal.SIGKILL)

@@ -22,11 +22,17 @@ def test_profile_then_run_with_simulated_comparison(tmp_path, capsys):
                  "--calibration", str(calib), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "simulated step" in printed and "measured" in printed
-    row = json.loads(out.read_text())
+    row = json.loads(out.read_text(), parse_constant=_reject_constant)  # strict JSON
     assert row["backend"] == "runtime" and row["num_gpus"] == 2
-    assert row["step_time_s"] > 0 and len(json.loads(row["peak_memory_bytes"])) == 2
+    # Nested fields are JSON lists and objects, not JSON-in-a-string.
+    assert row["step_time_s"] > 0 and len(row["peak_memory_bytes"]) == 2
+    assert row["parallel"]["pp"] == 2 and isinstance(row["extra"], dict)
     assert {op["kind"] for op in row["ops"]} >= {"F", "B"}
-    assert "cmp_step_error" in row
+    assert isinstance(row["comparison"]["step_error"], float)
+
+
+def _reject_constant(name: str) -> None:
+    raise AssertionError(f"bare {name} in JSON output")
 
 
 def test_run_rejects_a_plan_for_another_world_size(tmp_path, capsys):
@@ -63,3 +69,24 @@ def test_gpu_check_arguments_and_cpu_exit(capsys):
         pytest.skip("CUDA present: the check itself runs under `make gpu-check`")
     assert gpu_check.main([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_nothing_outside_the_cli_imports_the_cli():
+    # Domain logic (compare_with_simulator) lives in slimpack.runtime; the CLI is the top
+    # layer, so no library module may import it (gpu_check used to).
+    import ast
+    from pathlib import Path
+
+    import slimpack
+
+    root = Path(slimpack.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path.parent.name == "cli" and path.parent.parent == root:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(root)}: {n}" for n in names
+                          if n == "slimpack.cli" or n.startswith("slimpack.cli.")]
+    assert offenders == []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from slimpack.data.empirical import build_empirical_profile
@@ -13,6 +12,7 @@ from slimpack.data.readers import read_lengths
 from slimpack.data.sampler import SamplerConfig, sample_lengths
 from slimpack.data.sources import resolve_source, source_label
 from slimpack.data.stats import compute_stats, format_stats
+from slimpack.jsonio import strict_json
 
 PROFILE_SAMPLE_SIZE = 1_000_000
 """Documents drawn (stratified, seed 0) to describe a profile SOURCE."""
@@ -76,7 +76,7 @@ def run_stats(args: argparse.Namespace) -> int:
     data = _lengths_of(args.source, args)
     stats = compute_stats(data.lengths)
     if args.json:
-        print(json.dumps({"source": data.source, "method": data.method, **stats.to_dict()},
+        print(strict_json({"source": data.source, "method": data.method, **stats.to_dict()},
                          indent=1))
     else:
         print(format_stats(stats, source=data.source, method=data.method))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from slimpack.cost.memory import GIB, SCHEDULE_KINDS, estimate_memory
+from slimpack.jsonio import strict_json
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         out["usable_gib"] = round(hw.usable_memory_bytes / GIB, 3)
         out["fits"] = est.peak_bytes <= hw.usable_memory_bytes
     if args.json:
-        print(json.dumps(out))
+        print(strict_json(out))
         return 0
     print(f"{model.name}, {args.schedule}, seq {args.seq_len:,} tokens, tp={args.tp} "
           f"cp={args.cp} pp={args.pp} vpp={args.vpp} slices={args.slices}, rank {args.rank}")

@@ -10,12 +10,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
+import sys
 from typing import Any
 
 from slimpack.batch import Batch
+from slimpack.cli.types import MAX_GLOBAL_BATCH, MAX_TOKEN_BUDGET, int_range, positive_float
 from slimpack.cost.kernel_model import default_cost_model
+from slimpack.jsonio import check_output_path, strict_json
 from slimpack.methods import get_method, method_names
 from slimpack.planning.options import parse_options
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -34,15 +35,17 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
                    help="length profile name (wikipedia, wlb-llm, ...) or a length file path")
     p.add_argument("--context", type=int, required=True, help="context length in tokens")
     size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--global-batch", type=int,
+    size.add_argument("--global-batch", type=int_range(1, MAX_GLOBAL_BATCH),
                       help="documents in the global batch (documents longer than the context "
-                           "are split)")
-    size.add_argument("--token-budget", type=int,
+                           f"are split); 1 to {MAX_GLOBAL_BATCH:,}")
+    size.add_argument("--token-budget", type=int_range(1, MAX_TOKEN_BUDGET),
                       help="tokens in the global batch instead (e.g. 512 x context for "
-                           "Megatron's 'global batch 512' of context-length samples)")
+                           "Megatron's 'global batch 512' of context-length samples); 1 to "
+                           f"{MAX_TOKEN_BUDGET:,}")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="planner time limit in seconds (default: each planner's own)")
+    p.add_argument("--time-limit", type=positive_float, default=None,
+                   help="planner time limit in seconds, a finite number > 0 (default: each "
+                        "planner's own)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--option", action="append", default=[], metavar="[METHOD:]KEY=VALUE",
                    help="a planner option, checked against the method's options dataclass "
@@ -56,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the method to plan with")
     _add_workload_flags(plan_p)
     plan_p.add_argument("-o", "--output", default=None, help="write the plan JSON here")
+    plan_p.add_argument("--strict", action="store_true",
+                        help="exit 1 (and write no plan) when the plan does not fit device "
+                             "memory; without it a warning is printed and the plan written")
     plan_p.set_defaults(handler=run_plan)
 
     cmp_p = subparsers.add_parser("compare", help="plan and simulate several methods on the "
@@ -150,6 +156,8 @@ def _specs(args: argparse.Namespace):
 def run_plan(args: argparse.Namespace) -> int:
     from slimpack.compare import best_parallel, plan_method
 
+    if args.output:
+        check_output_path("-o/--output", args.output)  # before minutes of planning
     model, hardware, cost = _specs(args)
     parallel = parallel_from_args(args)
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
@@ -164,6 +172,16 @@ def run_plan(args: argparse.Namespace) -> int:
         parallel.validate_for_model(model)
         plan = plan_method(args.method, batch, model, hardware, parallel, cost,
                            context=args.context, time_limit_s=args.time_limit, **options)
+    fits = plan.metadata.get("memory_fits")
+    if fits is False:
+        print(f"slimpack plan: warning: the {args.method} plan does not fit in "
+              f"{hardware.name} memory ({_peak_note(plan, model, hardware)}); try more "
+              "pp/tp/cp, recompute, or --auto-parallel",
+              file=sys.stderr)
+        if args.strict:
+            print("slimpack plan: --strict: not writing a plan that does not fit",
+                  file=sys.stderr)
+            return 1
     if args.output:
         plan.save(args.output)
     summary = {
@@ -177,15 +195,18 @@ def run_plan(args: argparse.Namespace) -> int:
                      if isinstance(v, (int, float, str, bool))},
     }
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(strict_json(summary, indent=1))
     else:
         for key, value in summary.items():
             print(f"{key:>14}: {value}")
     return 0
 
 
-def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+def _peak_note(plan, model, hardware) -> str:
+    from slimpack.sim.memory import plan_peak_bytes
+
+    return (f"peak {plan_peak_bytes(plan, model) / 2**30:.1f} GiB per device, usable "
+            f"{hardware.usable_memory_bytes / 2**30:.1f} GiB")
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -209,10 +230,17 @@ def run_compare(args: argparse.Namespace) -> int:
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
                    time_limit_s=args.time_limit, method_options=options)
     if args.json:
-        print(json.dumps({"records": [_json_safe(r) for r in rows]}, indent=1))
+        print(strict_json({"records": rows}, indent=1))
     else:
         print(f"{model.name} on {args.gpus} x {hardware.name}, {args.dataset}, context "
               f"{args.context}, {len(batch)} sequences ({batch.num_tokens:,} tokens), "
               f"seed {args.seed}")
         print(format_table(rows))
+    failed = [r for r in rows if r.get("error")]
+    for r in failed:
+        print(f"slimpack compare: {r['method']} failed: {r['error']}", file=sys.stderr)
+    if failed:
+        # A comparison with a missing column is not a result: scripts must be able to tell.
+        print(f"slimpack compare: {len(failed)} of {len(rows)} methods failed", file=sys.stderr)
+        return 1
     return 0

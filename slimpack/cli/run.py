@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from slimpack.cli.types import positive_float, positive_int
+from slimpack.jsonio import atomic_write_text, strict_json
 from slimpack.records import StepRecord
 
 
@@ -43,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--attention", default="auto",
                    choices=("auto", "flash", "torch-varlen", "sdpa", "dense"))
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--nproc", type=int, help="processes to spawn (default: plan world size)")
+    r.add_argument("--nproc", type=positive_int,
+                   help="processes to spawn, >= 1 (default: plan world size)")
     r.add_argument("--warmup", type=int, default=1,
                    help="untimed steps before the measured one (default 1)")
     r.add_argument("--steps", type=int, default=1,
@@ -51,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--out", help="write the record: .csv appends a row, else JSON with ops")
     r.add_argument("--calibration", metavar="CSV",
                    help="also simulate with the calibrated cost model from this profile")
-    r.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds")
+    r.add_argument("--timeout", type=positive_float, default=600.0,
+                   help="collective timeout in seconds, a finite number > 0 (default 600)")
     r.set_defaults(handler=_run)
 
     p = subparsers.add_parser("profile", help="measure per-layer times for the cost model",
@@ -103,6 +106,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from slimpack.runtime.config import RuntimeConfig
     from slimpack.runtime.launch import run_plan, under_torchrun
+    from slimpack.runtime.sim_compare import compare_with_simulator
     from slimpack.runtime.validate import check_runtime_plan
 
     plan, spec = _load(args)
@@ -113,7 +117,10 @@ def _run(args: argparse.Namespace) -> int:
     config = RuntimeConfig(device=device, dtype=args.dtype, dist_backend=backend,
                            attention=args.attention, seed=args.seed, warmup_steps=args.warmup,
                            measured_steps=args.steps)
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else (args.nproc or plan.world_size)
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+    else:
+        world = args.nproc if args.nproc is not None else plan.world_size
     check_runtime_plan(plan, spec, world_size=world)  # fail before anything starts
     cost = None
     if args.calibration:
@@ -139,40 +146,27 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare_with_simulator(record: StepRecord, plan, spec, cost) -> dict[str, float]:
-    """Simulate ``plan`` with ``cost`` and return relative errors (sim - real) / real."""
-    from slimpack.sim import simulate
-
-    sim = simulate(plan, model=spec, hardware=cost.hardware, cost=cost).record
-    real_mem = max(record.peak_memory_bytes)
-    sim_mem = max(sim.peak_memory_bytes)
-    return {"sim_step_s": sim.step_time_s, "real_step_s": record.step_time_s,
-            "step_error": (sim.step_time_s - record.step_time_s) / record.step_time_s,
-            "sim_peak_bytes": sim_mem, "real_peak_bytes": real_mem,
-            "memory_error": (sim_mem - real_mem) / real_mem if real_mem else float("nan")}
-
-
 def write_record(record: StepRecord, path: str, *, comparison: dict[str, Any] | None = None
                  ) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix != ".csv":
+        # JSON keeps nested fields nested (parallel, per-stage lists, extra, ops) and is
+        # strict: non-finite floats become null.
+        data = record.to_dict(ops=True)
+        if comparison:
+            data["comparison"] = comparison
+        atomic_write_text(out, strict_json(data, indent=1))
+        return
     row = record.to_row()
     if comparison:
         row.update({f"cmp_{k}": v for k, v in comparison.items()})
-    if out.suffix == ".csv":
-        new = not out.exists()
-        with out.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(row))
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
-        return
-    row["ops"] = [vars(op) if hasattr(op, "__dict__") else _op_dict(op) for op in record.ops]
-    out.write_text(json.dumps(row, indent=1))
-
-
-def _op_dict(op) -> dict[str, Any]:
-    return {f: getattr(op, f) for f in op.__slots__}
+    new = not out.exists()
+    with out.open("a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
 
 
 def _profile(args: argparse.Namespace) -> int:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
+
+from slimpack.specs import ParallelSpec
 
 UNIFORM_SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe")
 
@@ -49,8 +50,12 @@ def closed_form_bubble(schedule: str, *, pp: int, vpp: int, slices: int,
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimpack.jsonio import atomic_write_text, check_output_path, strict_json
     from slimpack.specs import hardware_preset, model_preset
 
+    for flag, path in (("--trace", args.trace), ("--gantt", args.gantt)):
+        if path:
+            check_output_path(flag, path)  # before the simulation, not after it
     hardware = hardware_preset(args.hardware)
     extra: dict[str, Any] = {}
     if args.uniform:
@@ -70,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if not name:
             raise ValueError(f"plan {args.plan} names no model; pass --model")
         model = model_preset(name)
+        _check_plan_model(plan, model, given=args.model)
         cost = None
     from slimpack.sim import plot_gantt, simulate, to_chrome_trace
 
@@ -77,18 +83,55 @@ def run(args: argparse.Namespace) -> int:
     result = simulate(plan, model=model, hardware=hardware, cost=cost, trace=want_ops,
                       overlap_dp_sync=not args.no_overlap_dp_sync)
     if args.trace:
-        Path(args.trace).write_text(json.dumps(to_chrome_trace(result)))
+        atomic_write_text(args.trace, json.dumps(to_chrome_trace(result)))
     if args.gantt:
-        plot_gantt(result, args.gantt)
+        _atomic_gantt(result, args.gantt, plot_gantt)
     summary = _summary(result.record) | extra
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(strict_json(summary, indent=1))
     else:
         for key in ("method", "model", "step_time_s", "ideal_step_time_s", "step_over_ideal",
                     "bubble_fraction", "mfu", "tokens_per_s", "imbalance_degree",
                     "peak_memory_gib", "oom", *extra):
             print(f"{key:28s} {summary[key]}")
     return 0
+
+
+def _check_plan_model(plan, model, *, given: str | None) -> None:
+    """Refuse a plan made for another model, or whose degrees cannot shard this one: the
+    simulator would otherwise time a step that cannot exist (tp 8 on a 4-head model)."""
+    if given and plan.model and plan.model not in (given, model.name):
+        raise ValueError(f"--model {given!r} does not match the plan's model {plan.model!r}; "
+                         "simulate a plan with the model it was made for (omit --model)")
+    where = f"the plan's layout ({plan.parallel.describe()})"
+    try:
+        plan.parallel.validate_for_model(model)
+        for group in plan.groups():
+            where = f"group {group.group_id} (tp={group.tp} pp={group.pp} vpp={group.vpp})"
+            ParallelSpec(tp=group.tp, cp=group.cp, pp=group.pp, vpp=group.vpp
+                         ).validate_for_model(model)
+    except ValueError as exc:
+        raise ValueError(f"{where} cannot run {model.name}: {exc}") from None
+
+
+def _atomic_gantt(result, path: str, plot_gantt) -> None:
+    """Draw into a temp file with the same suffix (matplotlib picks the format from it) in
+    the same directory, then replace: a failed draw leaves neither a half PNG nor a temp."""
+    import contextlib
+    import os
+    import tempfile
+    from pathlib import Path
+
+    out = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=out.suffix or ".png")
+    os.close(fd)
+    try:
+        plot_gantt(result, tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _summary(record) -> dict[str, Any]:

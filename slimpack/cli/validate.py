@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from slimpack.jsonio import strict_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = validate(load_records(args.records))
     if args.json:
-        print(json.dumps({"rows": [r.as_dict() for r in report.rows],
+        print(strict_json({"rows": [r.as_dict() for r in report.rows],
                           "skipped": [{"record": s.record_id, "reason": s.reason}
                                       for s in report.skipped],
                           "summary": report.summary()}, indent=2))

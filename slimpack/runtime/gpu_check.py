@@ -137,12 +137,12 @@ def _hardware_for(device_name: str):
 def _sim_vs_real(out: Path, scale: int) -> list[dict]:
     import torch
 
-    from slimpack.cli.run import compare_with_simulator
     from slimpack.cost.calibrated import CalibratedCostModel, load_profile
     from slimpack.runtime.config import RuntimeConfig
     from slimpack.runtime.examples import EXAMPLES
     from slimpack.runtime.launch import run_in_process_group, run_plan
     from slimpack.runtime.profiler import ProfileConfig, profile_model, write_profile_csv
+    from slimpack.runtime.sim_compare import compare_with_simulator
     from slimpack.specs import model_preset
 
     spec = replace(model_preset("llama-7b"), name="llama-7b-4l", num_layers=4)

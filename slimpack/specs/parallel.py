@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slimpack.specs._validate import require_positive
+from slimpack.specs._validate import require_int, require_positive
 from slimpack.specs.model import ModelSpec
 
 
@@ -39,7 +39,12 @@ class ParallelSpec:
 
     def __post_init__(self) -> None:
         for f in ("tp", "cp", "pp", "dp", "vpp", "ep", "gpus_per_node"):
+            # tp=2.5 would otherwise flow into rank arithmetic; numpy ints become Python ints.
+            object.__setattr__(self, f, require_int("ParallelSpec", f, getattr(self, f)))
             require_positive("ParallelSpec", f, getattr(self, f))
+        if self.world_size is not None:
+            object.__setattr__(self, "world_size",
+                               require_int("ParallelSpec", "world_size", self.world_size))
         product = self.tp * self.cp * self.pp * self.dp
         if self.world_size is not None and self.world_size != product:
             raise ValueError(
@@ -54,7 +59,10 @@ class ParallelSpec:
     def for_world(cls, world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1,
                   vpp: int = 1, ep: int = 1, gpus_per_node: int = 8) -> ParallelSpec:
         """Derive dp from the world size; raise if tp*cp*pp does not divide it."""
+        require_int("ParallelSpec", "world_size", world_size)
         require_positive("ParallelSpec", "world_size", world_size)
+        for name, value in (("tp", tp), ("cp", cp), ("pp", pp)):
+            require_int("ParallelSpec", name, value)  # before the divisibility arithmetic
         model_parallel = tp * cp * pp
         if model_parallel <= 0 or world_size % model_parallel:
             raise ValueError(

@@ -1,4 +1,8 @@
-"""A stand-in registry for testing the harness itself: ``--registry repro.selftest``.
+"""A stand-in registry for testing the harness itself: ``--registry harness_selftest``.
+
+A test fixture, so it lives with the tests, not in the shipped ``repro`` package: in-process
+tests import it from ``tests/`` (pytest puts that directory on ``sys.path``), subprocesses get
+``tests/`` through ``PYTHONPATH`` (see ``fixture_env``).
 
 Its experiments are slow enough (a sleep per point) to be killed mid-sweep, deterministic (each
 row derives from a hash of its point), and awkward on purpose: points produce different numbers
@@ -8,17 +12,27 @@ of rows, and some add a column the others lack, which forces the CSV header to b
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 
 from repro.experiment import Check, Claim, Experiment, Point, Row
 
 EXPERIMENTS: Mapping[str, str] = MappingProxyType({
-    "selftest-a": "repro.selftest",
-    "selftest-b": "repro.selftest_b",
+    "selftest-a": "harness_selftest",
+    "selftest-b": "harness_selftest_b",
 })
 SLEEP_S = 0.1
+REGISTRY = "harness_selftest"
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def fixture_env() -> dict[str, str]:
+    """The environment for a subprocess that must import this registry."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(TESTS_DIR) + (os.pathsep + path if path else "")}
 
 
 def _unit(*parts: object) -> float:
