@@ -81,6 +81,19 @@ class Claim:
     golden_rel_tol: float | None = 0.02
     """How far the reproduced value may move between code versions before regression fails;
     None for wall-clock numbers, which are not regression headlines."""
+    bracket: tuple[tuple[str, float], ...] = ()
+    """The same ratio against each baseline of a bracket, ``(baseline, value)``, first the one
+    ``reproduced`` is (and the verdict judges): e.g. SlimPack over ``megatron`` (document
+    masks) and over ``megatron-causal`` (no masks), since which one the paper ran is not known."""
+
+    def __post_init__(self) -> None:
+        if self.bracket:
+            first = self.bracket[0][1]
+            same = (first == self.reproduced
+                    or (math.isnan(first) and math.isnan(self.reproduced)))
+            if not same:
+                raise ValueError(f"Claim {self.claim_id}: bracket[0] ({self.bracket[0][0]} = "
+                                 f"{first}) must be the reproduced value {self.reproduced}")
 
     @property
     def verdict(self) -> str:
@@ -89,6 +102,10 @@ class Claim:
         return "reproduced" if self.check.passes(self.reproduced) else "not reproduced"
 
     def reproduced_text(self) -> str:
+        if self.bracket:
+            return ", ".join(
+                f"{format_value(v, self.unit) if math.isfinite(v) else 'n/a'} vs {name}"
+                for name, v in self.bracket)
         if not math.isfinite(self.reproduced):
             return "n/a"
         return format_value(self.reproduced, self.unit)

@@ -15,7 +15,8 @@ import seaborn as sns  # noqa: E402
 # seaborn 0.13 passes `vert` to matplotlib >= 3.10 boxplots (ECOSYSTEM.md); harmless.
 warnings.filterwarnings("ignore", message=".*vert.*", category=matplotlib.MatplotlibDeprecationWarning)
 
-METHOD_ORDER = ("naive", "megatron", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe", "slimpack")
+METHOD_ORDER = ("naive", "megatron", "megatron-causal", "megatron-dcp", "wlb-llm", "flexsp",
+                "slimpipe", "slimpack")
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 5.0, height: float = 3.6,

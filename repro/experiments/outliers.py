@@ -26,7 +26,7 @@ CONTEXTS, QUICK_CONTEXTS = (262144, 1048576), (1048576,)
 SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
 BATCH = {262144: 256, 1048576: 512}
 """Documents per global batch: enough at each context for a few context-length outliers."""
-BASELINES = ("megatron", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe")
+BASELINES = ("megatron", "megatron-causal", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe")
 VARIANTS = (*BASELINES, "slimpack (no merge)", "slimpack")
 
 

@@ -14,12 +14,17 @@ import seaborn as sns
 
 from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, compare_rows
+from repro.experiments.common import (
+    MEGATRON_BRACKET,
+    SLIMPACK_SOURCE,
+    TIMING_COLUMNS,
+    compare_rows,
+)
 from repro.figures import method_order, new_figure, placeholder, save
 
 HARDWARE, MODEL, DATASET, CONTEXT = "h800-80g", "llama-70b", "commoncrawl", 256 * 1024
 GPUS, QUICK_GPUS = (64, 128, 256, 512), (64, 512)
-METHODS = ("megatron", "wlb-llm", "slimpipe", "slimpack")
+METHODS = ("megatron", "megatron-causal", "wlb-llm", "slimpipe", "slimpack")
 
 
 def points(quick: bool) -> list[Point]:
@@ -57,13 +62,14 @@ def claims(records: pd.DataFrame) -> list[Claim]:
 
     lo, hi = min(GPUS), max(GPUS)
     efficiency = tps("slimpack", hi) / tps("slimpack", lo) / (hi / lo)
+    at_hi = tuple((base, tps("slimpack", hi) / tps(base, hi)) for base in MEGATRON_BRACKET)
     return [
         Claim(claim_id="weak-scaling", text=f"SlimPack weak-scaling efficiency {lo} -> {hi} GPUs",
               source=SLIMPACK_SOURCE, paper_value="scales to 512 GPUs", reproduced=efficiency,
               unit="", check=Check(kind="at_least", target=0.8), hardware=HARDWARE),
         Claim(claim_id="speedup-at-512", text=f"SlimPack / Megatron-LM at {hi} GPUs",
               source=SLIMPACK_SOURCE, paper_value="advantage kept at scale",
-              reproduced=tps("slimpack", hi) / tps("megatron", hi), unit="x",
+              reproduced=at_hi[0][1], bracket=at_hi, unit="x",
               check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
     ]
 
