@@ -86,13 +86,23 @@ def claims(records: pd.DataFrame) -> list[Claim]:
     full = means.get("+dp-merge (slimpack)", float("nan")) / means.get("slicing", float("nan")) \
         if means else float("nan")
     return [
-        Claim(claim_id="components-monotone", text="Smallest throughput gain of adding one "
+        Claim(claim_id="components-help", text="Smallest throughput gain of adding one "
               "component (asymmetric, DP-aware, DP-Merge), mean over batches", source=SLIMPACK_SOURCE,
               paper_value="each component helps", reproduced=worst, unit="x",
-              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+              check=Check(kind="at_least", target=1.02, reason=(
+                  "'helps' must be more than the >= 1 the search guarantees: a gain under 2% is "
+                  "below what the analytic cost model can resolve")), hardware=HARDWARE),
+        Claim(claim_id="dp-merge-no-loss", text="Throughput gain of adding DP-Merge is not a "
+              "loss", source=SLIMPACK_SOURCE, paper_value="(by construction)",
+              reproduced=ratios[-1] if ratios else float("nan"), unit="x",
+              check=Check(kind="at_least", target=1.0, reason=(
+                  "true by construction: SlimPack's search simulates the unmerged plan too and "
+                  "keeps the faster")), hardware=HARDWARE, kind="consistency"),
         Claim(claim_id="full-over-slicing", text="Full SlimPack / slicing only", source=SLIMPACK_SOURCE,
               paper_value="> 1 (components add up)", reproduced=full, unit="x",
-              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+              check=Check(kind="at_least", target=1.05, reason=(
+                  "the product of three steps that each 'help': at least 5% together, else the "
+                  "components do not add up to a gain")), hardware=HARDWARE),
     ]
 
 

@@ -102,6 +102,18 @@ def speedups(records: pd.DataFrame, keys: list[str], baseline: str = BASELINE,
     return merged.drop(columns="_base")
 
 
+def fits_memory(frame: pd.DataFrame) -> pd.Series:
+    """Per row: planned and fits memory. A row whose planning failed (``error`` set) or that
+    has no memory verdict counts as *not* fitting: a planning error is an error, never "fits"."""
+    if frame.empty:
+        return pd.Series(dtype=bool)
+    oom = frame["oom"] if "oom" in frame.columns else pd.Series("", index=frame.index)
+    fits = oom.astype(str).str.strip().str.lower() == "false"
+    if "error" in frame.columns:
+        fits &= frame["error"].fillna("").astype(str).str.strip() == ""
+    return fits
+
+
 def bracket_speedups(records: pd.DataFrame, keys: list[str], reduce,
                      baselines: tuple[str, ...] = MEGATRON_BRACKET,
                      value: str = "tokens_per_s") -> tuple[tuple[str, float], ...]:

@@ -17,7 +17,7 @@ import seaborn as sns
 
 from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, compare_rows
+from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, compare_rows, fits_memory
 from repro.figures import new_figure, placeholder, save
 
 HARDWARE, MODEL, GPUS = "h800-80g", "llama-7b", 64
@@ -93,19 +93,29 @@ def claims(records: pd.DataFrame) -> list[Claim]:
               "byted-like outliers (mean over batches)", source=SLIMPACK_SOURCE,
               paper_value="DP-Merge handles outliers (no number published)",
               reproduced=scalar(merged, "speedup"), unit="x",
-              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+              check=Check(kind="at_least", target=1.0, reason=(
+                  "true by construction: SlimPack's search also simulates the unmerged plan and "
+                  "keeps the faster")), hardware=HARDWARE, kind="consistency"),
         Claim(claim_id="merged-fits", text="SlimPack with DP-Merge: fraction of batches that "
-              "fit memory", source=SLIMPACK_SOURCE, paper_value="fits",
-              reproduced=1.0 - scalar(merged, "oom") if not merged.empty else float("nan"),
-              unit="", check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+              "fit memory (a planning error counts as not fitting)", source=SLIMPACK_SOURCE,
+              paper_value="fits",
+              reproduced=float(fits_memory(merged).mean()) if not merged.empty else float("nan"),
+              unit="", check=Check(kind="at_least", target=1.0, reason=(
+                  "'handles outliers' = every batch fits: no tolerance")), hardware=HARDWARE),
         Claim(claim_id="unmerged-oom", text="SlimPack without DP-Merge: fraction of batches "
-              "out of memory", source=SLIMPACK_SOURCE, paper_value="(context)",
-              reproduced=scalar(unmerged, "oom") if not unmerged.empty else float("nan"),
-              unit="", check=Check(kind="at_least", target=0.0), hardware=HARDWARE),
+              "that do not fit (the workload needs DP-Merge at all)", source=SLIMPACK_SOURCE,
+              paper_value="(premise of the experiment)",
+              reproduced=(1.0 - float(fits_memory(unmerged).mean())) if not unmerged.empty
+              else float("nan"),
+              unit="", check=Check(kind="at_least", target=0.01, reason=(
+                  "if no batch runs out of memory without DP-Merge, the workload has no true "
+                  "outlier and the experiment tests nothing")), hardware=HARDWARE,
+              kind="consistency"),
         Claim(claim_id="over-best-baseline", text="SlimPack / best baseline throughput, worst "
               "batch", source=SLIMPACK_SOURCE, paper_value="up to 2.8x over baselines",
-              reproduced=best_base, unit="x", check=Check(kind="at_least", target=1.0),
-              hardware=HARDWARE),
+              reproduced=best_base, unit="x", check=Check(kind="at_least", target=1.0, reason=(
+                  "a method claimed up to 2.8x over the baselines should never trail the best "
+                  "of them")), hardware=HARDWARE),
     ]
 
 

@@ -66,11 +66,15 @@ def claims(records: pd.DataFrame) -> list[Claim]:
     return [
         Claim(claim_id="weak-scaling", text=f"SlimPack weak-scaling efficiency {lo} -> {hi} GPUs",
               source=SLIMPACK_SOURCE, paper_value="scales to 512 GPUs", reproduced=efficiency,
-              unit="", check=Check(kind="at_least", target=0.8), hardware=HARDWARE),
+              unit="", check=Check(kind="at_least", target=0.8, reason=(
+                  "the paper gives no number; 80% weak-scaling efficiency is the usual bar for "
+                  "'scales'")), hardware=HARDWARE),
         Claim(claim_id="speedup-at-512", text=f"SlimPack / Megatron-LM at {hi} GPUs",
               source=SLIMPACK_SOURCE, paper_value="advantage kept at scale",
               reproduced=at_hi[0][1], bracket=at_hi, unit="x",
-              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+              check=Check(kind="at_least", target=1.0, reason=(
+                  "'advantage kept' = still faster than Megatron-LM at the largest scale")),
+              hardware=HARDWARE),
     ]
 
 
