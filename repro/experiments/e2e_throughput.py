@@ -24,7 +24,16 @@ from repro.experiments.common import (
     compare_rows,
     speedups,
 )
-from repro.figures import method_order, new_figure, placeholder, save
+from repro.figures import (
+    batch_tokens_text,
+    format_tokens,
+    label_bars,
+    method_order,
+    new_figure,
+    placeholder,
+    save,
+    with_status,
+)
 
 HARDWARE = "h800-80g"
 MODELS = ("llama-7b", "llama-13b", "llama-70b", "llama-150b")
@@ -65,11 +74,21 @@ def run_point(point: Point) -> list[Row]:
                         auto_parallel_top_k=point["auto_parallel_top_k"])
 
 
+def panel_title(dataset: str, gpus: int, frame: pd.DataFrame) -> str:
+    """A panel's title: its setting and its global batch in tokens (the batch counts
+    documents, so its token size differs per setting; the x labels give each one)."""
+    return (f"{dataset}, {gpus} GPUs ({HARDWARE}), {batch_tokens_text(frame, KEYS)}; "
+            "tokens/s / megatron")
+
+
 def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     if records.empty:
         return [placeholder(out_dir, "throughput.png", "no records: run e2e-throughput")]
-    frame = speedups(records, KEYS)
+    frame = with_status(speedups(records, KEYS), "speedup")
     frame["setting"] = frame["model"] + "\n" + (frame["context"] // 1024).astype(str) + "K"
+    if "num_tokens" in frame.columns:
+        tokens = frame.groupby(KEYS)["num_tokens"].transform("max")
+        frame["setting"] = frame["setting"] + "\n" + tokens.map(format_tokens) + " tok"
     paths = []
     for gpus, per_gpus in frame.groupby("num_gpus"):
         datasets = [d for d in DATASETS if d in set(per_gpus["dataset"])]
@@ -79,12 +98,13 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
             sub = per_gpus[per_gpus["dataset"] == dataset]
             by_size = sub.assign(_m=sub["model"].map({m: i for i, m in enumerate(MODELS)}))
             order = list(dict.fromkeys(by_size.sort_values(["_m", "context"])["setting"]))
+            hue_order = method_order(sub["method"].unique())
             sns.barplot(sub, x="setting", y="speedup", hue="method", order=order,
-                        hue_order=method_order(sub["method"].unique()), ax=ax, errorbar=None)
-            for container in ax.containers:
-                ax.bar_label(container, fmt="%.2f", fontsize=5, rotation=90, padding=1)
+                        hue_order=hue_order, ax=ax, errorbar=None)
+            label_bars(ax, sub, x="setting", hue="method", order=order, hue_order=hue_order,
+                       value="speedup")
             ax.axhline(1.0, color="black", linewidth=0.8)
-            ax.set_title(f"{dataset}, {gpus} GPUs ({HARDWARE}); tokens/s / megatron", fontsize=9)
+            ax.set_title(panel_title(dataset, gpus, sub), fontsize=9)
             ax.set_xlabel("")
             ax.set_ylabel("normalised throughput")
             ax.tick_params(axis="x", labelsize=8)

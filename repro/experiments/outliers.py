@@ -18,7 +18,17 @@ import seaborn as sns
 from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, compare_rows, fits_memory
-from repro.figures import new_figure, placeholder, save
+from repro.figures import (
+    FAILED,
+    NO_VALUE,
+    OOM,
+    batch_tokens_text,
+    label_bars,
+    new_figure,
+    placeholder,
+    save,
+    with_status,
+)
 
 HARDWARE, MODEL, GPUS = "h800-80g", "llama-7b", 64
 PARALLEL = {"tp": 8, "pp": 2}
@@ -64,16 +74,27 @@ def with_speedup(records: pd.DataFrame) -> pd.DataFrame:
 def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     if records.empty:
         return [placeholder(out_dir, "outliers.png", "no records: run outliers")]
-    frame = with_speedup(records)
+    frame = with_status(with_speedup(records), "speedup")
     frame = frame.assign(ctx=(frame["context"] // 1024).astype(str) + "K")
-    fig, axes = new_figure(1, width=7.0)
+    fig, axes = new_figure(1, width=8.0)
     ax = axes[0][0]
-    sns.barplot(frame, x="variant", y="speedup", hue="ctx", order=list(VARIANTS), ax=ax,
-                errorbar=None)
+    order = [v for v in VARIANTS if v in set(frame["variant"])]
+    hue_order = list(dict.fromkeys(frame.sort_values("context")["ctx"]))
+    # One bar per (variant, context): the mean over seeds, labelled OOM / failed if any seed was.
+    ran = frame.assign(speedup=frame["speedup"].where(~frame["status"].isin([FAILED, NO_VALUE])))
+    bars = ran.groupby(["variant", "ctx"], as_index=False).agg(
+        speedup=("speedup", "mean"),
+        status=("status", lambda s: next((x for x in (FAILED, OOM, NO_VALUE) if x in set(s)), "")))
+    bars["speedup"] = bars["speedup"].fillna(0.0)
+    sns.barplot(bars, x="variant", y="speedup", hue="ctx", order=order, hue_order=hue_order,
+                ax=ax, errorbar=None)
+    label_bars(ax, bars, x="variant", hue="ctx", order=order, hue_order=hue_order,
+               value="speedup", fontsize=6)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel("throughput / SlimPack without DP-Merge")
     ax.set_xlabel("")
-    ax.set_title(f"byted-like outliers: {MODEL}, {GPUS} GPUs, tp8 pp2 dp4", fontsize=9)
+    ax.set_title(f"byted-like outliers: {MODEL}, {GPUS} GPUs, tp8 pp2 dp4, "
+                 f"{batch_tokens_text(frame, ['context', 'seed'])}", fontsize=9)
     ax.tick_params(axis="x", rotation=20)
     return [save(fig, out_dir, "outliers.png")]
 

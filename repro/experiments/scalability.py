@@ -20,7 +20,16 @@ from repro.experiments.common import (
     TIMING_COLUMNS,
     compare_rows,
 )
-from repro.figures import method_order, new_figure, placeholder, save
+from repro.figures import (
+    FAILED,
+    batch_tokens_text,
+    mark_line_failures,
+    method_order,
+    new_figure,
+    placeholder,
+    point_status,
+    save,
+)
 
 HARDWARE, MODEL, DATASET, CONTEXT = "h800-80g", "llama-70b", "commoncrawl", 256 * 1024
 GPUS, QUICK_GPUS = (64, 128, 256, 512), (64, 512)
@@ -42,17 +51,25 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
         return [placeholder(out_dir, "scaling.png", "no records: run scalability")]
     fig, axes = new_figure(2, width=5.2)
     order = method_order(records["method"].unique())
-    sns.lineplot(records, x="num_gpus", y="tokens_per_s", hue="method", hue_order=order,
+    frame = records.assign(status=point_status(records),
+                           per_gpu=records["tokens_per_s"] / records["num_gpus"])
+    frame.loc[frame["tokens_per_s"].isna() & (frame["status"] == ""), "status"] = FAILED
+    drawn = frame[frame["status"] != FAILED]
+    batch = batch_tokens_text(frame, ["num_gpus"])
+    sns.lineplot(drawn, x="num_gpus", y="tokens_per_s", hue="method", hue_order=order,
                  marker="o", ax=axes[0][0])
     axes[0][0].set_xscale("log", base=2)
     axes[0][0].set_yscale("log")
     axes[0][0].set_ylabel("tokens/s")
-    axes[0][0].set_title(f"{MODEL}, {DATASET} {CONTEXT // 1024}K, 4 seq/GPU", fontsize=9)
-    per_gpu = records.assign(per_gpu=records["tokens_per_s"] / records["num_gpus"])
-    sns.lineplot(per_gpu, x="num_gpus", y="per_gpu", hue="method", hue_order=order, marker="o",
+    axes[0][0].set_title(f"{MODEL}, {DATASET} {CONTEXT // 1024}K, 4 seq/GPU, {batch}",
+                         fontsize=8)
+    mark_line_failures(axes[0][0], frame, x="num_gpus", y="tokens_per_s", hue="method")
+    sns.lineplot(drawn, x="num_gpus", y="per_gpu", hue="method", hue_order=order, marker="o",
                  ax=axes[0][1], legend=False)
     axes[0][1].set_xscale("log", base=2)
     axes[0][1].set_ylabel("tokens/s per GPU")
+    axes[0][1].set_title(f"per GPU; failed points marked x ({batch})", fontsize=8)
+    mark_line_failures(axes[0][1], frame, x="num_gpus", y="per_gpu", hue="method")
     return [save(fig, out_dir, "scaling.png")]
 
 
