@@ -10,6 +10,7 @@ import pytest
 from repro.experiment import Check, Claim, between
 from repro.experiments import (
     ablation,
+    balance,
     bubbles,
     e2e_throughput,
     flexsp_headline,
@@ -57,6 +58,14 @@ def test_scalability_bracket_is_per_baseline():
     claim = {c.claim_id: c for c in scalability.claims(pd.DataFrame(rows))}["speedup-at-512"]
     assert [name for name, _ in claim.bracket] == ["megatron", "megatron-causal"]
     assert [round(v, 6) for _, v in claim.bracket] == [1.2, 4.8]
+
+
+def test_balance_bracket_divides_by_each_megatron():
+    records = pd.DataFrame([{"method": m, "imbalance_degree": v} for m, v in
+                            (("megatron", 1.25), ("megatron-causal", 1.0), ("slimpack", 1.0))])
+    (claim,) = balance.claims(records)
+    assert claim.bracket == (("megatron", 0.8), ("megatron-causal", 1.0))
+    assert claim.verdict == "reproduced"  # judged against megatron (document masks)
 
 
 def test_bracket_must_start_with_the_reproduced_value():
