@@ -130,8 +130,8 @@ def claims(records: pd.DataFrame) -> list[Claim]:
                          text=f"Imbalance degree, {label}", source=SOURCE,
                          paper_value=f"{paper_imbalance:.2f}", reproduced=scalar(frame, "imbalance_degree"),
                          unit="", check=Check(kind="within", target=paper_imbalance, rel_tol=0.1, reason=(
-                             "one batch of an unpublished seed, printed to 2 decimals: 10% is "
-                             "about the spread between our seeds")),
+                             "the paper's one batch (seed unpublished) cannot be redrawn: 10% "
+                             "allows another batch of the same length profile")),
                          hardware=HARDWARE))
         if paper_ms is not None:
             out.append(Claim(claim_id=f"plan-ms-{label.replace(' ', '-')}",
