@@ -90,8 +90,8 @@ def claims(records: pd.DataFrame) -> list[Claim]:
               "component (asymmetric, DP-aware, DP-Merge), mean over batches", source=SLIMPACK_SOURCE,
               paper_value="each component helps", reproduced=worst, unit="x",
               check=Check(kind="at_least", target=1.02, reason=(
-                  "'helps' must be more than the >= 1 the search guarantees: a gain under 2% is "
-                  "below what the analytic cost model can resolve")), hardware=HARDWARE),
+                  "'helps' is a measurable gain, not >= 1 (which the search guarantees for "
+                  "DP-Merge): 2% is the smallest gain we call help")), hardware=HARDWARE),
         Claim(claim_id="dp-merge-no-loss", text="Throughput gain of adding DP-Merge is not a "
               "loss", source=SLIMPACK_SOURCE, paper_value="(by construction)",
               reproduced=ratios[-1] if ratios else float("nan"), unit="x",
@@ -100,9 +100,9 @@ def claims(records: pd.DataFrame) -> list[Claim]:
                   "keeps the faster")), hardware=HARDWARE, kind="consistency"),
         Claim(claim_id="full-over-slicing", text="Full SlimPack / slicing only", source=SLIMPACK_SOURCE,
               paper_value="> 1 (components add up)", reproduced=full, unit="x",
-              check=Check(kind="at_least", target=1.05, reason=(
-                  "the product of three steps that each 'help': at least 5% together, else the "
-                  "components do not add up to a gain")), hardware=HARDWARE),
+              check=Check(kind="at_least", target=1.02 ** 3, reason=(
+                  "three components that each help by >= 2% compound to >= 1.02^3")),
+              hardware=HARDWARE),
     ]
 
 
