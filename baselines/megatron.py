@@ -5,9 +5,14 @@
   :mod:`baselines.common.fixed_length`.
 * Every micro-batch is one ``context``-token sample; samples are dealt to data-parallel
   replicas round-robin (Megatron's sampler, micro-batch size 1).
-* Static CP: the degree in ``parallel`` for every micro-batch, ring attention over the packed
-  sample cut into 2*cp chunks (per-sequence sharding), chosen large enough for the longest
-  sample by the auto-parallel search.
+* Static CP: the degree in ``parallel`` for every micro-batch, ring attention with
+  per-document sharding: every document of the packed sample is cut into 2*cp zigzag chunks
+  on its own, as Transformer Engine's packed ``thd`` format does for Megatron-LM with
+  document masks (``slimpack.cost.cp_sharding``, the one home of the rule). Cutting the packed
+  buffer whole (one zigzag per sample) would leave one rank with the cheap documents and
+  another with the tail of a long one, an imbalance Megatron-LM does not have.
+* Attention semantics: document masks. ``megatron-causal`` (:mod:`baselines.megatron_causal`)
+  is the same method without them, as stock Megatron-LM pretraining runs.
 * Schedule: 1F1B, or interleaved 1F1B when vpp > 1.
 * Recompute: none, then selective, then full, the first that the memory model says fits
   ("when memory forces it"); ``recompute=`` overrides.
@@ -16,6 +21,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +29,7 @@ from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
-from slimpack.plan import Phase, Plan
+from slimpack.plan import Phase, Plan, Segment
 from slimpack.planning import (
     GroupLayout,
     build_options,
@@ -61,31 +67,47 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     parallel.validate_for_model(model)
     context = opts.context or max(batch.lengths)
     layout = fixed_length_samples(batch, context)
-    schedule = schedule_for(parallel)
-    recompute, _ = resolve_recompute(opts.recompute, model, hardware, parallel,
-                                        max(sum(s.num_tokens for s in smp)
-                                            for smp in layout.samples), schedule)
-    group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
-                               schedule=schedule, recompute=recompute)
-    groups = []
-    for dp_rank, (ranks, samples) in enumerate(zip(replica_groups(parallel),
-                                                   deal_round_robin(list(layout.samples),
-                                                                    parallel.dp), strict=True)):
-        if samples:
-            groups.append(packed_group(dp_rank, ranks, group_layout, samples))
-    return finish_plan(
-        method="megatron", model=model, hardware=hardware, parallel=parallel,
-        sequence_lengths=layout.sequence_lengths, phases=[Phase(groups=tuple(groups))],
+    return plan_samples(
+        method="megatron", samples=layout.samples, sequence_lengths=layout.sequence_lengths,
+        model=model, hardware=hardware, parallel=parallel, recompute=opts.recompute,
         started=started,
-        metadata={"context": context, "recompute": recompute,
-                  "schedule": schedule, "num_microbatches": len(layout.samples),
+        metadata={"context": context, "attention": "document masks",
                   "document_pieces": {str(k): list(v) for k, v in
-                                      layout.document_pieces.items()}},
-        escalate_recompute=opts.recompute == AUTO,
+                                      layout.document_pieces.items()}})
+
+
+def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
+                 sequence_lengths: dict[int, int], model: ModelSpec, hardware: HardwareSpec,
+                 parallel: ParallelSpec, recompute: str, started: float,
+                 metadata: dict[str, Any]) -> Plan:
+    """Megatron-LM's step for fixed-length ``samples`` (one per micro-batch): dealt to DP
+    replicas round-robin, 1F1B or interleaved, per-document CP sharding, recompute resolved
+    ("auto": the cheapest mode the memory model accepts, escalated by ``finish_plan`` until
+    the simulator's memory walk agrees). Shared by ``megatron``
+    and ``megatron-causal``, which differ only in what a sample's sequences are."""
+    schedule = schedule_for(parallel)
+    mode, _ = resolve_recompute(recompute, model, hardware, parallel,
+                                max(sum(s.num_tokens for s in smp) for smp in samples), schedule)
+    group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
+                               schedule=schedule, cp_sharding="per-document", recompute=mode)
+    groups = []
+    for dp_rank, (ranks, dealt) in enumerate(zip(replica_groups(parallel),
+                                                 deal_round_robin(list(samples), parallel.dp),
+                                                 strict=True)):
+        if dealt:
+            groups.append(packed_group(dp_rank, ranks, group_layout, dealt))
+    return finish_plan(
+        method=method, model=model, hardware=hardware, parallel=parallel,
+        sequence_lengths=sequence_lengths, phases=[Phase(groups=tuple(groups))],
+        started=started,
+        metadata={**metadata, "recompute": mode, "schedule": schedule,
+                  "cp_sharding": "per-document", "num_microbatches": len(samples)},
+        escalate_recompute=recompute == AUTO,
     )
 
 
 METHOD = MethodSpec(
     name="megatron", planner=plan, options=MegatronOptions,
-    summary="Megatron-LM fixed-length packing with document masks, static CP, 1F1B/interleaved",
+    summary="Megatron-LM fixed-length packing with document masks, static CP sharded per "
+            "document (TE thd), 1F1B/interleaved",
     source="Megatron-LM (Narayanan et al. 2021, arXiv 2104.04473; Korthikanti et al. 2022)")

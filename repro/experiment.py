@@ -25,6 +25,14 @@ BACKENDS = ("sim", "runtime")
 # -- claims -----------------------------------------------------------------------------------
 
 
+CHECK_KINDS = ("within", "at_least", "at_most", "between")
+CLAIM_KINDS = ("claim", "consistency")
+"""``claim``: a published number we try to reproduce, a verdict that can go either way.
+``consistency``: a check that the suite agrees with itself (a closed form, a model's own
+budget, a rule true by construction of the schedule); reported in its own table, never counted
+as a reproduced claim."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Check:
     """How a reproduced value is compared with the paper's: the verdict rule.
@@ -32,33 +40,62 @@ class Check:
     ``kind``:
     * ``within``: ``|reproduced - target| <= rel_tol * |target|``;
     * ``at_least``: ``reproduced >= target``;
-    * ``at_most``: ``reproduced <= target``.
+    * ``at_most``: ``reproduced <= target``;
+    * ``between``: ``target <= reproduced <= upper`` (a published range, both ends checked).
+
+    ``reason`` says in one line why the tolerance or bound is what it is (a published range, a
+    measurement's noise, float rounding...), so no tolerance is set just above the observed
+    value without a word.
     """
 
     kind: str
     target: float
+    reason: str
     rel_tol: float = 0.0
+    upper: float | None = None
+    """Upper end of a ``between`` range (``target`` is the lower); None for other kinds."""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("within", "at_least", "at_most"):
-            raise ValueError(f"Check.kind must be within, at_least or at_most; got {self.kind!r}")
+        if self.kind not in CHECK_KINDS:
+            raise ValueError(f"Check.kind must be one of {', '.join(CHECK_KINDS)}; got {self.kind!r}")
         if not math.isfinite(self.target):
             raise ValueError(f"Check.target must be finite, got {self.target}")
-        if self.rel_tol < 0:
-            raise ValueError(f"Check.rel_tol must be >= 0, got {self.rel_tol}")
+        if not math.isfinite(self.rel_tol) or self.rel_tol < 0:
+            raise ValueError(f"Check.rel_tol must be a finite number >= 0, got {self.rel_tol}")
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise ValueError("Check.reason must be a non-empty line saying why the tolerance "
+                             "or bound is what it is")
+        if "\n" in self.reason.strip():
+            raise ValueError(f"Check.reason must be one line, got {self.reason!r}")
+        if self.kind == "between":
+            if self.upper is None or not math.isfinite(self.upper) or self.upper < self.target:
+                raise ValueError(f"Check.upper must be a finite number >= target ({self.target}) "
+                                 f"for kind 'between', got {self.upper}")
+        elif self.upper is not None:
+            raise ValueError(f"Check.upper is only for kind 'between', got {self.upper} with "
+                             f"kind {self.kind!r}")
 
     def passes(self, value: float) -> bool:
         if self.kind == "within":
             return abs(value - self.target) <= self.rel_tol * abs(self.target)
         if self.kind == "at_least":
             return value >= self.target
+        if self.kind == "between":
+            return self.target <= value <= self.upper
         return value <= self.target
 
     def describe(self) -> str:
         if self.kind == "within":
             tol = f"{self.rel_tol:.0%}" if self.rel_tol >= 0.01 else f"{self.rel_tol:.0e} (relative)"
             return f"within {tol} of {self.target:.4g}"
+        if self.kind == "between":
+            return f"between {self.target:g} and {self.upper:g}"
         return f"{'>=' if self.kind == 'at_least' else '<='} {self.target:g}"
+
+
+def between(lo: float, hi: float, *, reason: str) -> Check:
+    """``lo <= reproduced <= hi``: a published range, checked at both ends."""
+    return Check(kind="between", target=lo, upper=hi, reason=reason)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +118,24 @@ class Claim:
     golden_rel_tol: float | None = 0.02
     """How far the reproduced value may move between code versions before regression fails;
     None for wall-clock numbers, which are not regression headlines."""
+    kind: str = "claim"
+    """``claim`` or ``consistency`` (see :data:`CLAIM_KINDS`)."""
+    bracket: tuple[tuple[str, float], ...] = ()
+    """The same ratio against each baseline of a bracket, ``(baseline, value)``, first the one
+    ``reproduced`` is (and the verdict judges): e.g. SlimPack over ``megatron`` (document
+    masks) and over ``megatron-causal`` (no masks), since which one the paper ran is not known."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CLAIM_KINDS:
+            raise ValueError(f"Claim {self.claim_id}: kind must be one of {CLAIM_KINDS}, "
+                             f"got {self.kind!r}")
+        if self.bracket:
+            first = self.bracket[0][1]
+            same = (first == self.reproduced
+                    or (math.isnan(first) and math.isnan(self.reproduced)))
+            if not same:
+                raise ValueError(f"Claim {self.claim_id}: bracket[0] ({self.bracket[0][0]} = "
+                                 f"{first}) must be the reproduced value {self.reproduced}")
 
     @property
     def verdict(self) -> str:
@@ -89,6 +144,10 @@ class Claim:
         return "reproduced" if self.check.passes(self.reproduced) else "not reproduced"
 
     def reproduced_text(self) -> str:
+        if self.bracket:
+            return ", ".join(
+                f"{format_value(v, self.unit) if math.isfinite(v) else 'n/a'} vs {name}"
+                for name, v in self.bracket)
         if not math.isfinite(self.reproduced):
             return "n/a"
         return format_value(self.reproduced, self.unit)

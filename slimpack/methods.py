@@ -18,6 +18,7 @@ METHODS: Mapping[str, str] = MappingProxyType({
     "reference": "baselines.reference",
     "naive": "baselines.naive",
     "megatron": "baselines.megatron",
+    "megatron-causal": "baselines.megatron_causal",
     "megatron-dcp": "baselines.megatron_dcp",
     "wlb-llm": "baselines.wlb_llm.method",
     "flexsp": "baselines.flexsp.method",

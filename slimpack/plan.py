@@ -259,6 +259,30 @@ class Plan:
     def num_tokens(self) -> int:
         return sum(self.sequence_lengths.values())
 
+    def document_lengths(self) -> dict[int, int]:
+        """The batch's documents (id -> tokens) this step trains, whatever the planner made of
+        them: the MFU numerator's input, so every method of a batch has the same one.
+
+        Planners that cut documents give each piece a fresh id and record it in
+        ``metadata['document_pieces']`` (fresh id -> [document id, offset]); planners that
+        run several documents as one causal sequence (``megatron-causal``) record
+        ``metadata['sample_documents']`` (sequence id -> [[document id, tokens], ...]). Both
+        are folded back here; any other sequence is its own document.
+        """
+        pieces = self.metadata.get("document_pieces", {})
+        samples = self.metadata.get("sample_documents", {})
+        out: dict[int, int] = {}
+        for seq_id, length in self.sequence_lengths.items():
+            held = samples.get(str(seq_id))
+            if held is not None:
+                for doc, tokens in held:
+                    out[int(doc)] = out.get(int(doc), 0) + int(tokens)
+                continue
+            piece = pieces.get(str(seq_id))
+            doc = int(piece[0]) if piece is not None else seq_id
+            out[doc] = out.get(doc, 0) + length
+        return out
+
     # -- validation ---------------------------------------------------------------------------
     def validate(self) -> Plan:
         """Raise PlanError on any broken rule; return self so calls can chain."""

@@ -63,7 +63,8 @@ def claims(records) -> list[Claim]:  # noqa: ANN001 - a DataFrame
 
     return [Claim(claim_id="mean-value", text="mean of value", source="selftest",
                   paper_value="0.5-ish", reproduced=scalar(records, "value"), unit="",
-                  check=Check(kind="at_least", target=0.0), hardware="none")]
+                  check=Check(kind="at_least", target=0.0, reason="a harness self-test"),
+                  hardware="none")]
 
 
 EXPERIMENT = Experiment(name="selftest-a", description="Harness self-test sweep A.",

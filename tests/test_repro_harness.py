@@ -83,20 +83,20 @@ def claim(value: float, check: Check) -> Claim:
 
 
 def test_verdicts_follow_the_rule_and_nan_is_no_data():
-    within = Check(kind="within", target=124.0, rel_tol=0.15)
+    within = Check(kind="within", target=124.0, rel_tol=0.15, reason="test")
     assert claim(140.0, within).verdict == "reproduced"  # 12.9% off
     assert claim(143.0, within).verdict == "not reproduced"  # 15.3% off
-    assert claim(2.1, Check(kind="at_least", target=2.0)).verdict == "reproduced"
-    assert claim(1.9, Check(kind="at_least", target=2.0)).verdict == "not reproduced"
-    assert claim(0.9, Check(kind="at_most", target=1.0)).verdict == "reproduced"
+    assert claim(2.1, Check(kind="at_least", target=2.0, reason="test")).verdict == "reproduced"
+    assert claim(1.9, Check(kind="at_least", target=2.0, reason="test")).verdict == "not reproduced"
+    assert claim(0.9, Check(kind="at_most", target=1.0, reason="test")).verdict == "reproduced"
     assert claim(math.nan, within).verdict == "no data"
 
 
 def test_check_rejects_bad_fields():
     with pytest.raises(ValueError, match="kind"):
-        Check(kind="near", target=1.0)
+        Check(kind="near", target=1.0, reason="test")
     with pytest.raises(ValueError, match="rel_tol"):
-        Check(kind="within", target=1.0, rel_tol=-0.1)
+        Check(kind="within", target=1.0, rel_tol=-0.1, reason="test")
 
 
 # -- registry and experiments ---------------------------------------------------------------------
@@ -170,7 +170,8 @@ def test_rerun_is_a_no_op_and_jobs_do_not_change_bytes(tmp_path: Path):
 
 def test_report_lists_claims_and_marks_missing_runs(tmp_path: Path):
     text = render_report(tmp_path)
-    assert "| claim | source | paper value | reproduced value | rule | verdict |" in text
+    assert ("| claim | source | paper value | reproduced value | rule | why this rule | verdict |"
+            in text)
     assert "124K" in text and "no data" in text
     assert "_Not run yet: `python -m repro run e2e-throughput`._" in text
 

@@ -42,3 +42,6 @@ def test_slimpack_band_from_two_real_corners():
     assert claim.claim_id == "slimpack-vs-megatron-256k-band"
     assert claim.reproduced > 1.0 and claim.verdict == "reproduced"
     assert "winner changes: no" in claim.text
+    # The SlimPack-over-Megatron band is a bracket: full-causal samples do more attention.
+    assert [name for name, _ in claim.bracket] == ["megatron", "megatron-causal"]
+    assert claim.bracket[1][1] > claim.reproduced

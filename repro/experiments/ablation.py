@@ -148,7 +148,9 @@ def claims(records: pd.DataFrame) -> list[Claim]:
                   f"95% interval over all batches (mean {mean:.3f}, interval "
                   f"[{low:.3f}, {high:.3f}])"),
             source=SLIMPACK_SOURCE, paper_value="each component helps", reproduced=low,
-            unit="x", check=Check(kind="at_least", target=1.0), hardware=HARDWARE))
+            unit="x", check=Check(kind="at_least", target=1.0, reason=(
+                "'helps' means a gain above 1 beyond the spread between batches: the lower "
+                "end of its 95% interval")), hardware=HARDWARE))
     mean, low, high = mean_ci95(select(frame, component="all (slimpack / slicing)")["gain"]) \
         if not frame.empty else (float("nan"),) * 3
     out.append(Claim(
@@ -156,7 +158,17 @@ def claims(records: pd.DataFrame) -> list[Claim]:
         text=(f"Full SlimPack / slicing only, lower end of the 95% interval over all batches "
               f"(mean {mean:.3f}, interval [{low:.3f}, {high:.3f}])"),
         source=SLIMPACK_SOURCE, paper_value="> 1 (components add up)", reproduced=low,
-        unit="x", check=Check(kind="at_least", target=1.0), hardware=HARDWARE))
+        unit="x", check=Check(kind="at_least", target=1.0, reason=(
+            "the components together must gain beyond the spread between batches: the lower "
+            "end of the 95% interval")), hardware=HARDWARE))
+    merge = select(frame, component="dp-merge")["gain"] if not frame.empty else frame
+    out.append(Claim(
+        claim_id="dp-merge-no-loss", text="Smallest per-batch gain of adding DP-Merge",
+        source=SLIMPACK_SOURCE, paper_value="(by construction)",
+        reproduced=float(merge.min()) if len(merge) else float("nan"), unit="x",
+        check=Check(kind="at_least", target=1.0, reason=(
+            "true by construction: SlimPack's search simulates the unmerged plan too and keeps "
+            "the faster")), hardware=HARDWARE, kind="consistency"))
     return out
 
 

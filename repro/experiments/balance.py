@@ -16,7 +16,13 @@ import seaborn as sns
 
 from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import ALL_METHODS, SLIMPACK_SOURCE, TIMING_COLUMNS, best_record_rows
+from repro.experiments.common import (
+    ALL_METHODS,
+    MEGATRON_BRACKET,
+    SLIMPACK_SOURCE,
+    TIMING_COLUMNS,
+    best_record_rows,
+)
 from repro.figures import method_order, new_figure, placeholder, save
 
 HARDWARE, MODEL, DATASET, CONTEXT, GPUS = "h800-80g", "llama-13b", "commoncrawl", 256 * 1024, 128
@@ -68,11 +74,14 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 def claims(records: pd.DataFrame) -> list[Claim]:
     slim = scalar(select(records, method="slimpack"), "imbalance_degree")
-    mega = scalar(select(records, method="megatron"), "imbalance_degree")
+    bracket = tuple((base, slim / scalar(select(records, method=base), "imbalance_degree"))
+                    for base in MEGATRON_BRACKET)
     return [Claim(claim_id="imbalance-vs-megatron", text="Imbalance degree (max unit forward time "
                   "x units / total), SlimPack over Megatron-LM, Common Crawl 256K",
                   source=SLIMPACK_SOURCE, paper_value="better balanced (below 1)",
-                  reproduced=slim / mega, unit="x", check=Check(kind="at_most", target=1.0),
+                  reproduced=bracket[0][1], bracket=bracket, unit="x",
+                  check=Check(kind="at_most", target=1.0, reason=(
+                      "'better balanced' = a lower imbalance degree than Megatron-LM's")),
                   hardware=HARDWARE)]
 
 

@@ -13,8 +13,12 @@ import pandas as pd
 
 from repro.experiment import Point, Row
 
-ALL_METHODS = ("naive", "megatron", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe", "slimpack")
+ALL_METHODS = ("naive", "megatron", "megatron-causal", "megatron-dcp", "wlb-llm", "flexsp",
+               "slimpipe", "slimpack")
 BASELINE = "megatron"
+MEGATRON_BRACKET = ("megatron", "megatron-causal")
+"""Megatron-LM with and without document masks: the paper does not say which it ran, so every
+SlimPack-over-Megatron claim is shown against both (``Claim.bracket``), judged on the first."""
 SLIMPACK_SOURCE = "SlimPack arXiv 2509.26246"
 SLIMPIPE_SOURCE = "SlimPipe arXiv 2504.14519"
 TIMING_COLUMNS = ("plan_seconds", "sim_seconds")
@@ -100,6 +104,30 @@ def speedups(records: pd.DataFrame, keys: list[str], baseline: str = BASELINE,
     merged = records.merge(base, on=keys, how="left")
     merged["speedup"] = merged[value] / merged["_base"]
     return merged.drop(columns="_base")
+
+
+def fits_memory(frame: pd.DataFrame) -> pd.Series:
+    """Per row: planned and fits memory. A row whose planning failed (``error`` set) or that
+    has no memory verdict counts as *not* fitting: a planning error is an error, never "fits"."""
+    if frame.empty:
+        return pd.Series(dtype=bool)
+    oom = frame["oom"] if "oom" in frame.columns else pd.Series("", index=frame.index)
+    fits = oom.astype(str).str.strip().str.lower() == "false"
+    if "error" in frame.columns:
+        fits &= frame["error"].fillna("").astype(str).str.strip() == ""
+    return fits
+
+
+def bracket_speedups(records: pd.DataFrame, keys: list[str], reduce,
+                     baselines: tuple[str, ...] = MEGATRON_BRACKET,
+                     value: str = "tokens_per_s") -> tuple[tuple[str, float], ...]:
+    """``(baseline, reduce(speedups))`` for each baseline of the bracket: ``reduce`` maps the
+    frame from :func:`speedups` (over that baseline) to one number (NaN when no data)."""
+    out = []
+    for baseline in baselines:
+        frame = speedups(records, keys, baseline=baseline, value=value)
+        out.append((baseline, float(reduce(frame))))
+    return tuple(out)
 
 
 def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,

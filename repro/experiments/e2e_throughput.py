@@ -14,16 +14,26 @@ from pathlib import Path
 import pandas as pd
 import seaborn as sns
 
-from repro.analysis import scalar
+from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import (
     ALL_METHODS,
     SLIMPACK_SOURCE,
     TIMING_COLUMNS,
+    bracket_speedups,
     compare_rows,
     speedups,
 )
-from repro.figures import method_order, new_figure, placeholder, save
+from repro.figures import (
+    batch_tokens_text,
+    format_tokens,
+    label_bars,
+    method_order,
+    new_figure,
+    placeholder,
+    save,
+    with_status,
+)
 
 HARDWARE = "h800-80g"
 MODELS = ("llama-7b", "llama-13b", "llama-70b", "llama-150b")
@@ -68,11 +78,21 @@ def run_point(point: Point) -> list[Row]:
                         search_budget_s=point["search_budget_s"])
 
 
+def panel_title(dataset: str, gpus: int, frame: pd.DataFrame) -> str:
+    """A panel's title: its setting and its global batch in tokens (the batch counts
+    documents, so its token size differs per setting; the x labels give each one)."""
+    return (f"{dataset}, {gpus} GPUs ({HARDWARE}), {batch_tokens_text(frame, KEYS)}; "
+            "tokens/s / megatron")
+
+
 def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     if records.empty:
         return [placeholder(out_dir, "throughput.png", "no records: run e2e-throughput")]
-    frame = speedups(records, KEYS)
+    frame = with_status(speedups(records, KEYS), "speedup")
     frame["setting"] = frame["model"] + "\n" + (frame["context"] // 1024).astype(str) + "K"
+    if "num_tokens" in frame.columns:
+        tokens = frame.groupby(KEYS)["num_tokens"].transform("max")
+        frame["setting"] = frame["setting"] + "\n" + tokens.map(format_tokens) + " tok"
     paths = []
     for gpus, per_gpus in frame.groupby("num_gpus"):
         datasets = [d for d in DATASETS if d in set(per_gpus["dataset"])]
@@ -82,12 +102,13 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
             sub = per_gpus[per_gpus["dataset"] == dataset]
             by_size = sub.assign(_m=sub["model"].map({m: i for i, m in enumerate(MODELS)}))
             order = list(dict.fromkeys(by_size.sort_values(["_m", "context"])["setting"]))
+            hue_order = method_order(sub["method"].unique())
             sns.barplot(sub, x="setting", y="speedup", hue="method", order=order,
-                        hue_order=method_order(sub["method"].unique()), ax=ax, errorbar=None)
-            for container in ax.containers:
-                ax.bar_label(container, fmt="%.2f", fontsize=5, rotation=90, padding=1)
+                        hue_order=hue_order, ax=ax, errorbar=None)
+            label_bars(ax, sub, x="setting", hue="method", order=order, hue_order=hue_order,
+                       value="speedup")
             ax.axhline(1.0, color="black", linewidth=0.8)
-            ax.set_title(f"{dataset}, {gpus} GPUs ({HARDWARE}); tokens/s / megatron", fontsize=9)
+            ax.set_title(panel_title(dataset, gpus, sub), fontsize=9)
             ax.set_xlabel("")
             ax.set_ylabel("normalised throughput")
             ax.tick_params(axis="x", labelsize=8)
@@ -96,26 +117,37 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _slimpack(frame: pd.DataFrame, **equal: object) -> pd.DataFrame:
+    return select(frame, method="slimpack", **equal)
+
+
 def claims(records: pd.DataFrame) -> list[Claim]:
     frame = speedups(records, KEYS)
-    slimpack = frame[frame["method"] == "slimpack"] if not frame.empty else frame
-    at_256k = slimpack[slimpack["context"] == 256 * 1024] if not slimpack.empty else slimpack
-    cc_256k = at_256k[at_256k["dataset"] == "commoncrawl"] if not at_256k.empty else at_256k
+    max_speedup = bracket_speedups(records, KEYS,
+                                   lambda f: scalar(_slimpack(f), "speedup", "max"))
+    cc_256k = bracket_speedups(records, KEYS, lambda f: scalar(
+        _slimpack(f, context=256 * 1024, dataset="commoncrawl"), "speedup"))
     wins = float("nan")
     if not frame.empty:
         best = frame.loc[frame.groupby("point_key")["tokens_per_s"].idxmax(), "method"]
         wins = float((best == "slimpack").mean())
     return [
         Claim(claim_id="max-speedup", text="Largest SlimPack / Megatron-LM throughput ratio",
-              source=SLIMPACK_SOURCE, paper_value="up to 2.8x", reproduced=scalar(slimpack, "speedup", "max"),
-              unit="x", check=Check(kind="within", target=2.8, rel_tol=0.3), hardware=HARDWARE),
+              source=SLIMPACK_SOURCE, paper_value="up to 2.8x", reproduced=max_speedup[0][1],
+              bracket=max_speedup, unit="x", check=Check(kind="within", target=2.8, rel_tol=0.3, reason=(
+                  "a maximum over the paper's own (unpublished) setting grid, not a point: 30% "
+                  "allows a different grid to find a somewhat different maximum")),
+              hardware=HARDWARE),
         Claim(claim_id="cc-256k-speedup", text="SlimPack / Megatron-LM, Common Crawl, 256K (mean "
               "over models and GPU counts)", source=SLIMPACK_SOURCE, paper_value="up to 2.8x",
-              reproduced=scalar(cc_256k, "speedup"), unit="x",
-              check=Check(kind="at_least", target=2.0), hardware=HARDWARE),
+              reproduced=cc_256k[0][1], bracket=cc_256k, unit="x",
+              check=Check(kind="at_least", target=2.0, reason=(
+                  "the headline setting of an 'up to 2.8x' claim: a mean below 2x there "
+                  "would not be the same effect")), hardware=HARDWARE),
         Claim(claim_id="slimpack-wins", text="Share of settings where SlimPack has the highest "
               "throughput", source=SLIMPACK_SOURCE, paper_value="all settings",
-              reproduced=wins, unit="", check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+              reproduced=wins, unit="", check=Check(kind="at_least", target=1.0, reason=(
+                  "'all settings' means every one: no tolerance")), hardware=HARDWARE),
     ]
 
 

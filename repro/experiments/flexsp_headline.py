@@ -23,7 +23,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.analysis import scalar, select
-from repro.experiment import Check, Claim, Experiment, Point, Row
+from repro.experiment import Check, Claim, Experiment, Point, Row, between
 from repro.experiments.common import TIMING_COLUMNS, compare_rows, draw_batch, speedups
 from repro.figures import new_figure, placeholder, save
 
@@ -141,45 +141,68 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     return [save(fig, out_dir, "flexsp.png")]
 
 
+def _flexsp_time_limit() -> float:
+    """FlexSP's default time limit, read from its options (the experiment sets none)."""
+    import dataclasses
+
+    from slimpack.methods import get_method
+
+    fields = {f.name: f for f in dataclasses.fields(get_method("flexsp").options)}
+    return float(fields["time_limit_s"].default)
+
+
 def claims(records: pd.DataFrame) -> list[Claim]:
     buckets = select(records, kind="bucketing")
     thr = select(records, kind="throughput")
     speed = flexsp_speedups(thr) if not thr.empty else thr.assign(baseline=pd.Series(dtype=str))
     flex = thr[thr["method"] == "flexsp"] if not thr.empty else thr
     vs = {b: select(speed, baseline=b) for b in BASELINES}
+    limit = _flexsp_time_limit()
     return [
         Claim(claim_id="dp-bucketing-error", text="Token over-estimate of DP bucketing (Q=16) per "
               "micro-batch (8 sorted micro-batches), worst dataset", source=SOURCE,
               paper_value="0.5-2.3%",
               reproduced=scalar(select(buckets, scheme="dp-q16", scope="per-microbatch"),
                                 "error_pct", "max"), unit="%",
-              check=Check(kind="at_most", target=2.3), hardware="none"),
+              check=Check(kind="at_most", target=2.3, reason=(
+                  "an over-estimate, lower is better: only the paper's worst (2.3%) bounds it")),
+              hardware="none"),
         Claim(claim_id="fixed-bucketing-error", text="Token over-estimate of 2K-wide buckets per "
               "micro-batch, best dataset", source=SOURCE, paper_value="8.8-22.1%",
               reproduced=scalar(select(buckets, scheme="fixed-2048", scope="per-microbatch"),
                                 "error_pct", "min"), unit="%",
-              check=Check(kind="at_least", target=8.8), hardware="none"),
-        # 30%: the paper's factor is a best case over settings we match only in kind (its
-        # cluster, datasets and batch sampler are not ours; the simulator is not its testbed).
+              check=between(8.8, 22.1, reason=(
+                  "the paper's published range over its datasets: both ends checked")),
+              hardware="none"),
         Claim(claim_id="speedup-vs-megatron", text="FlexSP / Megatron-LM throughput, best setting",
               source=SOURCE, paper_value="up to 1.98x",
               reproduced=scalar(vs["megatron"], "speedup", "max"),
-              unit="x", check=Check(kind="within", target=1.98, rel_tol=0.3), hardware=HARDWARE),
+              unit="x", check=Check(kind="within", target=1.98, rel_tol=0.3, reason=(
+                  "'up to': a maximum over the paper's settings, matched only in kind (its "
+                  "cluster, datasets and sampler are not ours)")), hardware=HARDWARE),
         Claim(claim_id="speedup-vs-ulysses-static", text="FlexSP / static DeepSpeed-Ulysses SP "
               "(ZeRO-3) throughput, best setting", source=SOURCE + " (abstract)",
               paper_value="up to 1.98x",
               reproduced=scalar(vs["ulysses-static"], "speedup", "max"), unit="x",
-              check=Check(kind="within", target=1.98, rel_tol=0.3), hardware=HARDWARE),
+              check=Check(kind="within", target=1.98, rel_tol=0.3, reason=(
+                  "'up to': a maximum over the paper's settings, matched only in kind (its "
+                  "cluster, datasets and sampler are not ours)")), hardware=HARDWARE),
         # The paper's batch-adaptive factor was not available to us: FlexSP adapts per
         # sequence, a superset of per-batch choices, so it must at least not lose (can fail:
         # its micro-batches run as phases, adaptive SP's groups accumulate without barriers).
         Claim(claim_id="speedup-vs-ulysses-adaptive", text="FlexSP / batch-adaptive Ulysses SP "
               "(ZeRO-3) throughput, worst setting", source=SOURCE, paper_value="> 1x",
               reproduced=scalar(vs["ulysses-adaptive"], "speedup", "min"), unit="x",
-              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
-        Claim(claim_id="solve-time", text="FlexSP planning time (worst point)", source=SOURCE,
+              check=Check(kind="at_least", target=1.0, reason=(
+                  "no published factor we could read: per-sequence degrees are a superset of "
+                  "per-batch ones, so FlexSP must not lose")), hardware=HARDWARE),
+        Claim(claim_id="solve-time", text="FlexSP planning time (worst point) within its "
+              f"time limit ({limit:g} s) + 10%", source=SOURCE,
               paper_value="5-15 s (SCIP)", reproduced=scalar(flex, "plan_seconds", "max"), unit="s",
-              check=Check(kind="at_most", target=15.0), hardware=HARDWARE, golden_rel_tol=None),
+              check=Check(kind="at_most", target=1.1 * limit, reason=(
+                  "our HiGHS MILP runs under a time limit, so the paper's 5-15 s (SCIP, no "
+                  "limit) is not comparable: the check is that the limit holds")),
+              hardware=HARDWARE, golden_rel_tol=None, kind="consistency"),
     ]
 
 

@@ -15,7 +15,13 @@ from matplotlib.ticker import MaxNLocator
 
 from repro.analysis import select
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import ALL_METHODS, SLIMPACK_SOURCE, TIMING_COLUMNS, best_record_rows
+from repro.experiments.common import (
+    ALL_METHODS,
+    SLIMPACK_SOURCE,
+    TIMING_COLUMNS,
+    best_record_rows,
+    fits_memory,
+)
 from repro.figures import method_order, new_figure, placeholder, save
 
 HARDWARE, MODEL, DATASET, GPUS = "h800-80g", "llama-70b", "commoncrawl", 128
@@ -62,11 +68,12 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 def claims(records: pd.DataFrame) -> list[Claim]:
     slim = select(records, method="slimpack")
-    fits = float("nan") if slim.empty else float((slim["oom"].astype(str) != "True").mean())
+    fits = float("nan") if slim.empty else float(fits_memory(slim).mean())
     return [Claim(claim_id="slimpack-fits", text="Share of memory points where SlimPack's plan "
-                  "fits GPU memory", source=SLIMPACK_SOURCE, paper_value="always (memory-capped "
-                  "MicroPacks)", reproduced=fits, unit="", check=Check(kind="at_least", target=1.0),
-                  hardware=HARDWARE)]
+                  "fits GPU memory (a planning error counts as not fitting)",
+                  source=SLIMPACK_SOURCE, paper_value="always (memory-capped MicroPacks)",
+                  reproduced=fits, unit="", check=Check(kind="at_least", target=1.0, reason=(
+                      "'always' = every point: no tolerance")), hardware=HARDWARE)]
 
 
 EXPERIMENT = Experiment(

@@ -17,8 +17,18 @@ import seaborn as sns
 
 from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, compare_rows
-from repro.figures import new_figure, placeholder, save
+from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, compare_rows, fits_memory
+from repro.figures import (
+    FAILED,
+    NO_VALUE,
+    OOM,
+    batch_tokens_text,
+    label_bars,
+    new_figure,
+    placeholder,
+    save,
+    with_status,
+)
 
 HARDWARE, MODEL, GPUS = "h800-80g", "llama-7b", 64
 PARALLEL = {"tp": 8, "pp": 2}
@@ -26,7 +36,7 @@ CONTEXTS, QUICK_CONTEXTS = (262144, 1048576), (1048576,)
 SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
 BATCH = {262144: 256, 1048576: 512}
 """Documents per global batch: enough at each context for a few context-length outliers."""
-BASELINES = ("megatron", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe")
+BASELINES = ("megatron", "megatron-causal", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe")
 VARIANTS = (*BASELINES, "slimpack (no merge)", "slimpack")
 
 
@@ -64,16 +74,27 @@ def with_speedup(records: pd.DataFrame) -> pd.DataFrame:
 def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     if records.empty:
         return [placeholder(out_dir, "outliers.png", "no records: run outliers")]
-    frame = with_speedup(records)
+    frame = with_status(with_speedup(records), "speedup")
     frame = frame.assign(ctx=(frame["context"] // 1024).astype(str) + "K")
-    fig, axes = new_figure(1, width=7.0)
+    fig, axes = new_figure(1, width=8.0)
     ax = axes[0][0]
-    sns.barplot(frame, x="variant", y="speedup", hue="ctx", order=list(VARIANTS), ax=ax,
-                errorbar=None)
+    order = [v for v in VARIANTS if v in set(frame["variant"])]
+    hue_order = list(dict.fromkeys(frame.sort_values("context")["ctx"]))
+    # One bar per (variant, context): the mean over seeds, labelled OOM / failed if any seed was.
+    ran = frame.assign(speedup=frame["speedup"].where(~frame["status"].isin([FAILED, NO_VALUE])))
+    bars = ran.groupby(["variant", "ctx"], as_index=False).agg(
+        speedup=("speedup", "mean"),
+        status=("status", lambda s: next((x for x in (FAILED, OOM, NO_VALUE) if x in set(s)), "")))
+    bars["speedup"] = bars["speedup"].fillna(0.0)
+    sns.barplot(bars, x="variant", y="speedup", hue="ctx", order=order, hue_order=hue_order,
+                ax=ax, errorbar=None)
+    label_bars(ax, bars, x="variant", hue="ctx", order=order, hue_order=hue_order,
+               value="speedup", fontsize=6)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel("throughput / SlimPack without DP-Merge")
     ax.set_xlabel("")
-    ax.set_title(f"byted-like outliers: {MODEL}, {GPUS} GPUs, tp8 pp2 dp4", fontsize=9)
+    ax.set_title(f"byted-like outliers: {MODEL}, {GPUS} GPUs, tp8 pp2 dp4, "
+                 f"{batch_tokens_text(frame, ['context', 'seed'])}", fontsize=9)
     ax.tick_params(axis="x", rotation=20)
     return [save(fig, out_dir, "outliers.png")]
 
@@ -93,19 +114,29 @@ def claims(records: pd.DataFrame) -> list[Claim]:
               "byted-like outliers (mean over batches)", source=SLIMPACK_SOURCE,
               paper_value="DP-Merge handles outliers (no number published)",
               reproduced=scalar(merged, "speedup"), unit="x",
-              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+              check=Check(kind="at_least", target=1.0, reason=(
+                  "true by construction: SlimPack's search also simulates the unmerged plan and "
+                  "keeps the faster")), hardware=HARDWARE, kind="consistency"),
         Claim(claim_id="merged-fits", text="SlimPack with DP-Merge: fraction of batches that "
-              "fit memory", source=SLIMPACK_SOURCE, paper_value="fits",
-              reproduced=1.0 - scalar(merged, "oom") if not merged.empty else float("nan"),
-              unit="", check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+              "fit memory (a planning error counts as not fitting)", source=SLIMPACK_SOURCE,
+              paper_value="fits",
+              reproduced=float(fits_memory(merged).mean()) if not merged.empty else float("nan"),
+              unit="", check=Check(kind="at_least", target=1.0, reason=(
+                  "'handles outliers' = every batch fits: no tolerance")), hardware=HARDWARE),
         Claim(claim_id="unmerged-oom", text="SlimPack without DP-Merge: fraction of batches "
-              "out of memory", source=SLIMPACK_SOURCE, paper_value="(context)",
-              reproduced=scalar(unmerged, "oom") if not unmerged.empty else float("nan"),
-              unit="", check=Check(kind="at_least", target=0.0), hardware=HARDWARE),
+              "that do not fit (the workload needs DP-Merge at all)", source=SLIMPACK_SOURCE,
+              paper_value="(premise of the experiment)",
+              reproduced=(1.0 - float(fits_memory(unmerged).mean())) if not unmerged.empty
+              else float("nan"),
+              unit="", check=Check(kind="at_least", target=0.01, reason=(
+                  "if no batch runs out of memory without DP-Merge, the workload has no true "
+                  "outlier and the experiment tests nothing")), hardware=HARDWARE,
+              kind="consistency"),
         Claim(claim_id="over-best-baseline", text="SlimPack / best baseline throughput, worst "
               "batch", source=SLIMPACK_SOURCE, paper_value="up to 2.8x over baselines",
-              reproduced=best_base, unit="x", check=Check(kind="at_least", target=1.0),
-              hardware=HARDWARE),
+              reproduced=best_base, unit="x", check=Check(kind="at_least", target=1.0, reason=(
+                  "a method claimed up to 2.8x over the baselines should never trail the best "
+                  "of them")), hardware=HARDWARE),
     ]
 
 

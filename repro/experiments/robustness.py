@@ -33,7 +33,9 @@ SOURCE = "this suite (perturbed kernel-grounded cost model)"
 GEMM, ATTENTION, NETWORK = (0.85, 1.15), (0.75, 1.25), (0.5, 1.5)
 COMPARISONS: dict[str, dict] = {
     "slimpack-vs-megatron-256k": {
-        "methods": ["megatron", "slimpack"], "model": "llama-7b", "hardware": "h800-80g",
+        # megatron-causal rides along: the SlimPack-over-Megatron band is shown as a bracket.
+        "methods": ["megatron", "slimpack", "megatron-causal"], "bracket": "megatron-causal",
+        "model": "llama-7b", "hardware": "h800-80g",
         "num_gpus": 32, "parallel": {"tp": 8, "cp": 2, "pp": 2}, "context": 256 * 1024,
         "batch": {"dataset": "commoncrawl", "num_sequences": 64}},
     "slimpipe-vs-megatron-128k": {
@@ -91,11 +93,18 @@ def run_point(point: Point) -> list[Row]:
     records = compare(spec["methods"], batch, model, hardware, spec["num_gpus"], parallel=parallel,
                       cost=cost, context=spec["context"], time_limit_s=2.0)
     base = records[0]["tokens_per_s"]
-    return [{"method": str(r["method"]), "step_time_s": r["step_time_s"],
-             "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"], "error": r.get("error", ""),
-             "plan_seconds": r.get("plan_seconds"),
-             "ratio_vs_baseline": r["tokens_per_s"] / base if base else float("nan")}
-            for r in records]
+    other = next((r["tokens_per_s"] for r in records if r["method"] == spec.get("bracket")),
+                 None)
+    rows = []
+    for r in records:
+        row = {"method": str(r["method"]), "step_time_s": r["step_time_s"],
+               "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"], "error": r.get("error", ""),
+               "plan_seconds": r.get("plan_seconds"),
+               "ratio_vs_baseline": r["tokens_per_s"] / base if base else float("nan")}
+        if "bracket" in spec:
+            row["ratio_vs_bracket"] = r["tokens_per_s"] / other if other else float("nan")
+        rows.append(row)
+    return rows
 
 
 def _ratios(records: pd.DataFrame, comparison: str) -> pd.DataFrame:
@@ -147,12 +156,21 @@ def claims(records: pd.DataFrame) -> list[Claim]:
         nominal = _nominal(ratios)["ratio"] if not ratios.empty else pd.Series(dtype=float)
         nom = float(nominal.iloc[0]) if not nominal.empty else float("nan")
         flips = "no" if lo >= 1.0 or hi <= 1.0 else "yes"
+        bracket: tuple[tuple[str, float], ...] = ()
+        if "bracket" in spec:
+            other = (pd.to_numeric(ratios["ratio_vs_bracket"], errors="coerce").min()
+                     if not ratios.empty and "ratio_vs_bracket" in ratios.columns
+                     else float("nan"))
+            bracket = ((spec["methods"][0], lo), (spec["bracket"], float(other)))
         out.append(Claim(
             claim_id=f"{name}-band",
             text=(f"{spec['methods'][1]} / {spec['methods'][0]} throughput: nominal {nom:.2f}x, "
                   f"band {lo:.2f}x-{hi:.2f}x over 16 perturbed corners; winner changes: {flips}"),
             source=SOURCE, paper_value="winner holds (band stays > 1x)", reproduced=lo, unit="x",
-            check=Check(kind="at_least", target=1.0), hardware=spec["hardware"]))
+            bracket=bracket,
+            check=Check(kind="at_least", target=1.0, reason=(
+                "the winner holds only if the worst corner still favours the challenger")),
+            hardware=spec["hardware"]))
     return out
 
 

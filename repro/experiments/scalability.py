@@ -14,12 +14,26 @@ import seaborn as sns
 
 from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, compare_rows
-from repro.figures import method_order, new_figure, placeholder, save
+from repro.experiments.common import (
+    MEGATRON_BRACKET,
+    SLIMPACK_SOURCE,
+    TIMING_COLUMNS,
+    compare_rows,
+)
+from repro.figures import (
+    FAILED,
+    batch_tokens_text,
+    mark_line_failures,
+    method_order,
+    new_figure,
+    placeholder,
+    point_status,
+    save,
+)
 
 HARDWARE, MODEL, DATASET, CONTEXT = "h800-80g", "llama-70b", "commoncrawl", 256 * 1024
 GPUS, QUICK_GPUS = (64, 128, 256, 512), (64, 512)
-METHODS = ("megatron", "wlb-llm", "slimpipe", "slimpack")
+METHODS = ("megatron", "megatron-causal", "wlb-llm", "slimpipe", "slimpack")
 
 
 def points(quick: bool) -> list[Point]:
@@ -37,17 +51,25 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
         return [placeholder(out_dir, "scaling.png", "no records: run scalability")]
     fig, axes = new_figure(2, width=5.2)
     order = method_order(records["method"].unique())
-    sns.lineplot(records, x="num_gpus", y="tokens_per_s", hue="method", hue_order=order,
+    frame = records.assign(status=point_status(records),
+                           per_gpu=records["tokens_per_s"] / records["num_gpus"])
+    frame.loc[frame["tokens_per_s"].isna() & (frame["status"] == ""), "status"] = FAILED
+    drawn = frame[frame["status"] != FAILED]
+    batch = batch_tokens_text(frame, ["num_gpus"])
+    sns.lineplot(drawn, x="num_gpus", y="tokens_per_s", hue="method", hue_order=order,
                  marker="o", ax=axes[0][0])
     axes[0][0].set_xscale("log", base=2)
     axes[0][0].set_yscale("log")
     axes[0][0].set_ylabel("tokens/s")
-    axes[0][0].set_title(f"{MODEL}, {DATASET} {CONTEXT // 1024}K, 4 seq/GPU", fontsize=9)
-    per_gpu = records.assign(per_gpu=records["tokens_per_s"] / records["num_gpus"])
-    sns.lineplot(per_gpu, x="num_gpus", y="per_gpu", hue="method", hue_order=order, marker="o",
+    axes[0][0].set_title(f"{MODEL}, {DATASET} {CONTEXT // 1024}K, 4 seq/GPU, {batch}",
+                         fontsize=8)
+    mark_line_failures(axes[0][0], frame, x="num_gpus", y="tokens_per_s", hue="method")
+    sns.lineplot(drawn, x="num_gpus", y="per_gpu", hue="method", hue_order=order, marker="o",
                  ax=axes[0][1], legend=False)
     axes[0][1].set_xscale("log", base=2)
     axes[0][1].set_ylabel("tokens/s per GPU")
+    axes[0][1].set_title(f"per GPU; failed points marked x ({batch})", fontsize=8)
+    mark_line_failures(axes[0][1], frame, x="num_gpus", y="per_gpu", hue="method")
     return [save(fig, out_dir, "scaling.png")]
 
 
@@ -57,14 +79,19 @@ def claims(records: pd.DataFrame) -> list[Claim]:
 
     lo, hi = min(GPUS), max(GPUS)
     efficiency = tps("slimpack", hi) / tps("slimpack", lo) / (hi / lo)
+    at_hi = tuple((base, tps("slimpack", hi) / tps(base, hi)) for base in MEGATRON_BRACKET)
     return [
         Claim(claim_id="weak-scaling", text=f"SlimPack weak-scaling efficiency {lo} -> {hi} GPUs",
               source=SLIMPACK_SOURCE, paper_value="scales to 512 GPUs", reproduced=efficiency,
-              unit="", check=Check(kind="at_least", target=0.8), hardware=HARDWARE),
+              unit="", check=Check(kind="at_least", target=0.8, reason=(
+                  "the paper gives no number; 80% weak-scaling efficiency is the usual bar for "
+                  "'scales'")), hardware=HARDWARE),
         Claim(claim_id="speedup-at-512", text=f"SlimPack / Megatron-LM at {hi} GPUs",
               source=SLIMPACK_SOURCE, paper_value="advantage kept at scale",
-              reproduced=tps("slimpack", hi) / tps("megatron", hi), unit="x",
-              check=Check(kind="at_least", target=1.0), hardware=HARDWARE),
+              reproduced=at_hi[0][1], bracket=at_hi, unit="x",
+              check=Check(kind="at_least", target=1.0, reason=(
+                  "'advantage kept' = still faster than Megatron-LM at the largest scale")),
+              hardware=HARDWARE),
     ]
 
 

@@ -92,11 +92,15 @@ def claims(records: pd.DataFrame) -> list[Claim]:
         Claim(claim_id="memory-mape", text="Simulator peak-memory error (MAPE), CUDA runs",
               source=SLIMPACK_SOURCE, paper_value="1.6%",
               reproduced=scalar(cuda, "error_pct_peak_memory_gib"), unit="%",
-              check=Check(kind="at_most", target=5.0), hardware=HARDWARE, golden_rel_tol=None),
+              check=Check(kind="at_most", target=5.0, reason=(
+                  "the paper's 1.6% is on its own GPUs and allocator; ours are on one H200, "
+                  "so 5% is allowed")), hardware=HARDWARE, golden_rel_tol=None),
         Claim(claim_id="step-time-mape", text="Simulator step-time error (MAPE), CUDA runs",
               source=SLIMPACK_SOURCE, paper_value="(not stated; ours for reference)",
               reproduced=scalar(cuda, "error_pct_step_time_s"), unit="%",
-              check=Check(kind="at_most", target=20.0), hardware=HARDWARE, golden_rel_tol=None),
+              check=Check(kind="at_most", target=20.0, reason=(
+                  "no published number: 20% is the suite's own bar for a simulator that ranks "
+                  "methods")), hardware=HARDWARE, golden_rel_tol=None, kind="consistency"),
     ]
 
 

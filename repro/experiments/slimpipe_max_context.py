@@ -124,12 +124,16 @@ def claims(records: pd.DataFrame) -> list[Claim]:
     paper_text = {"1f1b": "124K", "interleaved-v2": "about 92K", "slimpipe-n16": "600K"}
     out = [Claim(claim_id=f"max-context-{label}", text=texts[label], source=SOURCE,
                  paper_value=paper_text[label], reproduced=best_k(label), unit="K tokens",
-                 check=Check(kind="within", target=PAPER_K[label], rel_tol=0.15),
+                 check=Check(kind="within", target=PAPER_K[label], rel_tol=0.15, reason=(
+                     "read off the paper's figure, its allocator reserve and buffers unpublished; "
+                     "15% sits just above the 1F1B error (12.9%), so these verdicts are weak")),
                  hardware=HARDWARE) for label in QUICK_LABELS]
     out.append(Claim(claim_id="max-context-gain", text="SlimPipe / 1F1B largest-context ratio",
                      source=SOURCE, paper_value="600K / 124K = 4.8x",
                      reproduced=best_k("slimpipe-n16") / best_k("1f1b"), unit="x",
-                     check=Check(kind="within", target=600 / 124, rel_tol=0.2),
+                     check=Check(kind="within", target=600 / 124, rel_tol=0.2, reason=(
+                     "a ratio of two 15%-tolerance values; constant memory terms cancel only "
+                     "in part")),
                      hardware=HARDWARE))
     return out
 

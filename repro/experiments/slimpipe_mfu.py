@@ -98,11 +98,15 @@ def claims(records: pd.DataFrame) -> list[Claim]:
         Claim(claim_id="mfu-gain-512k-70b", text="SlimPipe / best Megatron-LM MFU, llama-70b, 512K",
               source=SLIMPIPE_SOURCE, paper_value="up to 1.57x",
               reproduced=mfu("slimpipe", "llama-70b", ctx) / best_megatron, unit="x",
-              check=Check(kind="within", target=1.57, rel_tol=0.25), hardware=HARDWARE),
+              check=Check(kind="within", target=1.57, rel_tol=0.25, reason=(
+                  "'up to': a maximum over the paper's settings; 25% allows our cost "
+                  "model's kernel efficiencies to differ from the paper's cluster")),
+              hardware=HARDWARE),
         Claim(claim_id="mfu-2048k-70b", text="SlimPipe MFU, llama-70b, 2048K, 256 GPUs",
               source=SLIMPIPE_SOURCE, paper_value="above 45%",
               reproduced=100 * mfu("slimpipe", "llama-70b", 2048 * 1024, 256), unit="%",
-              check=Check(kind="at_least", target=45.0), hardware=HARDWARE),
+              check=Check(kind="at_least", target=45.0, reason=(
+                  "the paper's own bound ('above 45%'): no tolerance")), hardware=HARDWARE),
     ]
 
 

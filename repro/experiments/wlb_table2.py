@@ -129,14 +129,18 @@ def claims(records: pd.DataFrame) -> list[Claim]:
         out.append(Claim(claim_id=f"imbalance-{label.replace(' ', '-')}",
                          text=f"Imbalance degree, {label}", source=SOURCE,
                          paper_value=f"{paper_imbalance:.2f}", reproduced=scalar(frame, "imbalance_degree"),
-                         unit="", check=Check(kind="within", target=paper_imbalance, rel_tol=0.1),
+                         unit="", check=Check(kind="within", target=paper_imbalance, rel_tol=0.1, reason=(
+                             "the paper's one batch (seed unpublished) cannot be redrawn: 10% "
+                             "allows another batch of the same length profile")),
                          hardware=HARDWARE))
         if paper_ms is not None:
             out.append(Claim(claim_id=f"plan-ms-{label.replace(' ', '-')}",
                              text=f"Packing time, {label}", source=SOURCE,
                              paper_value=f"{paper_ms:.0f} ms",
                              reproduced=1000 * scalar(frame, "plan_seconds"), unit="ms",
-                             check=Check(kind="at_most", target=5 * paper_ms), hardware=HARDWARE,
+                             check=Check(kind="at_most", target=5 * paper_ms, reason=(
+                                 "Python on a shared 2-core CPU vs the authors' machine: the "
+                                 "claim is the order of magnitude (5x)")), hardware=HARDWARE,
                              golden_rel_tol=None))
     return out
 

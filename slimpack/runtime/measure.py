@@ -32,7 +32,9 @@ def step_record(rplan: RuntimePlan, spec: ModelSpec, results: list[RankResult],
     total_f = sum(unit_f)
     imbalance = max(unit_f) * len(unit_f) / total_f if total_f > 0 else 1.0
     lengths = list(plan.sequence_lengths.values())
-    util = (mfu(model_flops(spec, lengths), step, plan.world_size, hardware.peak_flops)
+    # Same numerator as the simulator: the batch's documents under document masks.
+    util = (mfu(model_flops(spec, plan.document_lengths().values()), step, plan.world_size,
+                hardware.peak_flops)
             if hardware is not None and step > 0 else math.nan)
     ops, op_ranks = [], []
     for r in results:

@@ -129,11 +129,14 @@ def _record(plan: Plan, runs: list[_GroupRun], sync: DpSync, *, model: ModelSpec
     ops: tuple[OpTiming, ...] = ()
     if trace:
         ops = tuple(op for r in runs for op in r.timeline.ops) + sync.ops
-    needed = model_flops(model, plan.sequence_lengths.values())
+    # MFU counts the batch's FLOPs under document masks, the same for every method: a method
+    # that cuts documents, or attends across them (megatron-causal), does not change it.
+    documents = plan.document_lengths()
+    needed = model_flops(model, documents.values())
     return StepRecord(
         method=plan.method, backend="sim", model=model.name, hardware=hardware.name,
         parallel=plan.parallel.to_dict(), num_gpus=world,
-        num_sequences=len(plan.sequence_lengths), num_tokens=plan.num_tokens,
+        num_sequences=len(documents), num_tokens=plan.num_tokens,
         step_time_s=step, tokens_per_s=plan.num_tokens / step if step > 0 else 0.0,
         mfu=mfu(needed, step, world, hardware.peak_flops) if step > 0 else 0.0,
         bubble_fraction=1.0 - busy / (step * world) if step > 0 else 0.0,
