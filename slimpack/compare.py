@@ -40,8 +40,10 @@ class CompareSettings:
     """Training context; default: the longest sequence of the batch."""
     time_limit_s: float | None = None
     """Passed to every planner (None: each planner's default)."""
-    auto_parallel_top_k: int | None = None
-    """Cap on layouts simulated per method (None: no cap; the lower bound prunes)."""
+    auto_parallel_top_k: int | Mapping[str, int | None] | None = None
+    """Cap on layouts simulated per method (None: no cap; the lower bound prunes), or one cap
+    per method name (a method not named has none). Unlike ``search_budget_s`` a count gives
+    the same answer on every machine."""
     search_budget_s: float | None = 60.0
     """Wall seconds per method's configuration search (None: no limit). A search stopped by
     it says so in its record (``search_exhaustive`` False)."""
@@ -49,9 +51,17 @@ class CompareSettings:
     def __post_init__(self) -> None:
         if self.context is not None and self.context < 1:
             raise ValueError(f"context must be >= 1 token, got {self.context}")
-        if self.auto_parallel_top_k is not None and self.auto_parallel_top_k < 1:
-            raise ValueError(f"auto_parallel_top_k must be >= 1 or None, got "
-                             f"{self.auto_parallel_top_k}")
+        caps = (self.auto_parallel_top_k.values()
+                if isinstance(self.auto_parallel_top_k, Mapping) else [self.auto_parallel_top_k])
+        for cap in caps:
+            if cap is not None and (not isinstance(cap, int) or cap < 1):
+                raise ValueError(f"auto_parallel_top_k must be >= 1 or None (or a mapping of "
+                                 f"method to such caps), got {self.auto_parallel_top_k!r}")
+
+    def top_k_for(self, method: str) -> int | None:
+        if isinstance(self.auto_parallel_top_k, Mapping):
+            return self.auto_parallel_top_k.get(method)
+        return self.auto_parallel_top_k
         if self.search_budget_s is not None and not self.search_budget_s > 0:
             raise ValueError(f"search_budget_s must be > 0 or None, got {self.search_budget_s}")
 
@@ -258,7 +268,8 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
 def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: HardwareSpec,
             gpus: int, parallel: ParallelSpec | None = None, auto_parallel: bool = False, *,
             cost: CostModel | None = None, context: int | None = None,
-            time_limit_s: float | None = None, auto_parallel_top_k: int | None = None,
+            time_limit_s: float | None = None,
+            auto_parallel_top_k: int | Mapping[str, int | None] | None = None,
             search_budget_s: float | None = 60.0,
             method_options: Mapping[str, Mapping[str, Any]] | None = None,
             ) -> list[dict[str, Any]]:
@@ -293,7 +304,7 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
         try:
             if auto_parallel:
                 found = best_parallel(method, batch, model, hardware, gpus, cost, context=ctx,
-                                      top_k=settings.auto_parallel_top_k,
+                                      top_k=settings.top_k_for(method),
                                       budget_s=settings.search_budget_s,
                                       estimate_cache=estimate_cache,
                                       time_limit_s=settings.time_limit_s, **options)

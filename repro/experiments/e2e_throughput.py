@@ -44,12 +44,13 @@ LARGE_GPUS_CONTEXTS = (256 * 1024,)
 """256-GPU points only at 256K: the full grid at both sizes does not fit the 15-minute budget
 of `make reproduce` on a 2-core machine."""
 SEQUENCES_PER_GPU = 4
-SEARCH_BUDGET_S = 1.0
-"""Wall seconds of each method's configuration search per point: the layout the estimate
-ranks first is always simulated, then the next ones in its order while the budget lasts (fast
-planners search exhaustively; records say which did: ``search_exhaustive``). The 48-point
-sweep cannot afford exhaustive searches on 2 cores; the ``paper-scale`` experiment makes
-them for the headline."""
+SEARCH_TOP_K = {"naive": None, "megatron": None, "megatron-causal": None, "megatron-dcp": 8,
+                "wlb-llm": 4, "flexsp": 2, "slimpipe": 3, "slimpack": 3}
+"""Layouts simulated per method and point, in the estimate's order (the lower bound prunes the
+rest of an uncapped search). Megatron-LM's planners are fast, so its searches are exhaustive;
+the 48-point sweep cannot afford that for the slow planners on 2 cores (records say which
+searches finished: ``search_exhaustive``); the ``paper-scale`` experiment searches every
+method exhaustively. A count, not a time budget, so every machine gets the same answer."""
 QUICK = {"model": ("llama-7b", "llama-70b"), "dataset": ("commoncrawl",),
          "context": (256 * 1024,), "num_gpus": (128,)}
 KEYS = ["model", "dataset", "context", "num_gpus", "global_batch", "seed"]
@@ -66,7 +67,7 @@ def points(quick: bool) -> list[Point]:
                     point = {"model": model, "dataset": dataset, "context": context,
                              "num_gpus": gpus, "global_batch": SEQUENCES_PER_GPU * gpus,
                              "seed": 0, "hardware": HARDWARE, "methods": list(ALL_METHODS),
-                             "search_budget_s": SEARCH_BUDGET_S}
+                             "search_top_k": SEARCH_TOP_K}
                     if quick and not all(point[k] in v for k, v in QUICK.items()):
                         continue
                     out.append(point)
@@ -75,7 +76,7 @@ def points(quick: bool) -> list[Point]:
 
 def run_point(point: Point) -> list[Row]:
     return compare_rows(point, tuple(point["methods"]), "e2e-throughput",
-                        search_budget_s=point["search_budget_s"])
+                        auto_parallel_top_k=point["search_top_k"], search_budget_s=None)
 
 
 def panel_title(dataset: str, gpus: int, frame: pd.DataFrame) -> str:
