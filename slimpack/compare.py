@@ -149,8 +149,9 @@ def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpu
                       ) -> list[Candidate]:
     """The memory-feasible layouts of ``gpus`` GPUs that method ``method`` runs on."""
     spec = get_method(method)
-    candidates = spec.candidates(auto_parallel_candidates(model, hardware, gpus, context,
-                                                          schedule=spec.schedule_family))
+    candidates = spec.candidates(auto_parallel_candidates(
+        model, hardware, gpus, context, schedule=spec.schedule_family, max_pp=spec.max_pp,
+        vpp_options=spec.vpp_options))
     if candidate_filter is not None:
         candidates = [c for c in candidates if candidate_filter(c)]
     return candidates

@@ -56,3 +56,15 @@ def test_a_capped_search_says_it_was_stopped():
     assert "top_k reached" in found.tried[-1]["stopped"]
     with pytest.raises(ValueError, match="budget_s must be > 0"):
         best_parallel("megatron", batch, MODEL, HW, 16, cost, context=16384, budget_s=0)
+
+
+def test_slimpipe_is_searched_as_its_artifact_runs_it():
+    # Deep, interleaved pipelines (vpp up to 5, pp up to 32), which the 1F1B methods never get.
+    model, hw = model_preset("llama-13b"), hardware_preset("h800")
+    slimpipe = method_candidates("slimpipe", model, hw, 256, 262144)
+    assert (8, 5) in {(c.parallel.pp, c.parallel.vpp) for c in slimpipe}
+    # llama-7b's 32 layers take pp 32 (llama-70b's 80 do not divide by it).
+    assert max(c.parallel.pp for c in method_candidates("slimpipe", model_preset("llama-7b"),
+                                                         hw, 256, 262144)) == 32
+    megatron = method_candidates("megatron", model, hw, 256, 262144)
+    assert max(c.parallel.vpp for c in megatron) == 2 and max(c.parallel.pp for c in megatron) <= 16

@@ -1,14 +1,15 @@
-"""The headline at the papers' batch size, with every method's configuration search exhaustive.
+"""The headline at the papers' batch size, with Megatron-LM's configuration search exhaustive.
 
-The papers' "global batch 512-2048" are context-length samples (SlimPack arXiv 2509.26246,
-section 6; SlimPipe arXiv 2504.14519, section 6): at 256K that is 134M-537M tokens. A batch
+The papers' "global batch 512-2048" are context-length samples (SlimPack arXiv 2509.26246 and
+SlimPipe arXiv 2504.14519, evaluation settings): at 256K that is 134M-537M tokens. A batch
 counted in documents instead (512 Common Crawl documents are about 1.1M tokens, four 256K
 samples) leaves Megatron-LM one or two micro-batches per replica and a pipeline bubble that
 SlimPack's lead then mostly measures. Here the batch is 512 samples of 256K drawn as documents
-until the token budget is spent (134,217,728 tokens), llama-70b on 256 H800 GPUs, and each
-method gets the simulator's best layout: every memory-feasible layout is simulated unless its
-lower bound (``slimpack.compare.step_lower_bound``) cannot beat the best found (the record says
-whether the search finished: ``search_exhaustive``).
+until the token budget is spent (134,217,728 tokens), llama-70b on 256 H800 GPUs. Megatron-LM
+(both variants) gets the simulator's best layout: every memory-feasible layout is simulated
+unless its lower bound (``slimpack.compare.step_lower_bound``) cannot beat the best found; the
+slower planners get their 3 best-estimated layouts (records say whether a search finished:
+``search_exhaustive``).
 """
 
 from __future__ import annotations
@@ -35,21 +36,23 @@ SAMPLES = 512
 """Context-length samples per global batch: the smallest of the papers' 512-2048."""
 METHODS = (*MEGATRON_BRACKET, "wlb-llm", "slimpipe", "slimpack")
 DATASETS, QUICK_DATASETS = ("commoncrawl", "github"), ("commoncrawl",)
-SEARCH_BUDGET_S = 240.0
-"""A guard, not a cap: on this batch every method's search finishes well inside it on 2 cores
-(checked by the ``search_exhaustive`` column and the exhaustive-search claim)."""
+SEARCH_TOP_K = {"megatron": None, "megatron-causal": None, "wlb-llm": 3, "slimpipe": 3,
+                "slimpack": 3}
+"""Megatron-LM's searches are exhaustive (the baseline's layout decides the headline's
+fairness); the slow planners get their 3 best-estimated layouts, which can only understate
+their lead. A count, not a time budget, so every machine gets the same records."""
 
 
 def points(quick: bool) -> list[Point]:
     return [{"model": MODEL, "dataset": dataset, "context": CONTEXT, "num_gpus": GPUS,
              "token_budget": SAMPLES * CONTEXT, "seed": 0, "hardware": HARDWARE,
-             "methods": list(METHODS), "search_budget_s": SEARCH_BUDGET_S}
+             "methods": list(METHODS), "search_top_k": SEARCH_TOP_K}
             for dataset in (QUICK_DATASETS if quick else DATASETS)]
 
 
 def run_point(point: Point) -> list[Row]:
     rows = compare_rows(point, tuple(point["methods"]), "paper-scale",
-                        search_budget_s=point["search_budget_s"])
+                        auto_parallel_top_k=point["search_top_k"], search_budget_s=None)
     for row in rows:
         parallel = json.loads(row["parallel"]) if isinstance(row["parallel"], str) \
             else row["parallel"]
@@ -78,7 +81,8 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax.axhline(1.0, color="black", linewidth=0.8)
     tokens = int(records["num_tokens"].max())
     ax.set_title(f"{MODEL}, {GPUS} {HARDWARE}, {CONTEXT // 1024}K context, batch {tokens:,} "
-                 f"tokens ({SAMPLES} samples);\neach method at its simulated-best layout",
+                 f"tokens ({SAMPLES} samples);\nMegatron at its simulated-best layout, others at their "
+                 f"best of 3",
                  fontsize=9)
     ax.set_ylabel("tokens/s / megatron")
     ax.set_xlabel("")
@@ -106,23 +110,25 @@ def claims(records: pd.DataFrame) -> list[Claim]:
     ratio = bracket_speedups(records, ["dataset", "seed"], lambda f: float(
         select(f, method="slimpack")["speedup"].min()) if not f.empty else float("nan"))
     searched = float("nan")
-    if not records.empty:
-        done = records["search_exhaustive"].map(lambda v: str(v).lower() == "true")
+    megatron = records[records["method"].isin(MEGATRON_BRACKET)] if not records.empty \
+        else records
+    if not megatron.empty:
+        done = megatron["search_exhaustive"].map(lambda v: str(v).lower() == "true")
         searched = float(done.mean())
     return [
         Claim(claim_id="paper-scale-speedup",
               text=("SlimPack / Megatron-LM throughput at a paper-size batch (512 x 256K "
-                    "samples), each at its simulated-best layout, worst dataset"),
+                    "samples), worst dataset"),
               source=SLIMPACK_SOURCE, paper_value="up to 2.8x", reproduced=ratio[0][1],
               bracket=ratio, unit="x", check=between(1.0, 2.8, reason=(
                   "SlimPack must win, and the paper's maximum over all its settings bounds any "
                   "one setting")), hardware=HARDWARE),
-        Claim(claim_id="paper-scale-searches-exhaustive",
-              text="Share of methods whose configuration search finished (every layout "
-                   "simulated or pruned by the lower bound)",
+        Claim(claim_id="paper-scale-megatron-search-exhaustive",
+              text="Share of Megatron-LM searches that finished (every layout simulated or "
+                   "pruned by the lower bound)",
               source="this suite", paper_value="all", reproduced=searched, unit="",
               check=Check(kind="at_least", target=1.0, reason=(
-                  "a capped search could miss a method's best layout and bias the ratio")),
+                  "a capped baseline search could miss its best layout and inflate the ratio")),
               hardware=HARDWARE, kind="consistency", golden_rel_tol=None),
     ]
 
@@ -131,8 +137,9 @@ EXPERIMENT = Experiment(
     name="paper-scale",
     description=("The SlimPack-over-Megatron headline at the papers' batch size: 512 samples "
                  "of 256K (134M tokens) of Common Crawl and GitHub lengths, llama-70b on 256 "
-                 "H800 GPUs, every method at the layout its exhaustive (bound-pruned) "
-                 "configuration search finds best."),
+                 "H800 GPUs; Megatron-LM at the layout its exhaustive (bound-pruned) "
+                 "configuration search finds best, the other methods at the best of their 3 "
+                 "best-estimated layouts."),
     points=points, run_point=run_point, plot=plot, claims=claims, tables=table,
     needs=("slimpack.compare", "slimpack.data"), timing_columns=TIMING_COLUMNS,
 )

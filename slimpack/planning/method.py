@@ -62,6 +62,10 @@ class MethodSpec:
     """Which parallel layouts the method runs on (e.g. SlimPipe needs pp > 1)."""
     reshape: Callable[[Sequence[Candidate]], list[Candidate]] = keep_layouts
     """Turns the memory-feasible layouts into the method's own (e.g. FlexSP's SP pool)."""
+    max_pp: int = 16
+    """Largest pipeline degree the configuration search tries for the method."""
+    vpp_options: tuple[int, ...] = (1, 2)
+    """Virtual pipeline degrees the configuration search tries (vpp > 1 needs pp > 1)."""
 
     def __post_init__(self) -> None:
         if self.schedule_family not in SCHEDULE_FAMILIES:
@@ -69,6 +73,9 @@ class MethodSpec:
                              f"{SCHEDULE_FAMILIES}, got {self.schedule_family!r}")
         if not dataclasses.is_dataclass(self.options):
             raise ValueError(f"MethodSpec {self.name}: options must be a dataclass type")
+        if self.max_pp < 1 or not self.vpp_options or min(self.vpp_options) < 1:
+            raise ValueError(f"MethodSpec {self.name}: max_pp and vpp_options must be >= 1, got "
+                             f"{self.max_pp}, {self.vpp_options}")
         names = {f.name for f in dataclasses.fields(self.options)}
         missing = {"context", "time_limit_s"} - names
         if missing:
