@@ -56,6 +56,10 @@ class SlimPipeOptions:
     """Slices per sample; default: the smallest of pp, 2pp, 4pp... that fits memory."""
     min_slice_tokens: int = 1024
     attention_redistribution: bool = True
+    offload: float | None = None
+    """Share of activations copied to host between forward and backward (0-1). None: when
+    memory forces recompute, also try offloading every activation without recompute (as
+    SlimPipe's artifact does at 2048K) and keep whichever the simulator finds faster."""
     time_limit_s: float = 1.0
 
     def __post_init__(self) -> None:
@@ -67,6 +71,9 @@ class SlimPipeOptions:
             raise ValueError(f"slimpipe: min_slice_tokens must be >= {SLICE_ALIGN}")
         if not self.time_limit_s >= 0:
             raise ValueError(f"slimpipe: time_limit_s must be >= 0, got {self.time_limit_s}")
+        if self.offload is not None and not 0.0 <= self.offload <= 1.0:
+            raise ValueError(f"slimpipe: offload must be in [0, 1] or None (auto), got "
+                             f"{self.offload}")
 
 
 def slice_length(tokens: int, num_slices: int) -> int:
@@ -165,40 +172,59 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     layout = fixed_length_samples(batch, context)
     longest = max(sum(s.num_tokens for s in smp) for smp in layout.samples)
     counts, recompute = choose_slices(model, hardware, parallel, longest, opts)
-    group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
-                               schedule="slimpipe", recompute=recompute, vocab_parallel_pp=True)
     per_replica = deal_round_robin(list(layout.samples), parallel.dp)
+    offload = opts.offload or 0.0
 
-    def build(n: int) -> tuple[Group, ...]:
+    def build(n: int, mode: str, share: float) -> tuple[Group, ...]:
+        group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp,
+                                   vpp=parallel.vpp, schedule="slimpipe", recompute=mode,
+                                   vocab_parallel_pp=True, offload=share)
         length = slice_length(longest, n)
         return tuple(sliced_group(d, ranks, group_layout, [cut_sample(smp, length) for smp in samples])
                      for d, (ranks, samples) in enumerate(zip(replica_groups(parallel), per_replica,
                                                               strict=True)) if samples)
 
-    n, groups = counts[0], build(counts[0])
-    if len(counts) > 1:
-        # Several counts fit under recompute: time each on the simulator (the best
-        # configuration, as SlimPipe's authors tuned theirs), within the time limit.
+    def probe(trial: tuple[Group, ...]) -> Plan:
+        return Plan(method="slimpipe", model=model.name, parallel=parallel,
+                    sequence_lengths=layout.sequence_lengths, phases=(Phase(groups=trial),))
+
+    trials = [(n, recompute, offload) for n in counts]
+    if opts.offload is None and recompute != "none":
+        # Offload instead of recompute: the fewest slices whose plan fits with every
+        # activation on host between its forward and backward (the simulator's memory walk).
+        from slimpack.sim.memory import plan_fits_memory
+
+        n = max(parallel.pp, 1)
+        while n <= max(counts[-1], parallel.pp):
+            if plan_fits_memory(probe(build(n, "none", 1.0)), model, hardware,
+                                getattr(cost, "training", None)):
+                trials.insert(0, (n, "none", 1.0))
+                break
+            n *= 2
+    n, recompute, offload = trials[0]
+    groups = build(n, recompute, offload)
+    if len(trials) > 1:
+        # Several settings fit: time each on the simulator (the best configuration, as
+        # SlimPipe's authors tuned theirs), within the time limit.
         from slimpack.sim import simulate
 
         best = None
-        for candidate in counts:
+        for trial_n, mode, share in trials:
             if best is not None and time.perf_counter() - started > opts.time_limit_s:
                 break
-            trial = build(candidate)
-            probe = Plan(method="slimpipe", model=model.name, parallel=parallel,
-                         sequence_lengths=layout.sequence_lengths, phases=(Phase(groups=trial),))
-            step = simulate(probe, model=model, hardware=hardware, cost=cost,
+            trial = build(trial_n, mode, share)
+            step = simulate(probe(trial), model=model, hardware=hardware, cost=cost,
                             validate=False).record.step_time_s
             if best is None or step < best:
-                best, n, groups = step, candidate, trial
+                best, groups = step, trial
+                n, recompute, offload = trial_n, mode, share
     length = slice_length(longest, n)
     return finish_plan(
         method="slimpipe", model=model, hardware=hardware, parallel=parallel,
         sequence_lengths=layout.sequence_lengths, phases=[Phase(groups=groups)],
         started=started,
         metadata={"context": context, "num_slices": n, "slice_tokens": length,
-                  "recompute": recompute, "schedule": "slimpipe",
+                  "recompute": recompute, "offload": offload, "schedule": "slimpipe",
                   "attention_redistribution": opts.attention_redistribution,
                   "vocab_parallel_pp": True,
                   "document_pieces": {str(k): list(v) for k, v in

@@ -30,7 +30,7 @@ from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 RECORD_KEYS = ("method", "step_time_s", "tokens_per_s", "mfu", "bubble_fraction",
                "peak_memory_gib", "oom", "imbalance_degree", "speedup_vs_first",
-               "step_over_ideal", "plan_seconds", "parallel", "recompute", "num_tokens",
+               "step_over_ideal", "plan_seconds", "parallel", "recompute", "offload", "num_tokens",
                "search", "search_exhaustive", "error")
 
 
@@ -109,6 +109,7 @@ def _record(method: str, plan: Plan | None, rec, parallel: ParallelSpec, error: 
         "plan_seconds": float(plan.metadata.get("plan_seconds", nan)) if plan else nan,
         "parallel": parallel.to_dict(),
         "recompute": _recompute_of(plan) if plan else "",
+        "offload": max(g.offload for g in plan.groups()) if plan else float("nan"),
         "num_tokens": plan.num_tokens if plan else 0,
         "speedup_vs_first": nan,
         "error": error,

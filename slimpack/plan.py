@@ -123,6 +123,9 @@ class Group:
     cp_sharding: Literal["per-sequence", "per-document"] = "per-sequence"
     cp_kind: Literal["ring", "ulysses"] = "ring"
     recompute: Literal["none", "selective", "full"] = "none"
+    offload: float = 0.0
+    """Share of each slice's activations (its K,V cache excluded: later slices read it) copied
+    to host memory after its forward and back before its backward, over the host link."""
     vocab_parallel_pp: bool = False
     """LM head and loss spread over pipeline ranks (SlimPipe) instead of on the last stage."""
     _slice_index: dict[int, Slice] = field(init=False, repr=False, compare=False)
@@ -143,6 +146,10 @@ class Group:
             raise PlanError(
                 f"Group {self.group_id}: recompute {self.recompute!r} not in {RECOMPUTE_MODES}"
             )
+        if isinstance(self.offload, bool) or not isinstance(self.offload, int | float) \
+                or not 0.0 <= self.offload <= 1.0:
+            raise PlanError(f"Group {self.group_id}: offload must be a number in [0, 1], "
+                            f"got {self.offload!r}")
         index: dict[int, Slice] = {}
         for sl in self.slices:
             if sl.slice_id in index:
@@ -435,6 +442,7 @@ def _group_to_dict(g: Group) -> dict[str, Any]:
         "cp_sharding": g.cp_sharding,
         "cp_kind": g.cp_kind,
         "recompute": g.recompute,
+        "offload": g.offload,
         "vocab_parallel_pp": g.vocab_parallel_pp,
         # Segments as compact [seq_id, start, end] triples: plans hold thousands of them.
         "slices": [{"id": s.slice_id, "segments": [[x.seq_id, x.start, x.end] for x in s.segments]}
@@ -446,12 +454,13 @@ def _group_to_dict(g: Group) -> dict[str, Any]:
 
 _REQUIRED = object()
 _TYPE_NAMES = {int: "an integer", str: "a string", bool: "true or false", dict: "an object",
-               list: "a list"}
+               list: "a list", (int, float): "a number"}
 
 
 def _expect(value: Any, kind: type, where: str) -> Any:
     """``value`` if it is of JSON type ``kind`` (bools are not integers), else PlanError."""
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    ok = isinstance(value, kind) and not (kind in (int, (int, float))
+                                          and isinstance(value, bool))
     if not ok:
         raise PlanError(f"Plan JSON: {where} must be {_TYPE_NAMES[kind]}, got {value!r}")
     return value
@@ -498,6 +507,7 @@ def _group_from_dict(d: dict[str, Any], where: str = "group") -> Group:
         cp_sharding=_get(d, "cp_sharding", str, where, default="per-sequence"),
         cp_kind=_get(d, "cp_kind", str, where, default="ring"),
         recompute=_get(d, "recompute", str, where, default="none"),
+        offload=float(_get(d, "offload", (int, float), where, default=0.0)),
         vocab_parallel_pp=_get(d, "vocab_parallel_pp", bool, where, default=False),
         slices=tuple(_slice_from_dict(s, f"{where}.slices[{i}]")
                      for i, s in enumerate(_get(d, "slices", list, where))),

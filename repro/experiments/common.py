@@ -165,6 +165,7 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
         row.update(method=label, error="",
                    plan_seconds=float(found.plan.metadata.get("plan_seconds", 0.0)),
                    parallel=jsonable(found.parallel.to_dict()),
-                   recompute=",".join(sorted({g.recompute for g in found.plan.groups()})))
+                   recompute=",".join(sorted({g.recompute for g in found.plan.groups()})),
+                   offload=max(g.offload for g in found.plan.groups()))
         rows.append(row)
     return rows

@@ -31,6 +31,7 @@ class GroupLayout:
     cp_kind: str = "ring"
     recompute: str = "none"
     vocab_parallel_pp: bool = False
+    offload: float = 0.0
 
 
 def packed_group(group_id: int, ranks: tuple[int, ...], layout: GroupLayout,
@@ -74,6 +75,7 @@ def _group(group_id: int, ranks: tuple[int, ...], layout: GroupLayout, slices: t
         vpp=layout.vpp, slices=slices, forward_units=forward, backward_units=backward,
         schedule=layout.schedule, cp_sharding=layout.cp_sharding, cp_kind=layout.cp_kind,
         recompute=layout.recompute, vocab_parallel_pp=layout.vocab_parallel_pp,
+        offload=layout.offload,
     )
 
 

@@ -9,6 +9,7 @@ here too but scheduled on the comm lanes by the engine.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from slimpack.cost.cp_sharding import shard_pieces
@@ -36,6 +37,26 @@ class GroupCosts:
     bwd_send_s: list[list[float]]
     fwd_unit_tokens: list[int]
     bwd_unit_tokens: list[int]
+
+
+HOST_COPY_EFFICIENCY = 0.8
+"""Share of the host link's datasheet bandwidth a pinned-memory copy reaches
+(*reconstructed*: no cited measurement here)."""
+
+
+def with_host_copies(costs: GroupCosts, *, fwd_offload: list[float], bwd_fetch: list[float],
+                     host_link_gbps: float) -> GroupCosts:
+    """Activation offload on a copy stream beside compute: a forward op lasts at least as long
+    as copying what it offloads to host, a backward op as long as bringing it back (the copy
+    overlaps the op's own compute; *reconstructed* policy, one unit's copy in flight)."""
+    if not any(fwd_offload) and not any(bwd_fetch):
+        return costs
+    bandwidth = host_link_gbps * 1e9 * HOST_COPY_EFFICIENCY
+    fwd = [[max(t, fwd_offload[u] * n / bandwidth) for u, t in enumerate(row)]
+           for row, n in zip(costs.fwd_s, costs.layers, strict=True)]
+    bwd = [[max(t, bwd_fetch[u] * n / bandwidth) for u, t in enumerate(row)]
+           for row, n in zip(costs.bwd_s, costs.layers, strict=True)]
+    return dataclasses.replace(costs, fwd_s=fwd, bwd_s=bwd)
 
 
 def layers_per_virtual_stage(num_layers: int, pp: int, vpp: int) -> list[int]:

@@ -73,6 +73,7 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
     fwd_send, bwd_send = costs.fwd_send_s, costs.bwd_send_s
     fwd_alloc, bwd_free = memory.fwd_alloc, memory.bwd_free
     kv_alloc, kv_free = memory.kvgrad_alloc, memory.kvgrad_free
+    offload, fetch = memory.fwd_offload, memory.bwd_fetch
     timings: list[OpTiming] = []
     plain = [[(op.kind == "F", op.unit, op.chunk) for op in stage_ops] for stage_ops in ops]
     work = list(range(pp - 1, -1, -1))
@@ -101,6 +102,8 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                     peak_act[s] = act[s]
                 if mem[s] > peak_mem[s]:
                     peak_mem[s] = mem[s]
+                act[s] -= offload[u] * layers[vs]  # copied to host as F ends
+                mem[s] -= offload[u] * layers[vs]
                 if vs < last_vs:
                     key = vs * nf + u
                     if pp > 1:
@@ -128,7 +131,10 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                     start = free
                 end = start + bwd_s[vs][u]
                 last_b_start[s] = start
-                mem[s] += kv_alloc[u] * layers[vs]
+                act[s] += fetch[u] * layers[vs]  # back from host before B runs
+                if act[s] > peak_act[s]:
+                    peak_act[s] = act[s]
+                mem[s] += (fetch[u] + kv_alloc[u]) * layers[vs]
                 if mem[s] > peak_mem[s]:
                     peak_mem[s] = mem[s]
                 mem[s] -= (kv_free[u] + bwd_free[u]) * layers[vs]

@@ -49,6 +49,11 @@ class GroupMemory:
     logits_bytes: list[float]
     kv_share: float
     """Fraction of activation bytes that are the forward K,V (the KV cache)."""
+    fwd_offload: list[float]
+    """Per forward unit: activations copied to host after F ends, per layer (0 without
+    offload)."""
+    bwd_fetch: list[float]
+    """Per backward unit: offloaded activations brought back at B start, per layer."""
 
 
 def group_memory(group: Group, *, model: ModelSpec, dp: int,
@@ -97,8 +102,12 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
     for vs in head_virtual_stages(group):
         logits[vs % pp] = logits_bytes(model, max_slice, tp=tp, cp=cp, spread_over_pp=shards)
     kv_share = 0.0 if group.recompute == "full" else kv_per_token * cp * tp / a
+    # Offload moves the non-KV part (later slices of the sequence read the KV cache).
+    moved = group.offload * (1.0 - kv_share)
+    fwd_offload = [x * moved for x in fwd_alloc]
+    bwd_fetch = [x * moved for x in bwd_free]
     return GroupMemory(fwd_alloc=fwd_alloc, bwd_free=bwd_free, kvgrad_alloc=kvgrad_alloc,
-                       kvgrad_free=kvgrad_free,
+                       kvgrad_free=kvgrad_free, fwd_offload=fwd_offload, bwd_fetch=bwd_fetch,
                        static_bytes=[s + lg for s, lg in zip(states, logits, strict=True)],
                        model_state_bytes=states, logits_bytes=logits, kv_share=kv_share)
 
@@ -119,8 +128,10 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
             n = layers[op.chunk * pp + s]
             if op.kind == "F":
                 mem += memory.fwd_alloc[op.unit] * n
+                peak = max(peak, mem)
+                mem -= memory.fwd_offload[op.unit] * n
             else:
-                mem += memory.kvgrad_alloc[op.unit] * n
+                mem += (memory.bwd_fetch[op.unit] + memory.kvgrad_alloc[op.unit]) * n
                 peak = max(peak, mem)
                 mem -= (memory.kvgrad_free[op.unit] + memory.bwd_free[op.unit]) * n
             peak = max(peak, mem)

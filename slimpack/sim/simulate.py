@@ -18,7 +18,7 @@ from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Plan
 from slimpack.records import OpTiming, StepRecord
 from slimpack.schedules import Op, build_schedule, validate_schedule
-from slimpack.sim.costs import GroupCosts, group_costs
+from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
 from slimpack.sim.memory import GroupMemory, group_memory
@@ -80,6 +80,9 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
                                 slice_cache=slice_cache)
             memory = group_memory(group, model=model, dp=plan.parallel.dp,
                                   training=getattr(cost, "training", None))
+            costs = with_host_copies(costs, fwd_offload=memory.fwd_offload,
+                                     bwd_fetch=memory.bwd_fetch,
+                                     host_link_gbps=hardware.host_link_gbps)
             start = [max(rank_free[r] for r in group.stage_ranks(s)) for s in range(group.pp)]
             timeline = run_group(group_id=group.group_id, ops=ops, costs=costs, memory=memory,
                                  start_s=start, record=trace)

@@ -52,6 +52,9 @@ class HardwareSpec:
     """Dense FP8 tensor-core peak, TFLOP/s; 0 where the GPU has no FP8 tensor cores (A100)."""
     kernel_family: str = "ampere"
     """Which fitted kernel constants apply (slimpack.cost.kernels): ``ampere`` or ``hopper``."""
+    host_link_gbps: float = 32.0
+    """GPU-host link per direction, GB/s: PCIe Gen4 x16 (A100 datasheet: 64 GB/s both ways);
+    activation offload travels over it."""
 
     def __post_init__(self) -> None:
         for f in ("peak_tflops", "memory_gib", "hbm_tbps", "gpus_per_node",
@@ -62,6 +65,7 @@ class HardwareSpec:
         for f in ("gemm_efficiency", "attention_efficiency", "usable_memory_fraction"):
             require_fraction("HardwareSpec", f, getattr(self, f))
         require_positive("HardwareSpec", "num_sms", self.num_sms)
+        require_positive("HardwareSpec", "host_link_gbps", self.host_link_gbps)
         require_non_negative("HardwareSpec", "peak_fp8_tflops", self.peak_fp8_tflops)
         if self.kernel_family not in KERNEL_FAMILIES:
             raise ValueError(f"HardwareSpec.kernel_family must be one of "
@@ -82,7 +86,9 @@ class HardwareSpec:
 # Vendor datasheets (dense bf16, no sparsity). NVLink per direction = half the bidirectional
 # figure; inter-node = one 400 Gb/s NIC per GPU (50 GB/s), 200 Gb/s (25 GB/s) for A100 pods.
 # Hopper SXM: 132 SMs, dense FP8 1979 TFLOP/s (NVIDIA H100 datasheet; H800/H200 share the die).
-_HOPPER = {"num_sms": 132, "peak_fp8_tflops": 1979.0, "kernel_family": "hopper"}
+# Host link: PCIe Gen5 x16, 128 GB/s both ways (NVIDIA H100 datasheet).
+_HOPPER = {"num_sms": 132, "peak_fp8_tflops": 1979.0, "kernel_family": "hopper",
+           "host_link_gbps": 64.0}
 
 HARDWARE_PRESETS: dict[str, Callable[[], HardwareSpec]] = {
     "a100-40g": lambda: HardwareSpec(name="a100-40g", peak_tflops=312, memory_gib=40,
