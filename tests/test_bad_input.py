@@ -329,3 +329,53 @@ def test_simulate_refuses_degrees_the_model_cannot_take(tmp_path, capsys):
     assert main(["simulate", str(path), "--model", "tiny"]) == 2
     err = capsys.readouterr().err
     assert "cannot run tiny" in err and "num_heads=4" in err
+
+
+# -- more of issue 14's list: options that were silently ignored ---------------------------------
+def test_memory_refuses_options_its_schedule_ignores(capsys):
+    base = ["memory", "--model", "llama-7b", "--seq-len", "4096", "--pp", "4"]
+    assert main([*base, "--slices", "4", "--schedule", "1f1b"]) == 2
+    assert "--slices 4 applies only to --schedule slimpipe" in capsys.readouterr().err
+    assert main([*base, "--vpp", "2", "--schedule", "1f1b"]) == 2
+    assert "--vpp 2 needs --schedule interleaved or slimpipe" in capsys.readouterr().err
+    assert main([*base, "--slices", "4", "--schedule", "slimpipe", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slices"] == 4
+
+
+def test_uniform_interleaved_with_too_few_microbatches_has_no_closed_form(capsys):
+    args = ["simulate", "--uniform", "--schedule", "interleaved", "--pp", "4", "--vpp", "2",
+            "--json"]
+    assert main([*args, "--microbatches", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["closed_form_bubble_fraction"] is None and "needs --microbatches" in \
+        out["closed_form_note"]
+    assert main([*args, "--microbatches", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bubble_fraction"] == pytest.approx(out["closed_form_bubble_fraction"], rel=1e-9)
+
+
+def test_golden_check_with_no_golden_files_fails(tmp_path, capsys):
+    from repro.__main__ import main as repro_main
+
+    assert repro_main(["golden", "--check", "--results-dir", str(tmp_path)]) == 3
+    assert "nothing to check" in capsys.readouterr().err
+
+
+def test_run_refuses_a_model_too_big_for_host_memory(capsys):
+    from slimpack.cli.run import check_host_memory, host_memory_available
+    from slimpack.runtime.examples import packed_plan
+    from slimpack.specs import model_preset
+
+    plan = packed_plan(pp=2, dp=2)
+    tiny = model_preset("tiny")
+    check_host_memory(plan, tiny, dtype="fp32", available=2**30)  # a few MB: fine
+    need = 2 * tiny.num_params * 4 * 2
+    with pytest.raises(ValueError, match=r"needs at least .* GiB of host memory"):
+        check_host_memory(plan, tiny, dtype="fp32", available=need - 1)
+    check_host_memory(plan, tiny, dtype="bf16", available=need - 1)  # half the bytes
+
+    available = host_memory_available()
+    if available is None or available > 600 * 2**30:
+        pytest.skip("needs /proc/meminfo and under 600 GiB free")
+    assert main(["run", "--example", "packed", "--model", "llama-70b", "--pp", "2"]) == 2
+    assert "GiB of host memory on CPU" in capsys.readouterr().err

@@ -37,6 +37,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The estimate ignores these for other schedules; refusing beats printing "slices=4"
+    # next to numbers computed for one slice.
+    if args.slices != 1 and args.schedule != "slimpipe":
+        raise ValueError(f"--slices {args.slices} applies only to --schedule slimpipe (got "
+                         f"--schedule {args.schedule}); drop --slices or use slimpipe")
+    if args.vpp != 1 and args.schedule == "1f1b":
+        raise ValueError(f"--vpp {args.vpp} needs --schedule interleaved or slimpipe; 1f1b runs "
+                         "one model chunk per rank")
     model = model_preset(args.model)
     ParallelSpec(tp=args.tp, cp=args.cp, pp=args.pp, dp=args.dp,
                  vpp=args.vpp).validate_for_model(model)

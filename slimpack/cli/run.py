@@ -122,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         world = args.nproc if args.nproc is not None else plan.world_size
     check_runtime_plan(plan, spec, world_size=world)  # fail before anything starts
+    if device == "cpu" and not under_torchrun():
+        check_host_memory(plan, spec, dtype=args.dtype)
     cost = None
     if args.calibration:
         from slimpack.cost.calibrated import CalibratedCostModel
@@ -144,6 +146,39 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         write_record(record, args.out, comparison=comparison)
     return 0
+
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def host_memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        for line in open("/proc/meminfo", encoding="ascii"):  # noqa: SIM115 - tiny file
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_host_memory(plan, spec, *, dtype: str, available: int | None = None) -> None:  # noqa: ANN001
+    """Refuse a CPU run whose weights and gradients alone exceed the host's free memory.
+
+    A lower bound (activations come on top), so a refused run would certainly have failed:
+    without it, `run --model llama-7b` on CPU spawned its ranks and met the OOM killer
+    minutes later. Every data-parallel replica holds the whole model (its stages spread
+    over pp ranks), each parameter once as a weight and once as a gradient.
+    """
+    available = host_memory_available() if available is None else available
+    if available is None:
+        return
+    need = plan.parallel.dp * spec.num_params * DTYPE_BYTES[dtype] * 2
+    if need > available:
+        raise ValueError(
+            f"--model {spec.name} needs at least {need / 2**30:.1f} GiB of host memory on CPU "
+            f"(weights + gradients, {dtype}, dp={plan.parallel.dp}) but {available / 2**30:.1f}"
+            f" GiB is available; use a smaller model (tiny, small) or --dtype bf16")
 
 
 def write_record(record: StepRecord, path: str, *, comparison: dict[str, Any] | None = None
