@@ -379,3 +379,90 @@ def test_run_refuses_a_model_too_big_for_host_memory(capsys):
         pytest.skip("needs /proc/meminfo and under 600 GiB free")
     assert main(["run", "--example", "packed", "--model", "llama-70b", "--pp", "2"]) == 2
     assert "GiB of host memory on CPU" in capsys.readouterr().err
+
+
+# -- the table: every bad input of issue 14 and its neighbours, one clear line each ---------------
+def _variant(base: dict, edit) -> object:  # noqa: ANN001 - a callable editing the plan dict
+    data = json.loads(json.dumps(base))
+    replaced = edit(data)  # an edit returns a whole new document, or None after editing in place
+    return data if replaced is None else replaced
+
+
+PLAN_EDITS = {
+    "LIST": lambda d: [],
+    "PPSTR": lambda d: d["parallel"].update(pp="2"),
+    "FLOATSEG": lambda d: d["phases"][0]["groups"][0]["slices"][0]["segments"][0].__setitem__(
+        2, 10.5),
+    "NULLMETHOD": lambda d: d.update(method=None),
+    "NULLRANKS": lambda d: d["phases"][0]["groups"][0].update(ranks=None),
+}
+W = [a for a in TINY if a not in ("--global-batch", "8")]
+TABLE = [
+    (["plan", "--method", "megatron", *TINY, "-o", "{missing}/p.json"], "does not exist"),
+    (["plan", "--method", "megatron", *TINY, "-o", "{tmp}"], "is a directory"),
+    (["plan", "--method", "megatron", *TINY, "--time-limit=-1"], "finite number > 0"),
+    (["plan", "--method", "megatron", *TINY, "--time-limit=nan"], "finite number > 0"),
+    (["plan", "--method", "megatron", *TINY, "--time-limit=inf"], "finite number > 0"),
+    (["plan", "--method", "megatron", *W, "--global-batch", "1000000000"], "[1, 1,000,000]"),
+    (["plan", "--method", "megatron", *W, "--token-budget", "1e15"], "--token-budget"),
+    (["plan", "--method", "megatron", *W, "--global-batch", "2.5"], "must be an integer"),
+    (["plan", "--method", "nope", *TINY], "invalid choice"),
+    (["plan", "--method", "megatron", *TINY, "--model", "gpt-9"], "unknown model preset"),
+    (["plan", "--method", "megatron", *TINY, "--hardware", "tpu"], "unknown hardware preset"),
+    (["plan", "--method", "megatron", *TINY, "--dataset", "no-such"], "profiles are"),
+    (["plan", "--method", "megatron", *TINY, "--context", "0"], "--context must be >= 1"),
+    (["plan", "--method", "megatron", *TINY, "--pp", "3"], "must divide world_size 2"),
+    (["plan", "--method", "megatron", *TINY, "--gpus", "0"], "--gpus must be >= 1"),
+    (["plan", "--method", "megatron", *TINY, "--auto-parallel"], "not both"),
+    (["plan", "--method", "megatron", *TINY, "--option", "nope=1"], "unknown option 'nope'"),
+    (["plan", "--method", "megatron", *OOM, "--strict"], "does not fit"),
+    (["compare", "--methods", "", *TINY], "at least one planner"),
+    (["compare", "--methods", "megatron,nope", *TINY], "unknown ['nope']"),
+    (["compare", "--methods", "megatron", *TINY, "--option", "search=false"], "name the method"),
+    (["compare", "--methods", "naive", *TINY, "--option", "naive:packing=nope"],
+     "naive failed"),
+    (["simulate", "{missing}.json"], "does not exist"),
+    (["simulate"], "give a plan JSON file"),
+    (["simulate", "--uniform", "--pp", "0"], "argument --pp"),
+    (["simulate", "--uniform", "--schedule", "1f1b", "--vpp", "2"], "needs --vpp 1"),
+    (["simulate", "PLAN", "--gantt", "{missing}/g.png"], "--gantt"),
+    (["simulate", "PLAN", "--trace", "{missing}/t.json"], "--trace"),
+    (["simulate", "PLAN", "--model", "llama-70b"], "does not match the plan's model"),
+    (["simulate", "LIST"], "top level must be an object"),
+    (["simulate", "PPSTR"], "parallel.pp must be an integer"),
+    (["simulate", "FLOATSEG"], "segments[0][2] must be an integer, got 10.5"),
+    (["simulate", "NULLMETHOD"], "method must be a string"),
+    (["simulate", "NULLRANKS"], "groups[0].ranks must be a list"),
+    (["run", "--example", "packed", "--model", "tiny", "--timeout", "0"], "argument --timeout"),
+    (["run", "--example", "packed", "--model", "tiny", "--nproc", "0"], "argument --nproc"),
+    (["run", "--model", "tiny"], "exactly one"),
+    (["memory", "--model", "llama-7b", "--seq-len", "4096", "--slices", "4"],
+     "applies only to --schedule slimpipe"),
+    (["memory", "--model", "llama-7b", "--seq-len", "4096", "--vpp", "2"], "needs --schedule"),
+    (["memory", "--model", "llama-7b", "--seq-len", "-5"], "seq_len must be > 0"),
+    (["memory", "--model", "llama-7b", "--seq-len", "4096", "--tp", "0"], "argument --tp"),
+    (["profile", "--model", "tiny", "--out", "{tmp}/c.csv", "--prefixes", "512"], "include 0"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), TABLE, ids=[" ".join(a[:2]) + f" #{i}"
+                                                          for i, (a, _) in enumerate(TABLE)])
+def test_bad_input_table(tmp_path, capsys, argv, message):
+    plans = {}
+    if any(a in PLAN_EDITS or a == "PLAN" for a in argv):
+        plans["PLAN"] = _tiny_plan(tmp_path)
+        base = json.loads(open(plans["PLAN"]).read())
+        for name, edit in PLAN_EDITS.items():
+            path = tmp_path / f"{name}.json"
+            path.write_text(json.dumps(_variant(base, edit)))
+            plans[name] = str(path)
+        capsys.readouterr()
+    argv = [plans.get(a, a.format(tmp=tmp_path, missing=tmp_path / "missing")) for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse usage errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code in (1, 2), err
+    assert message in err and "Traceback" not in err
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp" or ".tmp" in p.name] == []

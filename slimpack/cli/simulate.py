@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from slimpack.cli.types import positive_int
 from slimpack.specs import ParallelSpec
 
 UNIFORM_SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe")
@@ -36,10 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     u.add_argument("--uniform", action="store_true",
                    help="simulate m sequences of n equal slices with uniform unit costs")
     u.add_argument("--schedule", choices=UNIFORM_SCHEDULES, default="1f1b")
-    u.add_argument("--pp", type=int, default=4)
-    u.add_argument("--vpp", type=int, default=1)
-    u.add_argument("--slices", type=int, default=1)
-    u.add_argument("--microbatches", type=int, default=8)
+    u.add_argument("--pp", type=positive_int, default=4, help="pipeline ranks, >= 1")
+    u.add_argument("--vpp", type=positive_int, default=1, help="model chunks per rank, >= 1")
+    u.add_argument("--slices", type=positive_int, default=1, help="slices per sequence, >= 1")
+    u.add_argument("--microbatches", type=positive_int, default=8, help="sequences, >= 1")
     p.set_defaults(handler=run)
 
 
