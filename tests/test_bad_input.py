@@ -466,3 +466,28 @@ def test_bad_input_table(tmp_path, capsys, argv, message):
     assert code in (1, 2), err
     assert message in err and "Traceback" not in err
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp" or ".tmp" in p.name] == []
+
+
+def test_every_flag_has_help_and_help_lists_presets():
+    import argparse
+
+    from slimpack.cli.main import build_parser
+    from slimpack.specs import HARDWARE_PRESETS, MODEL_PRESETS
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                for name, sub in action.choices.items():
+                    walk(sub, f"{prefix} {name}")
+            elif not action.help and action.dest != "help":
+                missing.append(f"{prefix} {action.option_strings or action.dest}")
+
+    parser = build_parser()
+    walk(parser, "slimpack")
+    assert missing == []
+    plan = parser._subparsers._group_actions[0].choices["plan"]  # noqa: SLF001
+    helps = {a.dest: a.help for a in plan._actions}  # noqa: SLF001 - unwrapped help strings
+    assert all(m in helps["model"] for m in MODEL_PRESETS)
+    assert all(h in helps["hardware"] for h in HARDWARE_PRESETS)

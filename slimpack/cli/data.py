@@ -29,19 +29,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.set_defaults(handler=run_stats)
 
     profile = commands.add_parser("profile", help="build a profile JSON from your data")
-    profile.add_argument("path", metavar="PATH")
-    profile.add_argument("-o", "--output", required=True, metavar="FILE")
+    profile.add_argument("path", metavar="PATH", help="length file or folder (CSV, JSONL, ...)")
+    profile.add_argument("-o", "--output", required=True, metavar="FILE",
+                         help="profile JSON to write")
     profile.add_argument("--name", default=None, help="profile name (default: file stem)")
-    profile.add_argument("--description", default="")
-    profile.add_argument("--provenance", default="")
-    profile.add_argument("--licence", default="unknown (set --licence)")
-    profile.add_argument("--truncation", default="split", choices=("split", "truncate", "drop"))
+    profile.add_argument("--description", default="", help="one line stored in the profile")
+    profile.add_argument("--provenance", default="", help="where the data came from")
+    profile.add_argument("--licence", default="unknown (set --licence)",
+                         help="the data's licence, stored in the profile")
+    profile.add_argument("--truncation", default="split", choices=("split", "truncate", "drop"),
+                         help="default handling of documents longer than the context "
+                              "(default split)")
     _add_reader_options(profile)
     profile.set_defaults(handler=run_profile)
 
     plot = commands.add_parser("plot", help="plot distributions side by side (PNG)")
-    plot.add_argument("sources", metavar="SOURCE", nargs="+")
-    plot.add_argument("-o", "--output", required=True, metavar="FILE.png")
+    plot.add_argument("sources", metavar="SOURCE", nargs="+", help="profile names or paths")
+    plot.add_argument("-o", "--output", required=True, metavar="FILE.png", help="PNG to write")
     _add_reader_options(plot)
     plot.set_defaults(handler=run_plot)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from slimpack.cli.types import positive_int
+from slimpack.cli.types import positive_int, preset_help
 from slimpack.cost.memory import GIB, SCHEDULE_KINDS, estimate_memory
 from slimpack.jsonio import strict_json
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -21,19 +21,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "token per layer."
         ),
     )
-    p.add_argument("--model", required=True, help="model preset, e.g. llama-13b")
+    p.add_argument("--model", required=True, help=preset_help("model"))
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    p.add_argument("--tp", type=positive_int, default=1)
-    p.add_argument("--cp", type=positive_int, default=1)
-    p.add_argument("--pp", type=positive_int, default=1)
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    p.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree")
+    p.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
     p.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank")
     p.add_argument("--dp", type=positive_int, default=1, help="shards the distributed optimizer")
     p.add_argument("--slices", type=positive_int, default=1,
                    help="slices per sequence (slimpipe only)")
-    p.add_argument("--schedule", choices=SCHEDULE_KINDS, default="1f1b")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    p.add_argument("--schedule", choices=SCHEDULE_KINDS, default="1f1b",
+                   help="pipeline schedule (default 1f1b)")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                   help="activation recomputation (default none)")
     p.add_argument("--rank", type=int, default=0, help="pipeline rank to report")
-    p.add_argument("--hardware", default=None, help="hardware preset: adds a fits/OOM verdict")
+    p.add_argument("--hardware", default=None,
+                   help=preset_help("hardware") + "; adds a fits/OOM verdict")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 

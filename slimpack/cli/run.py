@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slimpack.cli.types import positive_float, positive_int
+from slimpack.cli.types import int_range, positive_float, positive_int, preset_help
 from slimpack.jsonio import atomic_write_text, strict_json
 from slimpack.records import StepRecord
 
@@ -37,18 +37,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--dp", type=int, default=1, help="--example only (default 1)")
     r.add_argument("--vpp", type=int, default=1, help="--example only (default 1)")
     r.add_argument("--scale", type=int, default=1, help="--example token multiplier")
-    r.add_argument("--model", help="model preset (default: the plan's model)")
+    r.add_argument("--model", help=preset_help("model") + " (default: the plan's model)")
     r.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="torch.distributed backend (default: nccl with CUDA, else gloo)")
-    r.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
-    r.add_argument("--attention", default="auto",
+    r.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="parameter and activation dtype (default fp32)")
+    r.add_argument("--attention", default="auto", help="attention kernel (default auto)",
                    choices=("auto", "flash", "torch-varlen", "sdpa", "dense"))
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=int, default=0, help="weight and data seed (default 0)")
     r.add_argument("--nproc", type=positive_int,
                    help="processes to spawn, >= 1 (default: plan world size)")
-    r.add_argument("--warmup", type=int, default=1,
+    r.add_argument("--warmup", type=int_range(0), default=1,
                    help="untimed steps before the measured one (default 1)")
-    r.add_argument("--steps", type=int, default=1,
+    r.add_argument("--steps", type=positive_int, default=1,
                    help="measured steps; the record keeps the median (default 1)")
     r.add_argument("--out", help="write the record: .csv appends a row, else JSON with ops")
     r.add_argument("--calibration", metavar="CSV",
@@ -60,20 +61,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("profile", help="measure per-layer times for the cost model",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model preset")
+    p.add_argument("--model", required=True, help=preset_help("model"))
     p.add_argument("--out", required=True, help="CSV to write (e.g. calib.csv)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
-    p.add_argument("--attention", default="auto", choices=("auto", "flash", "torch-varlen", "sdpa"))
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where to time the layers (default cpu)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="dtype to time (default fp32)")
+    p.add_argument("--attention", default="auto", choices=("auto", "flash", "torch-varlen", "sdpa"),
+                   help="attention kernel (default auto)")
     p.add_argument("--tokens", default="64,128,256,512,1024,2048",
                    help="comma-separated query token counts")
     p.add_argument("--prefixes", default="0,512,2048", help="comma-separated KV prefixes (with 0)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed repetitions per grid point (default 5)")
     p.add_argument("--threads", type=int, help="torch CPU threads (match the run's per-rank share)")
-    p.add_argument("--concurrent", type=int, default=1,
+    p.add_argument("--concurrent", type=positive_int, default=1,
                    help="profile in N processes at once (CPU: the run's ranks per machine, "
                         "which share memory bandwidth); keeps the first one's numbers")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
     p.set_defaults(handler=_profile)
 
 

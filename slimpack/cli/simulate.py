@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from slimpack.cli.types import positive_int
+from slimpack.cli.types import positive_int, preset_help
 from slimpack.specs import ParallelSpec
 
 UNIFORM_SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe")
@@ -26,8 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "simulate", help="simulate one training step of a plan (or a uniform workload)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("plan", nargs="?", help="plan JSON written by a planner")
-    p.add_argument("--model", help="model preset (default: the plan's model)")
-    p.add_argument("--hardware", default="h100-80g", help="hardware preset (default h100-80g)")
+    p.add_argument("--model", help=preset_help("model") + " (default: the plan's model)")
+    p.add_argument("--hardware", default="h100-80g",
+                   help=preset_help("hardware") + " (default h100-80g)")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart")
@@ -36,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     u = p.add_argument_group("uniform synthetic workload")
     u.add_argument("--uniform", action="store_true",
                    help="simulate m sequences of n equal slices with uniform unit costs")
-    u.add_argument("--schedule", choices=UNIFORM_SCHEDULES, default="1f1b")
+    u.add_argument("--schedule", choices=UNIFORM_SCHEDULES, default="1f1b",
+                   help="pipeline schedule (default 1f1b)")
     u.add_argument("--pp", type=positive_int, default=4, help="pipeline ranks, >= 1")
     u.add_argument("--vpp", type=positive_int, default=1, help="model chunks per rank, >= 1")
     u.add_argument("--slices", type=positive_int, default=1, help="slices per sequence, >= 1")
