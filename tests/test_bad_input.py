@@ -491,3 +491,21 @@ def test_every_flag_has_help_and_help_lists_presets():
     helps = {a.dest: a.help for a in plan._actions}  # noqa: SLF001 - unwrapped help strings
     assert all(m in helps["model"] for m in MODEL_PRESETS)
     assert all(h in helps["hardware"] for h in HARDWARE_PRESETS)
+
+
+@pytest.mark.parametrize("argv", [
+    ["data", "plot", "wikipedia", "-o", "{out}"],
+    ["profile", "--model", "tiny", "--out", "{out}", "--tokens", "16", "--prefixes", "0",
+     "--repeats", "1", "--quiet"],
+    ["run", "--example", "packed", "--model", "tiny", "--out", "{out}"],
+])
+def test_commands_that_create_directories_check_outputs_first(tmp_path, capsys, argv):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    flag_at = next(i for i, a in enumerate(argv) if a == "{out}") - 1
+    for out, message in ((blocker / "sub" / "x.out", "is not a directory"),
+                         (tmp_path, "is a directory")):
+        assert main([a.format(out=out) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert argv[flag_at] in err and message in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]

@@ -12,7 +12,7 @@ from slimpack.data.readers import read_lengths
 from slimpack.data.sampler import SamplerConfig, sample_lengths
 from slimpack.data.sources import resolve_source, source_label
 from slimpack.data.stats import compute_stats, format_stats
-from slimpack.jsonio import strict_json
+from slimpack.jsonio import check_output_path, strict_json
 
 PROFILE_SAMPLE_SIZE = 1_000_000
 """Documents drawn (stratified, seed 0) to describe a profile SOURCE."""
@@ -88,6 +88,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    check_output_path("-o/--output", args.output, create_parent=True)
     data = read_lengths(
         args.path, column=args.column, text_column=args.text_column, tokenizer=args.tokenizer
     )
@@ -106,6 +107,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
+    check_output_path("-o/--output", args.output, create_parent=True)
     from slimpack.data.plot import plot_distributions
 
     named = {}

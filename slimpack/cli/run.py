@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from slimpack.cli.types import int_range, positive_float, positive_int, preset_help
-from slimpack.jsonio import atomic_write_text, strict_json
+from slimpack.jsonio import atomic_write_text, check_output_path, strict_json
 from slimpack.records import StepRecord
 
 
@@ -114,6 +114,8 @@ def _run(args: argparse.Namespace) -> int:
     from slimpack.runtime.sim_compare import compare_with_simulator
     from slimpack.runtime.validate import check_runtime_plan
 
+    if args.out:
+        check_output_path("--out", args.out, create_parent=True)  # before spawning anything
     plan, spec = _load(args)
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     device = "cuda" if backend == "nccl" else "cpu"
@@ -210,6 +212,7 @@ def write_record(record: StepRecord, path: str, *, comparison: dict[str, Any] | 
 
 
 def _profile(args: argparse.Namespace) -> int:
+    check_output_path("--out", args.out, create_parent=True)  # before minutes of timing
     import torch
 
     from slimpack.runtime.profiler import (
