@@ -111,8 +111,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from slimpack.runtime.config import RuntimeConfig
     from slimpack.runtime.launch import run_plan, under_torchrun
-    from slimpack.runtime.sim_compare import compare_with_simulator
     from slimpack.runtime.validate import check_runtime_plan
+    from slimpack.validation.simulated_vs_measured import compare_with_simulator
 
     if args.out:
         check_output_path("--out", args.out, create_parent=True)  # before spawning anything
