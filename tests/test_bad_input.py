@@ -358,7 +358,8 @@ def test_golden_check_with_no_golden_files_fails(tmp_path, capsys):
     from repro.__main__ import main as repro_main
 
     assert repro_main(["golden", "--check", "--results-dir", str(tmp_path)]) == 3
-    assert "nothing to check" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no golden headlines" in err and "golden: ok" not in err
 
 
 def test_run_refuses_a_model_too_big_for_host_memory(capsys):
