@@ -82,7 +82,7 @@ bench: install
 		$(if $(wildcard results/bench/*/*.json),--benchmark-compare,)
 
 gpu-check: install
-	$(PY) -m slimpack.runtime.gpu_check --out results/gpu
+	$(PY) -m slimpack.cli.gpu_check --out results/gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

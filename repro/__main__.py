@@ -212,6 +212,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_golden(args: argparse.Namespace) -> int:
     from repro.golden import compute_headlines, read_golden, regressions, write_golden
 
+    if not args.update and not any(read_golden(args.results_dir).values()):
+        # Checking against nothing must not say "ok", and is known before the sweeps run.
+        print(f"regression: no golden headlines to compare with in "
+              f"{str(args.results_dir / 'golden')!r}: run `python -m repro golden --update` "
+              "first", file=sys.stderr)
+        print("golden: 1 regression(s)", file=sys.stderr)
+        return 3
     current = compute_headlines(jobs=args.jobs, registry=args.registry)
     if args.update:
         for path in write_golden(current, args.results_dir):

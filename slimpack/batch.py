@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from slimpack.specs._validate import require_int
+
+def _require_int(name: str, value: object) -> int:
+    """``value`` as an int (numpy integers too); bools and floats (even 2.0) are refused.
+
+    Not ``slimpack.specs._validate.require_int``: batch and specs are sibling layers."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"Sequence.{name} must be an integer, got {value!r} "
+                         f"({type(value).__name__})")
+    return int(value)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -20,7 +29,7 @@ class Sequence:
     def __post_init__(self) -> None:
         # Lengths are token counts: 2.5 tokens is a bug upstream, refused rather than truncated.
         for name in ("seq_id", "length"):
-            object.__setattr__(self, name, require_int("Sequence", name, getattr(self, name)))
+            object.__setattr__(self, name, _require_int(name, getattr(self, name)))
         if self.seq_id < 0:
             raise ValueError(f"Sequence.seq_id must be >= 0, got {self.seq_id}")
         if self.length <= 0:

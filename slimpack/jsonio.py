@@ -19,13 +19,23 @@ from pathlib import Path
 from typing import Any
 
 
-def check_output_path(flag: str, path: str | os.PathLike[str]) -> Path:
-    """Raise ValueError naming ``flag`` unless ``path`` can be written as a file."""
+def check_output_path(flag: str, path: str | os.PathLike[str], *,
+                      create_parent: bool = False) -> Path:
+    """Raise ValueError naming ``flag`` unless ``path`` can be written as a file.
+
+    With ``create_parent`` (commands that create missing directories when they write), the
+    nearest existing ancestor must be a writable directory; nothing is created here, so a
+    command that fails later leaves no empty directory behind."""
     out = Path(path)
     if out.is_dir():
         raise ValueError(f"{flag} {str(out)!r} is a directory; give a file path")
     parent = out.parent
-    if not parent.is_dir():
+    if create_parent:
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is not a directory")
+    elif not parent.is_dir():
         raise ValueError(f"{flag} {str(out)!r}: directory {str(parent)!r} does not exist; "
                          "create it first")
     if not os.access(parent, os.W_OK):

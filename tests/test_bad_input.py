@@ -329,3 +329,184 @@ def test_simulate_refuses_degrees_the_model_cannot_take(tmp_path, capsys):
     assert main(["simulate", str(path), "--model", "tiny"]) == 2
     err = capsys.readouterr().err
     assert "cannot run tiny" in err and "num_heads=4" in err
+
+
+# -- more of issue 14's list: options that were silently ignored ---------------------------------
+def test_memory_refuses_options_its_schedule_ignores(capsys):
+    base = ["memory", "--model", "llama-7b", "--seq-len", "4096", "--pp", "4"]
+    assert main([*base, "--slices", "4", "--schedule", "1f1b"]) == 2
+    assert "--slices 4 applies only to --schedule slimpipe" in capsys.readouterr().err
+    assert main([*base, "--vpp", "2", "--schedule", "1f1b"]) == 2
+    assert "--vpp 2 needs --schedule interleaved or slimpipe" in capsys.readouterr().err
+    assert main([*base, "--slices", "4", "--schedule", "slimpipe", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slices"] == 4
+
+
+def test_uniform_interleaved_with_too_few_microbatches_has_no_closed_form(capsys):
+    args = ["simulate", "--uniform", "--schedule", "interleaved", "--pp", "4", "--vpp", "2",
+            "--json"]
+    assert main([*args, "--microbatches", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["closed_form_bubble_fraction"] is None and "needs --microbatches" in \
+        out["closed_form_note"]
+    assert main([*args, "--microbatches", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bubble_fraction"] == pytest.approx(out["closed_form_bubble_fraction"], rel=1e-9)
+
+
+def test_golden_check_with_no_golden_files_fails(tmp_path, capsys):
+    from repro.__main__ import main as repro_main
+
+    assert repro_main(["golden", "--check", "--results-dir", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert "no golden headlines" in err and "golden: ok" not in err
+
+
+def test_run_refuses_a_model_too_big_for_host_memory(capsys):
+    from slimpack.cli.run import check_host_memory, host_memory_available
+    from slimpack.runtime.examples import packed_plan
+    from slimpack.specs import model_preset
+
+    plan = packed_plan(pp=2, dp=2)
+    tiny = model_preset("tiny")
+    check_host_memory(plan, tiny, dtype="fp32", available=2**30)  # a few MB: fine
+    need = 2 * tiny.num_params * 4 * 2
+    with pytest.raises(ValueError, match=r"needs at least .* GiB of host memory"):
+        check_host_memory(plan, tiny, dtype="fp32", available=need - 1)
+    check_host_memory(plan, tiny, dtype="bf16", available=need - 1)  # half the bytes
+
+    available = host_memory_available()
+    if available is None or available > 600 * 2**30:
+        pytest.skip("needs /proc/meminfo and under 600 GiB free")
+    assert main(["run", "--example", "packed", "--model", "llama-70b", "--pp", "2"]) == 2
+    assert "GiB of host memory on CPU" in capsys.readouterr().err
+
+
+# -- the table: every bad input of issue 14 and its neighbours, one clear line each ---------------
+def _variant(base: dict, edit) -> object:  # noqa: ANN001 - a callable editing the plan dict
+    data = json.loads(json.dumps(base))
+    replaced = edit(data)  # an edit returns a whole new document, or None after editing in place
+    return data if replaced is None else replaced
+
+
+PLAN_EDITS = {
+    "LIST": lambda d: [],
+    "PPSTR": lambda d: d["parallel"].update(pp="2"),
+    "FLOATSEG": lambda d: d["phases"][0]["groups"][0]["slices"][0]["segments"][0].__setitem__(
+        2, 10.5),
+    "NULLMETHOD": lambda d: d.update(method=None),
+    "NULLRANKS": lambda d: d["phases"][0]["groups"][0].update(ranks=None),
+}
+W = [a for a in TINY if a not in ("--global-batch", "8")]
+TABLE = [
+    (["plan", "--method", "megatron", *TINY, "-o", "{missing}/p.json"], "does not exist"),
+    (["plan", "--method", "megatron", *TINY, "-o", "{tmp}"], "is a directory"),
+    (["plan", "--method", "megatron", *TINY, "--time-limit=-1"], "finite number > 0"),
+    (["plan", "--method", "megatron", *TINY, "--time-limit=nan"], "finite number > 0"),
+    (["plan", "--method", "megatron", *TINY, "--time-limit=inf"], "finite number > 0"),
+    (["plan", "--method", "megatron", *W, "--global-batch", "1000000000"], "[1, 1,000,000]"),
+    (["plan", "--method", "megatron", *W, "--token-budget", "1e15"], "--token-budget"),
+    (["plan", "--method", "megatron", *W, "--global-batch", "2.5"], "must be an integer"),
+    (["plan", "--method", "nope", *TINY], "invalid choice"),
+    (["plan", "--method", "megatron", *TINY, "--model", "gpt-9"], "unknown model preset"),
+    (["plan", "--method", "megatron", *TINY, "--hardware", "tpu"], "unknown hardware preset"),
+    (["plan", "--method", "megatron", *TINY, "--dataset", "no-such"], "profiles are"),
+    (["plan", "--method", "megatron", *TINY, "--context", "0"], "--context must be >= 1"),
+    (["plan", "--method", "megatron", *TINY, "--pp", "3"], "must divide world_size 2"),
+    (["plan", "--method", "megatron", *TINY, "--gpus", "0"], "--gpus must be >= 1"),
+    (["plan", "--method", "megatron", *TINY, "--auto-parallel"], "not both"),
+    (["plan", "--method", "megatron", *TINY, "--option", "nope=1"], "unknown option 'nope'"),
+    (["plan", "--method", "megatron", *OOM, "--strict"], "does not fit"),
+    (["compare", "--methods", "", *TINY], "at least one planner"),
+    (["compare", "--methods", "megatron,nope", *TINY], "unknown ['nope']"),
+    (["compare", "--methods", "megatron", *TINY, "--option", "search=false"], "name the method"),
+    (["compare", "--methods", "naive", *TINY, "--option", "naive:packing=nope"],
+     "naive failed"),
+    (["simulate", "{missing}.json"], "does not exist"),
+    (["simulate"], "give a plan JSON file"),
+    (["simulate", "--uniform", "--pp", "0"], "argument --pp"),
+    (["simulate", "--uniform", "--schedule", "1f1b", "--vpp", "2"], "needs --vpp 1"),
+    (["simulate", "PLAN", "--gantt", "{missing}/g.png"], "--gantt"),
+    (["simulate", "PLAN", "--trace", "{missing}/t.json"], "--trace"),
+    (["simulate", "PLAN", "--model", "llama-70b"], "does not match the plan's model"),
+    (["simulate", "LIST"], "top level must be an object"),
+    (["simulate", "PPSTR"], "parallel.pp must be an integer"),
+    (["simulate", "FLOATSEG"], "segments[0][2] must be an integer, got 10.5"),
+    (["simulate", "NULLMETHOD"], "method must be a string"),
+    (["simulate", "NULLRANKS"], "groups[0].ranks must be a list"),
+    (["run", "--example", "packed", "--model", "tiny", "--timeout", "0"], "argument --timeout"),
+    (["run", "--example", "packed", "--model", "tiny", "--nproc", "0"], "argument --nproc"),
+    (["run", "--model", "tiny"], "exactly one"),
+    (["memory", "--model", "llama-7b", "--seq-len", "4096", "--slices", "4"],
+     "applies only to --schedule slimpipe"),
+    (["memory", "--model", "llama-7b", "--seq-len", "4096", "--vpp", "2"], "needs --schedule"),
+    (["memory", "--model", "llama-7b", "--seq-len", "-5"], "seq_len must be > 0"),
+    (["memory", "--model", "llama-7b", "--seq-len", "4096", "--tp", "0"], "argument --tp"),
+    (["profile", "--model", "tiny", "--out", "{tmp}/c.csv", "--prefixes", "512"], "include 0"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), TABLE, ids=[" ".join(a[:2]) + f" #{i}"
+                                                          for i, (a, _) in enumerate(TABLE)])
+def test_bad_input_table(tmp_path, capsys, argv, message):
+    plans = {}
+    if any(a in PLAN_EDITS or a == "PLAN" for a in argv):
+        plans["PLAN"] = _tiny_plan(tmp_path)
+        base = json.loads(open(plans["PLAN"]).read())
+        for name, edit in PLAN_EDITS.items():
+            path = tmp_path / f"{name}.json"
+            path.write_text(json.dumps(_variant(base, edit)))
+            plans[name] = str(path)
+        capsys.readouterr()
+    argv = [plans.get(a, a.format(tmp=tmp_path, missing=tmp_path / "missing")) for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse usage errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code in (1, 2), err
+    assert message in err and "Traceback" not in err
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp" or ".tmp" in p.name] == []
+
+
+def test_every_flag_has_help_and_help_lists_presets():
+    import argparse
+
+    from slimpack.cli.main import build_parser
+    from slimpack.specs import HARDWARE_PRESETS, MODEL_PRESETS
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                for name, sub in action.choices.items():
+                    walk(sub, f"{prefix} {name}")
+            elif not action.help and action.dest != "help":
+                missing.append(f"{prefix} {action.option_strings or action.dest}")
+
+    parser = build_parser()
+    walk(parser, "slimpack")
+    assert missing == []
+    plan = parser._subparsers._group_actions[0].choices["plan"]  # noqa: SLF001
+    helps = {a.dest: a.help for a in plan._actions}  # noqa: SLF001 - unwrapped help strings
+    assert all(m in helps["model"] for m in MODEL_PRESETS)
+    assert all(h in helps["hardware"] for h in HARDWARE_PRESETS)
+
+
+@pytest.mark.parametrize("argv", [
+    ["data", "plot", "wikipedia", "-o", "{out}"],
+    ["profile", "--model", "tiny", "--out", "{out}", "--tokens", "16", "--prefixes", "0",
+     "--repeats", "1", "--quiet"],
+    ["run", "--example", "packed", "--model", "tiny", "--out", "{out}"],
+])
+def test_commands_that_create_directories_check_outputs_first(tmp_path, capsys, argv):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    flag_at = next(i for i, a in enumerate(argv) if a == "{out}") - 1
+    for out, message in ((blocker / "sub" / "x.out", "is not a directory"),
+                         (tmp_path, "is a directory")):
+        assert main([a.format(out=out) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert argv[flag_at] in err and message in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from slimpack.cli import gpu_check
 from slimpack.cli.main import main
-from slimpack.runtime import gpu_check
 from slimpack.runtime.examples import packed_plan
 
 

@@ -12,7 +12,7 @@ from slimpack.data.readers import read_lengths
 from slimpack.data.sampler import SamplerConfig, sample_lengths
 from slimpack.data.sources import resolve_source, source_label
 from slimpack.data.stats import compute_stats, format_stats
-from slimpack.jsonio import strict_json
+from slimpack.jsonio import check_output_path, strict_json
 
 PROFILE_SAMPLE_SIZE = 1_000_000
 """Documents drawn (stratified, seed 0) to describe a profile SOURCE."""
@@ -29,19 +29,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.set_defaults(handler=run_stats)
 
     profile = commands.add_parser("profile", help="build a profile JSON from your data")
-    profile.add_argument("path", metavar="PATH")
-    profile.add_argument("-o", "--output", required=True, metavar="FILE")
+    profile.add_argument("path", metavar="PATH", help="length file or folder (CSV, JSONL, ...)")
+    profile.add_argument("-o", "--output", required=True, metavar="FILE",
+                         help="profile JSON to write")
     profile.add_argument("--name", default=None, help="profile name (default: file stem)")
-    profile.add_argument("--description", default="")
-    profile.add_argument("--provenance", default="")
-    profile.add_argument("--licence", default="unknown (set --licence)")
-    profile.add_argument("--truncation", default="split", choices=("split", "truncate", "drop"))
+    profile.add_argument("--description", default="", help="one line stored in the profile")
+    profile.add_argument("--provenance", default="", help="where the data came from")
+    profile.add_argument("--licence", default="unknown (set --licence)",
+                         help="the data's licence, stored in the profile")
+    profile.add_argument("--truncation", default="split", choices=("split", "truncate", "drop"),
+                         help="default handling of documents longer than the context "
+                              "(default split)")
     _add_reader_options(profile)
     profile.set_defaults(handler=run_profile)
 
     plot = commands.add_parser("plot", help="plot distributions side by side (PNG)")
-    plot.add_argument("sources", metavar="SOURCE", nargs="+")
-    plot.add_argument("-o", "--output", required=True, metavar="FILE.png")
+    plot.add_argument("sources", metavar="SOURCE", nargs="+", help="profile names or paths")
+    plot.add_argument("-o", "--output", required=True, metavar="FILE.png", help="PNG to write")
     _add_reader_options(plot)
     plot.set_defaults(handler=run_plot)
 
@@ -84,6 +88,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    check_output_path("-o/--output", args.output, create_parent=True)
     data = read_lengths(
         args.path, column=args.column, text_column=args.text_column, tokenizer=args.tokenizer
     )
@@ -102,6 +107,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
+    check_output_path("-o/--output", args.output, create_parent=True)
     from slimpack.data.plot import plot_distributions
 
     named = {}

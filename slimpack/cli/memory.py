@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from slimpack.cli.types import positive_int, preset_help
 from slimpack.cost.memory import GIB, SCHEDULE_KINDS, estimate_memory
 from slimpack.jsonio import strict_json
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -20,23 +21,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "token per layer."
         ),
     )
-    p.add_argument("--model", required=True, help="model preset, e.g. llama-13b")
+    p.add_argument("--model", required=True, help=preset_help("model"))
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--vpp", type=int, default=1, help="virtual stages per pipeline rank")
-    p.add_argument("--dp", type=int, default=1, help="shards the distributed optimizer")
-    p.add_argument("--slices", type=int, default=1, help="slices per sequence (slimpipe)")
-    p.add_argument("--schedule", choices=SCHEDULE_KINDS, default="1f1b")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    p.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree")
+    p.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree")
+    p.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank")
+    p.add_argument("--dp", type=positive_int, default=1, help="shards the distributed optimizer")
+    p.add_argument("--slices", type=positive_int, default=1,
+                   help="slices per sequence (slimpipe only)")
+    p.add_argument("--schedule", choices=SCHEDULE_KINDS, default="1f1b",
+                   help="pipeline schedule (default 1f1b)")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                   help="activation recomputation (default none)")
     p.add_argument("--rank", type=int, default=0, help="pipeline rank to report")
-    p.add_argument("--hardware", default=None, help="hardware preset: adds a fits/OOM verdict")
+    p.add_argument("--hardware", default=None,
+                   help=preset_help("hardware") + "; adds a fits/OOM verdict")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    # The estimate ignores these for other schedules; refusing beats printing "slices=4"
+    # next to numbers computed for one slice.
+    if args.slices != 1 and args.schedule != "slimpipe":
+        raise ValueError(f"--slices {args.slices} applies only to --schedule slimpipe (got "
+                         f"--schedule {args.schedule}); drop --slices or use slimpipe")
+    if args.vpp != 1 and args.schedule == "1f1b":
+        raise ValueError(f"--vpp {args.vpp} needs --schedule interleaved or slimpipe; 1f1b runs "
+                         "one model chunk per rank")
     model = model_preset(args.model)
     ParallelSpec(tp=args.tp, cp=args.cp, pp=args.pp, dp=args.dp,
                  vpp=args.vpp).validate_for_model(model)

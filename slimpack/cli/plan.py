@@ -14,7 +14,13 @@ import sys
 from typing import Any
 
 from slimpack.batch import Batch
-from slimpack.cli.types import MAX_GLOBAL_BATCH, MAX_TOKEN_BUDGET, int_range, positive_float
+from slimpack.cli.types import (
+    MAX_GLOBAL_BATCH,
+    MAX_TOKEN_BUDGET,
+    int_range,
+    positive_float,
+    preset_help,
+)
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.jsonio import check_output_path, strict_json
 from slimpack.methods import get_method, method_names
@@ -23,8 +29,8 @@ from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 
 def _add_workload_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="model preset, e.g. llama-7b")
-    p.add_argument("--hardware", default="h100", help="hardware preset (default h100)")
+    p.add_argument("--model", required=True, help=preset_help("model"))
+    p.add_argument("--hardware", default="h100", help=preset_help("hardware") + " (default h100)")
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
     for name in ("tp", "cp", "pp", "vpp", "dp"):
         p.add_argument(f"--{name}", type=int, default=None, help=f"{name} degree")
@@ -42,7 +48,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
                       help="tokens in the global batch instead (e.g. 512 x context for "
                            "Megatron's 'global batch 512' of context-length samples); 1 to "
                            f"{MAX_TOKEN_BUDGET:,}")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampler seed for the batch (default 0)")
     p.add_argument("--time-limit", type=positive_float, default=None,
                    help="planner time limit in seconds, a finite number > 0 (default: each "
                         "planner's own)")

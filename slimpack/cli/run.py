@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slimpack.cli.types import positive_float, positive_int
-from slimpack.jsonio import atomic_write_text, strict_json
+from slimpack.cli.types import int_range, positive_float, positive_int, preset_help
+from slimpack.jsonio import atomic_write_text, check_output_path, strict_json
 from slimpack.records import StepRecord
 
 
@@ -37,18 +37,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--dp", type=int, default=1, help="--example only (default 1)")
     r.add_argument("--vpp", type=int, default=1, help="--example only (default 1)")
     r.add_argument("--scale", type=int, default=1, help="--example token multiplier")
-    r.add_argument("--model", help="model preset (default: the plan's model)")
+    r.add_argument("--model", help=preset_help("model") + " (default: the plan's model)")
     r.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="torch.distributed backend (default: nccl with CUDA, else gloo)")
-    r.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
-    r.add_argument("--attention", default="auto",
+    r.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="parameter and activation dtype (default fp32)")
+    r.add_argument("--attention", default="auto", help="attention kernel (default auto)",
                    choices=("auto", "flash", "torch-varlen", "sdpa", "dense"))
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=int, default=0, help="weight and data seed (default 0)")
     r.add_argument("--nproc", type=positive_int,
                    help="processes to spawn, >= 1 (default: plan world size)")
-    r.add_argument("--warmup", type=int, default=1,
+    r.add_argument("--warmup", type=int_range(0), default=1,
                    help="untimed steps before the measured one (default 1)")
-    r.add_argument("--steps", type=int, default=1,
+    r.add_argument("--steps", type=positive_int, default=1,
                    help="measured steps; the record keeps the median (default 1)")
     r.add_argument("--out", help="write the record: .csv appends a row, else JSON with ops")
     r.add_argument("--calibration", metavar="CSV",
@@ -60,20 +61,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("profile", help="measure per-layer times for the cost model",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model preset")
+    p.add_argument("--model", required=True, help=preset_help("model"))
     p.add_argument("--out", required=True, help="CSV to write (e.g. calib.csv)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
-    p.add_argument("--attention", default="auto", choices=("auto", "flash", "torch-varlen", "sdpa"))
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where to time the layers (default cpu)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="dtype to time (default fp32)")
+    p.add_argument("--attention", default="auto", choices=("auto", "flash", "torch-varlen", "sdpa"),
+                   help="attention kernel (default auto)")
     p.add_argument("--tokens", default="64,128,256,512,1024,2048",
                    help="comma-separated query token counts")
     p.add_argument("--prefixes", default="0,512,2048", help="comma-separated KV prefixes (with 0)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed repetitions per grid point (default 5)")
     p.add_argument("--threads", type=int, help="torch CPU threads (match the run's per-rank share)")
-    p.add_argument("--concurrent", type=int, default=1,
+    p.add_argument("--concurrent", type=positive_int, default=1,
                    help="profile in N processes at once (CPU: the run's ranks per machine, "
                         "which share memory bandwidth); keeps the first one's numbers")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
     p.set_defaults(handler=_profile)
 
 
@@ -106,9 +111,11 @@ def _run(args: argparse.Namespace) -> int:
 
     from slimpack.runtime.config import RuntimeConfig
     from slimpack.runtime.launch import run_plan, under_torchrun
-    from slimpack.runtime.sim_compare import compare_with_simulator
     from slimpack.runtime.validate import check_runtime_plan
+    from slimpack.validation.simulated_vs_measured import compare_with_simulator
 
+    if args.out:
+        check_output_path("--out", args.out, create_parent=True)  # before spawning anything
     plan, spec = _load(args)
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     device = "cuda" if backend == "nccl" else "cpu"
@@ -122,6 +129,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         world = args.nproc if args.nproc is not None else plan.world_size
     check_runtime_plan(plan, spec, world_size=world)  # fail before anything starts
+    if device == "cpu" and not under_torchrun():
+        check_host_memory(plan, spec, dtype=args.dtype)
     cost = None
     if args.calibration:
         from slimpack.cost.calibrated import CalibratedCostModel
@@ -144,6 +153,39 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         write_record(record, args.out, comparison=comparison)
     return 0
+
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def host_memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        for line in open("/proc/meminfo", encoding="ascii"):  # noqa: SIM115 - tiny file
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_host_memory(plan, spec, *, dtype: str, available: int | None = None) -> None:  # noqa: ANN001
+    """Refuse a CPU run whose weights and gradients alone exceed the host's free memory.
+
+    A lower bound (activations come on top), so a refused run would certainly have failed:
+    without it, `run --model llama-7b` on CPU spawned its ranks and met the OOM killer
+    minutes later. Every data-parallel replica holds the whole model (its stages spread
+    over pp ranks), each parameter once as a weight and once as a gradient.
+    """
+    available = host_memory_available() if available is None else available
+    if available is None:
+        return
+    need = plan.parallel.dp * spec.num_params * DTYPE_BYTES[dtype] * 2
+    if need > available:
+        raise ValueError(
+            f"--model {spec.name} needs at least {need / 2**30:.1f} GiB of host memory on CPU "
+            f"(weights + gradients, {dtype}, dp={plan.parallel.dp}) but {available / 2**30:.1f}"
+            f" GiB is available; use a smaller model (tiny, small) or --dtype bf16")
 
 
 def write_record(record: StepRecord, path: str, *, comparison: dict[str, Any] | None = None
@@ -170,6 +212,7 @@ def write_record(record: StepRecord, path: str, *, comparison: dict[str, Any] | 
 
 
 def _profile(args: argparse.Namespace) -> int:
+    check_output_path("--out", args.out, create_parent=True)  # before minutes of timing
     import torch
 
     from slimpack.runtime.profiler import (

@@ -58,3 +58,11 @@ def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 positive_int = int_range(1)
+
+
+def preset_help(kind: str) -> str:
+    """'model preset: llama-7b, ...' for --help, from the registry (never out of date)."""
+    from slimpack.specs import HARDWARE_PRESETS, MODEL_PRESETS
+
+    names = MODEL_PRESETS if kind == "model" else HARDWARE_PRESETS
+    return f"{kind} preset: {', '.join(names)}"

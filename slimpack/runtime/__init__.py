@@ -14,8 +14,9 @@ Modules, one job each:
 * :mod:`~slimpack.runtime.executor`       runs one rank's op lists; measures records
 * :mod:`~slimpack.runtime.launch`         torchrun or local spawn; records out
 * :mod:`~slimpack.runtime.profiler`       per-layer (tokens, prefix) timing grid -> CSV
-* :mod:`~slimpack.runtime.sim_compare`    simulated vs measured step time and peak memory
-* :mod:`~slimpack.runtime.gpu_check`      the one-shot CUDA check (``make gpu-check``)
+
+The one-shot CUDA check (``make gpu-check``) is :mod:`slimpack.cli.gpu_check`: it compares the
+runtime with the simulator, so it sits above both.
 """
 
 from slimpack.runtime.config import RuntimeConfig

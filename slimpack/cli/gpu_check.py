@@ -1,6 +1,6 @@
 """``make gpu-check``: the runtime's one-shot check on a CUDA machine (target < 10 min).
 
-    python -m slimpack.runtime.gpu_check [--out results/gpu] [--skip-profile]
+    python -m slimpack.cli.gpu_check [--out results/gpu] [--skip-profile]
 
 1. parity on CUDA, fp32 and bf16: the three example plans (SlimPipe-, SlimPack- and
    packed-style; one with virtual stages) against the unsliced fp32 reference, plus the
@@ -29,7 +29,7 @@ other orders than the reference (TF32 is off); bf16 keeps 8 mantissa bits per ac
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m slimpack.runtime.gpu_check",
+    p = argparse.ArgumentParser(prog="python -m slimpack.cli.gpu_check",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/gpu", help="output folder (default results/gpu)")
@@ -142,8 +142,8 @@ def _sim_vs_real(out: Path, scale: int) -> list[dict]:
     from slimpack.runtime.examples import EXAMPLES
     from slimpack.runtime.launch import run_in_process_group, run_plan
     from slimpack.runtime.profiler import ProfileConfig, profile_model, write_profile_csv
-    from slimpack.runtime.sim_compare import compare_with_simulator
     from slimpack.specs import model_preset
+    from slimpack.validation.simulated_vs_measured import compare_with_simulator
 
     spec = replace(model_preset("llama-7b"), name="llama-7b-4l", num_layers=4)
     hardware = _hardware_for(torch.cuda.get_device_name(0))

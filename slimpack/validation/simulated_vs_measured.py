@@ -1,6 +1,9 @@
 """Simulated against measured: how far the simulator's step time and peak memory are from a
-real run of the same plan. Used by ``slimpack run --calibration`` and the GPU check, so it
-lives in the runtime rather than in the CLI (the CLI imports it, not the other way round)."""
+real run of the same plan. Used by ``slimpack run --calibration`` and the GPU check.
+
+It validates the simulator against the runtime, so it sits in the validation layer, above both:
+``slimpack.sim`` and ``slimpack.runtime`` are sibling layers that must not import each other,
+and the CLI is the top layer that library code must not import."""
 
 from __future__ import annotations
 
