@@ -22,6 +22,9 @@ SlimPack-over-Megatron claim is shown against both (``Claim.bracket``), judged o
 SLIMPACK_SOURCE = "SlimPack arXiv 2509.26246"
 SLIMPIPE_SOURCE = "SlimPipe arXiv 2504.14519"
 TIMING_COLUMNS = ("plan_seconds", "sim_seconds")
+SEARCH_TOP_K = 3
+"""Layouts simulated per method in a harness configuration search unless an experiment sets
+its own caps (``slimpack.compare.best_parallel``; records say whether a search finished)."""
 
 
 def draw_batch(point: Point, experiment: str) -> Any:
@@ -62,6 +65,10 @@ def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
     batch = extra.pop("batch", None) or draw_batch(point, experiment)
+    # Harness searches are capped by count, never by wall time, so every machine computes the
+    # same records: each method's 3 best-estimated layouts unless the experiment says more.
+    extra.setdefault("auto_parallel_top_k", SEARCH_TOP_K)
+    extra.setdefault("search_budget_s", None)
     parallel = None
     if point.get("parallel"):
         parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
@@ -131,7 +138,8 @@ def bracket_speedups(records: pd.DataFrame, keys: list[str], reduce,
 
 
 def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
-                     batch: Any = None, candidate_filter: Any = None, top_k: int = 3,
+                     batch: Any = None, candidate_filter: Any = None,
+                     top_k: int | None = SEARCH_TOP_K,
                      method_options: dict[str, dict[str, Any]] | None = None,
                      labels: dict[str, str] | None = None) -> list[Row]:
     """Full StepRecord rows (per-unit times, per-stage memory) for each method at the layout
