@@ -35,12 +35,16 @@ HARDWARE, MODEL, GPUS, CONTEXT = "h800-80g", "llama-70b", 256, 256 * 1024
 SAMPLES = 512
 """Context-length samples per global batch: the smallest of the papers' 512-2048."""
 METHODS = (*MEGATRON_BRACKET, "wlb-llm", "slimpipe", "slimpack")
-DATASETS, QUICK_DATASETS = ("commoncrawl", "github"), ("commoncrawl",)
-SEARCH_TOP_K = {"megatron": None, "megatron-causal": None, "wlb-llm": 3, "slimpipe": 3,
+DATASETS, QUICK_DATASETS = ("commoncrawl",), ("commoncrawl",)
+"""One dataset: one point takes about 5 minutes of a core (Megatron-LM's exhaustive search over
+134M tokens), the most `make reproduce` can afford. GitHub lengths, measured once the same
+way: SlimPack / Megatron-LM 1.04x (660.95 s vs 688.37 s), / megatron-causal 2.19x."""
+SEARCH_TOP_K = {"megatron": None, "megatron-causal": 12, "wlb-llm": 3, "slimpipe": 3,
                 "slimpack": 3}
-"""Megatron-LM's searches are exhaustive (the baseline's layout decides the headline's
-fairness); the slow planners get their 3 best-estimated layouts, which can only understate
-their lead. A count, not a time budget, so every machine gets the same records."""
+"""Megatron-LM's search is exhaustive (the judged baseline's layout decides the headline's
+fairness); megatron-causal, the bracket's far end, gets its 12 best-estimated layouts and the
+slow planners their 3, which can only understate their lead. A count, not a time budget, so
+every machine gets the same records."""
 
 
 def points(quick: bool) -> list[Point]:
@@ -110,21 +114,20 @@ def claims(records: pd.DataFrame) -> list[Claim]:
     ratio = bracket_speedups(records, ["dataset", "seed"], lambda f: float(
         select(f, method="slimpack")["speedup"].min()) if not f.empty else float("nan"))
     searched = float("nan")
-    megatron = records[records["method"].isin(MEGATRON_BRACKET)] if not records.empty \
-        else records
+    megatron = records[records["method"] == "megatron"] if not records.empty else records
     if not megatron.empty:
         done = megatron["search_exhaustive"].map(lambda v: str(v).lower() == "true")
         searched = float(done.mean())
     return [
         Claim(claim_id="paper-scale-speedup",
               text=("SlimPack / Megatron-LM throughput at a paper-size batch (512 x 256K "
-                    "samples), worst dataset"),
+                    "samples), Common Crawl lengths"),
               source=SLIMPACK_SOURCE, paper_value="up to 2.8x", reproduced=ratio[0][1],
               bracket=ratio, unit="x", check=between(1.0, 2.8, reason=(
                   "SlimPack must win, and the paper's maximum over all its settings bounds any "
                   "one setting")), hardware=HARDWARE),
         Claim(claim_id="paper-scale-megatron-search-exhaustive",
-              text="Share of Megatron-LM searches that finished (every layout simulated or "
+              text="Megatron-LM's configuration search finished (every layout simulated or "
                    "pruned by the lower bound)",
               source="this suite", paper_value="all", reproduced=searched, unit="",
               check=Check(kind="at_least", target=1.0, reason=(
@@ -136,7 +139,7 @@ def claims(records: pd.DataFrame) -> list[Claim]:
 EXPERIMENT = Experiment(
     name="paper-scale",
     description=("The SlimPack-over-Megatron headline at the papers' batch size: 512 samples "
-                 "of 256K (134M tokens) of Common Crawl and GitHub lengths, llama-70b on 256 "
+                 "of 256K (134M tokens) of Common Crawl lengths, llama-70b on 256 "
                  "H800 GPUs; Megatron-LM at the layout its exhaustive (bound-pruned) "
                  "configuration search finds best, the other methods at the best of their 3 "
                  "best-estimated layouts."),
