@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,11 @@ def log_to_wandb(*, mode: str, results_dir: Path, experiment: str, job_type: str
 
         wandb_dir = results_dir / "wandb"
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        run = wandb.init(project=PROJECT, group=experiment, job_type=job_type,
+        # One run id per experiment and job: its offline directories end in the id, so the
+        # older ones can be pruned and only the latest run per experiment stays on disk.
+        run_id = f"{experiment}-{job_type}"
+        run = wandb.init(project=PROJECT, group=experiment, job_type=job_type, id=run_id,
+                         resume="allow",
                          name=f"{experiment}-{job_type}", mode=mode, dir=str(results_dir),
                          config=config, reinit="finish_previous",
                          settings=wandb.Settings(silent=True, init_timeout=60,
@@ -56,10 +61,19 @@ def log_to_wandb(*, mode: str, results_dir: Path, experiment: str, job_type: str
                 run.summary[key] = value
         finally:
             run.finish()
+        if mode == "offline":
+            _keep_latest(wandb_dir, run_id)
         return ""
     except Exception as exc:  # noqa: BLE001 - W&B must never lose or block local results
         return f"W&B logging for {experiment} ({job_type}) failed, local results are intact: " \
                f"{type(exc).__name__}: {exc}"
+
+
+def _keep_latest(wandb_dir: Path, run_id: str) -> None:
+    """Delete every offline run directory of ``run_id`` but the newest (names sort by time)."""
+    runs = sorted(wandb_dir.glob(f"offline-run-*-{run_id}"))
+    for old in runs[:-1]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _loggable(frame: pd.DataFrame) -> pd.DataFrame:

@@ -10,10 +10,13 @@ lower bound on its step (``step_lower_bound``) shows it cannot beat the best fou
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from tqdm import tqdm
 
 from slimpack.batch import Batch
 from slimpack.cost.kernel_model import default_cost_model
@@ -31,7 +34,7 @@ from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 RECORD_KEYS = ("method", "step_time_s", "tokens_per_s", "mfu", "bubble_fraction",
                "peak_memory_gib", "oom", "imbalance_degree", "speedup_vs_first",
                "step_over_ideal", "plan_seconds", "parallel", "recompute", "offload", "num_tokens",
-               "search", "search_exhaustive", "error")
+               "search", "search_exhaustive", "fallback", "error")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +114,8 @@ def _record(method: str, plan: Plan | None, rec, parallel: ParallelSpec, error: 
         "recompute": _recompute_of(plan) if plan else "",
         "offload": max(g.offload for g in plan.groups()) if plan else float("nan"),
         "num_tokens": plan.num_tokens if plan else 0,
+        # A planner that fell back to a simpler answer says so (never silently degrades).
+        "fallback": str(plan.metadata.get("fallback", "")) if plan else "",
         "speedup_vs_first": nan,
         "error": error,
     }
@@ -272,7 +277,7 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
             cost: CostModel | None = None, context: int | None = None,
             time_limit_s: float | None = None,
             auto_parallel_top_k: int | Mapping[str, int | None] | None = None,
-            search_budget_s: float | None = 60.0,
+            search_budget_s: float | None = 60.0, progress: bool = False,
             method_options: Mapping[str, Mapping[str, Any]] | None = None,
             ) -> list[dict[str, Any]]:
     """One record per method (keys ``RECORD_KEYS`` plus ``ideal_step_time_s``).
@@ -299,7 +304,10 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
     method_options = method_options or {}
     estimate_cache: dict = {}  # one batch, cost model and context: shared by every method
     rows = []
-    for method in methods:
+    bar = tqdm(methods, desc="compare", unit="method", disable=not progress, file=sys.stderr,
+               leave=False)
+    for method in bar:
+        bar.set_postfix_str(method)
         options = dict(method_options.get(method, {}))
         plan, rec, used = None, None, parallel
         search = "fixed layout"

@@ -234,7 +234,7 @@ def run_compare(args: argparse.Namespace) -> int:
                        seed=args.seed)
     rows = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
-                   time_limit_s=args.time_limit, method_options=options)
+                   time_limit_s=args.time_limit, method_options=options, progress=True)
     if args.json:
         print(strict_json({"records": rows}, indent=1))
     else:
@@ -242,6 +242,9 @@ def run_compare(args: argparse.Namespace) -> int:
               f"{args.context}, {len(batch)} sequences ({batch.num_tokens:,} tokens), "
               f"seed {args.seed}")
         print(format_table(rows))
+    fallbacks = [r for r in rows if r.get("fallback")]
+    for r in fallbacks:
+        print(f"slimpack compare: {r['method']} fell back: {r['fallback']}", file=sys.stderr)
     failed = [r for r in rows if r.get("error")]
     for r in failed:
         print(f"slimpack compare: {r['method']} failed: {r['error']}", file=sys.stderr)
