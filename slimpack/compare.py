@@ -60,13 +60,14 @@ class CompareSettings:
             if cap is not None and (not isinstance(cap, int) or cap < 1):
                 raise ValueError(f"auto_parallel_top_k must be >= 1 or None (or a mapping of "
                                  f"method to such caps), got {self.auto_parallel_top_k!r}")
+        if self.search_budget_s is not None and not self.search_budget_s > 0:
+            raise ValueError(f"search_budget_s must be > 0 or None, got {self.search_budget_s}")
 
     def top_k_for(self, method: str) -> int | None:
+        """The cap on layouts simulated for ``method`` (None: no cap)."""
         if isinstance(self.auto_parallel_top_k, Mapping):
             return self.auto_parallel_top_k.get(method)
         return self.auto_parallel_top_k
-        if self.search_budget_s is not None and not self.search_budget_s > 0:
-            raise ValueError(f"search_budget_s must be > 0 or None, got {self.search_budget_s}")
 
 
 def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
@@ -204,10 +205,10 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
     ``top_k`` caps the layouts simulated and ``budget_s`` the seconds spent
     planning and simulating them (checked between layouts; ranking is not counted);
     ``estimate_cache`` shares the ranking's work between calls on the same batch, cost model
-    and context (``compare`` passes one for all its methods); ``SearchResult.exhaustive`` says whether every
-    layout was simulated or pruned. Returns the fastest layout that does not run out of memory
-    (or the fastest overall when all do). A layout that fails to plan is skipped and listed in
-    ``tried``; ValueError when none plans."""
+    and context (``compare`` passes one for all its methods); ``SearchResult.exhaustive``
+    says whether every layout was simulated or pruned. Returns the fastest layout that does
+    not run out of memory (or the fastest overall when all do). A layout that fails to plan is
+    skipped and listed in ``tried``; ValueError when none plans."""
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
     if budget_s is not None and not budget_s > 0:
@@ -264,9 +265,9 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
     if best is None:
         raise ValueError(f"{method}: no candidate layout could be planned: " + "; ".join(errors))
     exhaustive = not any("stopped" in t for t in tried)
-    best[1].metadata["parallel_search"] = {"candidates": len(candidates), "simulated": simulated,
-                                  "pruned_by_bound": pruned, "exhaustive": exhaustive,
-                                  "seconds": time.perf_counter() - started}
+    best[1].metadata["parallel_search"] = {
+        "candidates": len(candidates), "simulated": simulated, "pruned_by_bound": pruned,
+        "exhaustive": exhaustive, "seconds": time.perf_counter() - started}
     return SearchResult(plan=best[1], record=best[2], parallel=best[3], tried=tuple(tried),
                         candidates=len(candidates), simulated=simulated, pruned=pruned,
                         exhaustive=exhaustive)

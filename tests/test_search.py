@@ -68,3 +68,14 @@ def test_slimpipe_is_searched_as_its_artifact_runs_it():
                                                          hw, 256, 262144)) == 32
     megatron = method_candidates("megatron", model, hw, 256, 262144)
     assert max(c.parallel.vpp for c in megatron) == 2 and max(c.parallel.pp for c in megatron) <= 16
+
+
+def test_compare_settings_check_their_caps():
+    from slimpack.compare import CompareSettings
+
+    assert CompareSettings(auto_parallel_top_k={"slimpack": 2}).top_k_for("slimpack") == 2
+    assert CompareSettings(auto_parallel_top_k={"slimpack": 2}).top_k_for("megatron") is None
+    with pytest.raises(ValueError, match="search_budget_s must be > 0"):
+        CompareSettings(search_budget_s=0)
+    with pytest.raises(ValueError, match="auto_parallel_top_k must be >= 1"):
+        CompareSettings(auto_parallel_top_k={"slimpack": 0})

@@ -36,15 +36,15 @@ SAMPLES = 512
 """Context-length samples per global batch: the smallest of the papers' 512-2048."""
 METHODS = (*MEGATRON_BRACKET, "wlb-llm", "slimpipe", "slimpack")
 DATASETS, QUICK_DATASETS = ("commoncrawl",), ("commoncrawl",)
-"""One dataset: one point takes about 5 minutes of a core (Megatron-LM's exhaustive search over
+"""One dataset: one point takes about 5 minutes of a core (Megatron-LM's exhaustive searches over
 134M tokens), the most `make reproduce` can afford. GitHub lengths, measured once the same
 way: SlimPack / Megatron-LM 1.04x (660.95 s vs 688.37 s), / megatron-causal 2.19x."""
-SEARCH_TOP_K = {"megatron": None, "megatron-causal": 12, "wlb-llm": 3, "slimpipe": 3,
+SEARCH_TOP_K = {"megatron": None, "megatron-causal": None, "wlb-llm": 3, "slimpipe": 3,
                 "slimpack": 3}
-"""Megatron-LM's search is exhaustive (the judged baseline's layout decides the headline's
-fairness); megatron-causal, the bracket's far end, gets its 12 best-estimated layouts and the
-slow planners their 3, which can only understate their lead. A count, not a time budget, so
-every machine gets the same records."""
+"""Both Megatron-LM variants are searched exhaustively (the baseline's layout decides the
+headline's fairness; a capped megatron-causal search inflated the bracket's far end from 2.94x
+to 3.21x); the slow planners get their 3 best-estimated layouts, which can only understate
+their lead. A count, not a time budget, so every machine gets the same records."""
 
 
 def points(quick: bool) -> list[Point]:
@@ -114,7 +114,8 @@ def claims(records: pd.DataFrame) -> list[Claim]:
     ratio = bracket_speedups(records, ["dataset", "seed"], lambda f: float(
         select(f, method="slimpack")["speedup"].min()) if not f.empty else float("nan"))
     searched = float("nan")
-    megatron = records[records["method"] == "megatron"] if not records.empty else records
+    megatron = records[records["method"].isin(MEGATRON_BRACKET)] if not records.empty \
+        else records
     if not megatron.empty:
         done = megatron["search_exhaustive"].map(lambda v: str(v).lower() == "true")
         searched = float(done.mean())
@@ -127,8 +128,8 @@ def claims(records: pd.DataFrame) -> list[Claim]:
                   "SlimPack must win, and the paper's maximum over all its settings bounds any "
                   "one setting")), hardware=HARDWARE),
         Claim(claim_id="paper-scale-megatron-search-exhaustive",
-              text="Megatron-LM's configuration search finished (every layout simulated or "
-                   "pruned by the lower bound)",
+              text="Share of Megatron-LM searches (both variants) that finished (every "
+                   "layout simulated or pruned by the lower bound)",
               source="this suite", paper_value="all", reproduced=searched, unit="",
               check=Check(kind="at_least", target=1.0, reason=(
                   "a capped baseline search could miss its best layout and inflate the ratio")),
