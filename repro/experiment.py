@@ -124,6 +124,9 @@ class Claim:
     """The same ratio against each baseline of a bracket, ``(baseline, value)``, first the one
     ``reproduced`` is (and the verdict judges): e.g. SlimPack over ``megatron`` (document
     masks) and over ``megatron-causal`` (no masks), since which one the paper ran is not known."""
+    analysis: str = ""
+    """What the records show about why the value is what it is, computed from them (shown in
+    REPORT.md for every claim that is not reproduced)."""
 
     def __post_init__(self) -> None:
         if self.kind not in CLAIM_KINDS:

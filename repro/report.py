@@ -52,7 +52,7 @@ def claims_frame(collected: list[ExperimentClaims]) -> pd.DataFrame:
                          "reproduced": claim.reproduced, "reproduced_text": claim.reproduced_text(),
                          "unit": claim.unit, "rule": claim.check.describe(),
                          "reason": claim.check.reason, "kind": claim.kind,
-                         "verdict": claim.verdict})
+                         "verdict": claim.verdict, "analysis": claim.analysis})
     return pd.DataFrame(rows)
 
 
@@ -65,6 +65,21 @@ def _table(frame: pd.DataFrame, marks: dict[str, str] = VERDICT_MARK) -> list[st
             row["reproduced_text"], row["rule"], row["reason"], marks[row["verdict"]]))
             + " |")
     return lines
+
+
+def _not_reproduced(claims: pd.DataFrame) -> list[str]:
+    """A section with what the records show for every claim that is not reproduced."""
+    if claims.empty:
+        return []
+    missed = claims[claims["verdict"] == "not reproduced"]
+    if missed.empty:
+        return []
+    lines = ["## Claims not reproduced: what the records show", ""]
+    for _, row in missed.iterrows():
+        analysis = row["analysis"] or "_No measured analysis yet._"
+        lines.append(f"- **{row['claim']}** ({row['experiment']}): {row['reproduced_text']} "
+                     f"against {row['paper_value']}. {analysis}")
+    return lines + [""]
 
 
 def _md_cell(text: object) -> str:
@@ -119,6 +134,7 @@ def render_report(results_dir: Path, registry: str = "repro.registry") -> str:
         "",
         *_table(claims),
         "",
+        *_not_reproduced(claims),
         "## Consistency checks",
         "",
         "Checks that hold by construction of a schedule or a model, or test the suite against "
