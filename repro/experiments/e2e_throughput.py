@@ -139,7 +139,8 @@ def claims(records: pd.DataFrame) -> list[Claim]:
             f"{m} {n}" for m, n in counts.items()) + f" (of {len(best)}).")
         cc = select(frame, context=256 * 1024, dataset="commoncrawl")
         megatron, slimpack = select(cc, method="megatron"), select(cc, method="slimpack")
-        if not megatron.empty and not slimpack.empty:
+        needed = {"num_tokens", "step_over_ideal", "bubble_fraction"}
+        if not megatron.empty and not slimpack.empty and needed <= set(cc.columns):
             samples = cc["num_tokens"].mean() / (256 * 1024)
             cc_note = (f"These batches hold 4 documents per GPU, about {samples:.0f} samples of "
                        f"256K; Megatron-LM's step is {megatron['step_over_ideal'].mean():.2f}x "
