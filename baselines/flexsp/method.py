@@ -24,13 +24,13 @@ def sp_pool(candidates: Sequence[Candidate]) -> list[Candidate]:
     return list(out.values())
 
 
-def sp_pool_layout(parallel: ParallelSpec) -> bool:
+def is_sp_pool(parallel: ParallelSpec) -> bool:
     """The SP methods (FlexSP and the Ulysses baselines) run on a pool without pipeline or
     context parallelism: the pool's sequence-parallel groups replace both."""
     return parallel.pp == 1 and parallel.cp == 1 and parallel.vpp == 1
 
 
 METHOD = MethodSpec(
-    name="flexsp", planner=plan, options=FlexSPOptions, allows=sp_pool_layout, reshape=sp_pool,
+    name="flexsp", planner=plan, options=FlexSPOptions, allows=is_sp_pool, reshape=sp_pool,
     summary="heterogeneous Ulysses SP groups per micro-batch chosen by a MILP (HiGHS)",
     source="FlexSP, arXiv 2412.01523")

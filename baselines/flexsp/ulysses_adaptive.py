@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from baselines.flexsp.method import sp_pool, sp_pool_layout
+from baselines.flexsp.method import is_sp_pool, sp_pool
 from baselines.flexsp.ulysses import UlyssesOptions, plan_adaptive
 from slimpack.planning.method import MethodSpec
 
 METHOD = MethodSpec(
     name="ulysses-adaptive", planner=plan_adaptive, options=UlyssesOptions,
-    allows=sp_pool_layout, reshape=sp_pool,
+    allows=is_sp_pool, reshape=sp_pool,
     summary=("DeepSpeed-Ulysses SP at one degree per step, sized for "
              "the batch's longest sequence (FlexSP's batch-adaptive baseline)"),
     source="FlexSP, arXiv 2412.01523 (its evaluation baselines); DeepSpeed-Ulysses, arXiv 2309.14509")

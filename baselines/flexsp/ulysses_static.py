@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from baselines.flexsp.method import sp_pool, sp_pool_layout
+from baselines.flexsp.method import is_sp_pool, sp_pool
 from baselines.flexsp.ulysses import UlyssesOptions, plan_static
 from slimpack.planning.method import MethodSpec
 
 METHOD = MethodSpec(
     name="ulysses-static", planner=plan_static, options=UlyssesOptions,
-    allows=sp_pool_layout, reshape=sp_pool,
+    allows=is_sp_pool, reshape=sp_pool,
     summary=("DeepSpeed-Ulysses SP at one degree for the run, sized for "
              "the context's longest sequence (FlexSP's static baseline)"),
     source="FlexSP, arXiv 2412.01523 (its evaluation baselines); DeepSpeed-Ulysses, arXiv 2309.14509")
