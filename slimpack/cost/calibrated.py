@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slimpack.cost.comm import CommModel
-from slimpack.cost.flops import Piece, attention_flops, head_flops, linear_flops_per_token
+from slimpack.cost.flops import Piece, as_piece_list, attention_flops, head_flops, linear_flops_per_token
 from slimpack.cost.model import ZERO_TIMES, PassTimes
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
@@ -115,7 +115,7 @@ class CalibratedCostModel:
     def layer_times(self, pieces: Sequence[Piece], *, tp: int = 1,
                     recompute: str = "none") -> PassTimes:
         check_recompute("layer_times", recompute)
-        pieces = [p for p in pieces if p[0] > 0]
+        pieces = [(t, p) for t, p in as_piece_list(pieces) if t > 0]
         if not pieces:
             return ZERO_TIMES
         total = sum(t for t, _ in pieces)

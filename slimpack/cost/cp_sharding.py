@@ -22,7 +22,10 @@ one):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+
+import numpy as np
 
 from slimpack.cost.flops import Piece
 
@@ -34,15 +37,24 @@ def shard_pieces(pieces: Sequence[Piece], cp: int, sharding: str) -> list[list[P
 
     ``pieces`` are ``(tokens, kv_prefix)`` of each document segment as packed in one buffer.
     """
+    return [[(t, p) for t, p in rank.tolist()]
+            for rank in shard_piece_arrays(pieces, cp, sharding)]
+
+
+def shard_piece_arrays(pieces: Sequence[Piece] | np.ndarray, cp: int,
+                       sharding: str) -> list[np.ndarray]:
+    """:func:`shard_pieces` as ``cp`` integer arrays of shape ``(n, 2)``: the simulator's
+    form, since a unit of a paper-size batch has thousands of chunks per rank."""
     if cp < 1:
         raise ValueError(f"cp must be >= 1, got {cp}")
     if sharding not in CP_SHARDINGS:
         raise ValueError(f"cp sharding must be one of {CP_SHARDINGS}, got {sharding!r}")
+    arr = np.asarray(pieces, dtype=np.int64).reshape(-1, 2)
     if cp == 1:
-        return [[(int(t), int(p)) for t, p in pieces if t > 0]]
+        return [arr[arr[:, 0] > 0]]
     if sharding == "per-document":
-        return _per_document(pieces, cp)
-    return _per_sequence(pieces, cp)
+        return _per_document(arr, cp)
+    return _per_sequence(arr, cp)
 
 
 def document_pieces(doc_lengths: Sequence[int], cp: int, sharding: str) -> list[list[Piece]]:
@@ -54,40 +66,54 @@ def _owner(cp: int, chunk: int) -> int:
     return chunk if chunk < cp else 2 * cp - 1 - chunk
 
 
-def _per_document(pieces: Sequence[Piece], cp: int) -> list[list[Piece]]:
-    out: list[list[Piece]] = [[] for _ in range(cp)]
-    pointer = 0
-    for tokens, prefix in pieces:
-        base, remainder = divmod(int(tokens), 2 * cp)
-        extra = [0] * cp
-        for j in range(remainder):
-            extra[(pointer + j) % cp] += 1
-        pointer = (pointer + remainder) % cp
-        offset = int(prefix)
-        for chunk in range(2 * cp):
-            rank = _owner(cp, chunk)
-            early = chunk < cp
-            length = base + (1 if (extra[rank] >= 1 if early else extra[rank] == 2) else 0)
-            if length:
-                out[rank].append((length, offset))
-            offset += length
+@functools.lru_cache(maxsize=64)
+def _chunk_owners(cp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rank of each of the 2cp chunks, whether the chunk is its rank's early one)."""
+    chunks = 2 * cp
+    return np.array([_owner(cp, c) for c in range(chunks)]), np.arange(chunks) < cp
+
+
+def _per_document(pieces: np.ndarray, cp: int) -> list[np.ndarray]:
+    chunks = 2 * cp
+    tokens, prefix = pieces[:, 0], pieces[:, 1]
+    base, remainder = np.divmod(tokens, chunks)
+    # The round-robin pointer where each document's remainder starts.
+    pointer = (np.cumsum(remainder) - remainder) % cp
+    ranks = np.arange(cp)
+    # extra[i, r]: leftover tokens rank r gets from document i (0, 1 or 2): remainder j goes
+    # to rank (pointer + j) % cp for j < remainder < 2cp.
+    distance = (ranks[None, :] - pointer[:, None]) % cp
+    extra = (distance < remainder[:, None]).astype(np.int64) + \
+        (distance + cp < remainder[:, None]).astype(np.int64)
+    owner, early = _chunk_owners(cp)
+    # A rank's first extra token lengthens its early chunk, a second one its late chunk.
+    bonus = np.where(early[None, :], extra[:, owner] >= 1, extra[:, owner] == 2)
+    lengths = base[:, None] + bonus.astype(np.int64)
+    offsets = prefix[:, None] + np.cumsum(lengths, axis=1) - lengths
+    out = []
+    for rank in range(cp):
+        cols = [rank, chunks - 1 - rank]  # early chunk first, as the buffer is ordered
+        rank_pieces = np.stack([lengths[:, cols].reshape(-1), offsets[:, cols].reshape(-1)],
+                               axis=1)
+        out.append(rank_pieces[rank_pieces[:, 0] > 0])
     return out
 
 
-def _per_sequence(pieces: Sequence[Piece], cp: int) -> list[list[Piece]]:
+def _per_sequence(pieces: np.ndarray, cp: int) -> list[np.ndarray]:
     out: list[list[Piece]] = [[] for _ in range(cp)]
-    total = int(sum(t for t, _ in pieces))
+    listed = [(int(t), int(p)) for t, p in pieces.tolist()]
+    total = sum(t for t, _ in listed)
     chunks = 2 * cp
     bounds = [total * k // chunks for k in range(chunks + 1)]
     for chunk in range(chunks):
         lo, hi = bounds[chunk], bounds[chunk + 1]
         rank = _owner(cp, chunk)
         start = 0
-        for tokens, prefix in pieces:
+        for tokens, prefix in listed:
             a, b = max(lo, start), min(hi, start + tokens)
             if a < b:
-                out[rank].append((b - a, int(prefix) + (a - start)))
+                out[rank].append((b - a, prefix + (a - start)))
             start += tokens
             if start >= hi:
                 break
-    return out
+    return [np.array(rank, dtype=np.int64).reshape(-1, 2) for rank in out]

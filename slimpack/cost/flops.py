@@ -17,6 +17,14 @@ Piece = tuple[int, int]
 """(query tokens, KV prefix tokens) of one document on one device."""
 
 
+def as_piece_list(pieces: Iterable[Piece]) -> list[Piece]:
+    """``pieces`` as a list of ``(tokens, kv_prefix)`` Python ints, whether given as pairs or
+    as the simulator's ``(n, 2)`` integer array."""
+    if hasattr(pieces, "tolist"):
+        return [(int(t), int(p)) for t, p in pieces.tolist()]
+    return list(pieces)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FlopCount:
     """Forward FLOPs of one layer split by kind, because their backward ratios differ."""

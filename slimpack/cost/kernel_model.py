@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from slimpack.cost import kernels as K
 from slimpack.cost.comm import CommModel
 from slimpack.cost.flops import Piece
@@ -97,13 +99,16 @@ class KernelCostModel:
         mdl, hw = self.model, self.hardware
         heads = mdl.num_heads / tp
         if self.training.attention_kernel == "flash":
-            f = K.attention_seconds(hw, pieces, heads=heads, head_dim=mdl.head_dim,
-                                    backward=False)
-            b = K.attention_seconds(hw, pieces, heads=heads, head_dim=mdl.head_dim,
-                                    backward=True)
+            tiles, queries = K.attention_work(pieces)
+            f = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
+                                            head_dim=mdl.head_dim, backward=False)
+            b = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
+                                            head_dim=mdl.head_dim, backward=True)
             return PassTimes(forward_s=f / self.attention_fwd_scale,
                              backward_s=b / self.attention_bwd_scale)
         # Unfused: the full s x s scores are computed (masking does not skip work).
+        if isinstance(pieces, np.ndarray):
+            pieces = [(int(t), int(p)) for t, p in pieces.tolist()]
         d, nh = mdl.head_dim, max(int(round(heads)), 1)
         fwd = bwd = 0.0
         for t, p in pieces:
@@ -148,10 +153,16 @@ class KernelCostModel:
     def layer_times(self, pieces: Sequence[Piece], *, tp: int = 1,
                     recompute: str = "none") -> PassTimes:
         check_recompute("layer_times", recompute)
-        pieces = [p for p in pieces if p[0] > 0]
-        if not pieces:
-            return ZERO_TIMES
-        tokens = sum(p[0] for p in pieces)
+        if isinstance(pieces, np.ndarray):  # the simulator's (n, 2) arrays of CP chunks
+            pieces = pieces[pieces[:, 0] > 0]
+            if not len(pieces):
+                return ZERO_TIMES
+            tokens = int(pieces[:, 0].sum())
+        else:
+            pieces = [p for p in pieces if p[0] > 0]
+            if not pieces:
+                return ZERO_TIMES
+            tokens = sum(p[0] for p in pieces)
         token_part = self._token_cache.get((tokens, tp))
         if token_part is None:
             token_part = self._token_times(tokens, tp)

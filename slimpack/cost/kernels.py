@@ -26,7 +26,10 @@ published throughput curves do. Head dimension scales eta by ``d/(d + d0)`` (nor
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from slimpack.specs.hardware import HardwareSpec
 
@@ -131,18 +134,57 @@ def attention_tiles(tokens: int, prefix: int, *, causal: bool = True) -> tuple[f
     return nq * -(-(tokens + prefix) // ATTN_TILE), nq
 
 
+VECTORISE_FROM = 64
+"""Piece lists at least this long are summed with numpy (a unit of a paper-size batch holds
+thousands of CP chunks); shorter ones in Python, where numpy's call overhead dominates. Both
+sums are exact integers, so the two paths agree to the last bit."""
+
+
+def attention_work(pieces: Iterable[tuple[int, int]] | np.ndarray, *,
+                   causal: bool = True) -> tuple[int, int]:
+    """(key tiles visited, query tiles) summed over ``pieces`` of ``(tokens, prefix)``;
+    pieces without tokens are skipped. ``pieces`` may be an ``(n, 2)`` integer array."""
+    if not isinstance(pieces, np.ndarray):
+        pieces = list(pieces)
+        if len(pieces) < VECTORISE_FROM:
+            tiles = queries = 0
+            for tokens, prefix in pieces:
+                if tokens <= 0:
+                    continue
+                nq = -(-int(tokens) // ATTN_TILE)
+                reach = -(-int(prefix) // ATTN_TILE) if causal else \
+                    -(-(int(tokens) + int(prefix)) // ATTN_TILE)
+                tiles += nq * reach + (nq * (nq + 1) // 2 if causal else 0)
+                queries += nq
+            return tiles, queries
+    arr = np.asarray(pieces, dtype=np.int64).reshape(-1, 2)
+    arr = arr[arr[:, 0] > 0]
+    tokens, prefix = arr[:, 0], arr[:, 1]
+    nq = -(-tokens // ATTN_TILE)
+    if causal:
+        tiles = nq * -(-prefix // ATTN_TILE) + nq * (nq + 1) // 2
+    else:
+        tiles = nq * -(-(tokens + prefix) // ATTN_TILE)
+    return int(tiles.sum()), int(nq.sum())
+
+
 def attention_seconds(hw: HardwareSpec, pieces, *, heads: float, head_dim: int,
                       backward: bool, causal: bool = True,
                       consts: AttentionConstants | None = None) -> float:
     """FlashAttention seconds of one pass over ``pieces`` (one varlen launch), ``heads``
     query heads on this GPU."""
+    tiles, queries = attention_work(pieces, causal=causal)
+    return attention_seconds_of_work(hw, tiles, queries, heads=heads, head_dim=head_dim,
+                                     backward=backward, consts=consts)
+
+
+def attention_seconds_of_work(hw: HardwareSpec, tiles: int, queries: int, *, heads: float,
+                              head_dim: int, backward: bool,
+                              consts: AttentionConstants | None = None) -> float:
+    """:func:`attention_seconds` from :func:`attention_work`'s sums: each query tile pays
+    its row overhead on top of the key tiles it visits."""
     c = consts or ATTENTION_CONSTANTS[hw.kernel_family]
-    work = 0.0
-    for tokens, prefix in pieces:
-        if tokens <= 0:
-            continue
-        tiles, nq = attention_tiles(tokens, prefix, causal=causal)
-        work += tiles + (c.row_bwd if backward else c.row_fwd) * nq
+    work = tiles + (c.row_bwd if backward else c.row_fwd) * queries
     if work == 0.0:
         return 0.0
     scale = (head_dim / (head_dim + c.d0)) / (128 / (128 + c.d0))

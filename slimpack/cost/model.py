@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from slimpack.cost.comm import CommModel
-from slimpack.cost.flops import Piece, head_flops, linear_flops_per_token
+from slimpack.cost.flops import Piece, as_piece_list, head_flops, linear_flops_per_token
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 from slimpack.specs.recompute import check_recompute
@@ -117,7 +117,7 @@ class AnalyticCostModel:
     def layer_times(self, pieces: Sequence[Piece], *, tp: int = 1,
                     recompute: str = "none") -> PassTimes:
         check_recompute("layer_times", recompute)
-        pieces = [p for p in pieces if p[0] > 0]
+        pieces = [(t, p) for t, p in as_piece_list(pieces) if t > 0]
         if not pieces:
             return ZERO_TIMES
         tokens = sum(p[0] for p in pieces)

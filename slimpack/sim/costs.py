@@ -10,9 +10,12 @@ here too but scheduled on the comm lanes by the engine.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slimpack.cost.cp_sharding import shard_pieces
+import numpy as np
+
+from slimpack.cost.cp_sharding import shard_piece_arrays
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Unit
@@ -86,18 +89,19 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
     cp_intra = all(len(nodes) == 1 for nodes in stage_nodes)
     pieces_of = slice_cache if slice_cache is not None else {}
 
-    def rank_pieces(unit: Unit) -> list[list[tuple[int, int]]]:
-        per_rank: list[list[tuple[int, int]]] = [[] for _ in range(cp)]
+    def rank_pieces(unit: Unit) -> list[np.ndarray]:
+        per_rank: list[list[np.ndarray]] = [[] for _ in range(cp)]
         for sid in unit.slice_ids:
             key = (group.group_id, sid)
             shards = pieces_of.get(key)
             if shards is None:
-                shards = shard_pieces([(seg.num_tokens, seg.start) for seg in group.slice(sid).segments],
-                                      cp, group.cp_sharding)
+                shards = shard_piece_arrays(
+                    [(seg.num_tokens, seg.start) for seg in group.slice(sid).segments],
+                    cp, group.cp_sharding)
                 pieces_of[key] = shards
             for r in range(cp):
-                per_rank[r].extend(shards[r])
-        return per_rank
+                per_rank[r].append(shards[r])
+        return [np.concatenate(r) if len(r) > 1 else r[0] for r in per_rank]
 
     def price(unit: Unit) -> tuple[float, float, float, float, int]:
         return unit_layer_seconds(rank_pieces(unit), model=model, cost=cost, tp=tp, cp=cp,
@@ -158,11 +162,15 @@ def unit_layer_seconds(per_rank: list[list[tuple[int, int]]], *, model: ModelSpe
     simulator will (``per_rank`` from :func:`slimpack.cost.cp_sharding.shard_pieces`, one
     call per slice, concatenated per rank).
     """
-    tokens = sum(t for r in per_rank for t, _ in r)
+    rank_tokens = [_tokens(r) for r in per_rank]
+    tokens = sum(rank_tokens)
     if cp > 1 and cp_kind == "ulysses":
         # Heads are split over the CP group after the all-to-all: every rank does 1/cp of
         # all the unit's work, so it is balanced by construction.
-        all_pieces = [p for r in per_rank for p in r]
+        if all(isinstance(r, np.ndarray) for r in per_rank):
+            all_pieces = np.concatenate(per_rank)
+        else:
+            all_pieces = [p for r in per_rank for p in r]
         t = cost.layer_times(all_pieces, tp=tp * cp, recompute=recompute)
         comm = _ulysses_comm(model, cost, tokens / cp, tp, cp, cp_intra)
         return t.forward_s + comm, t.backward_s + comm, t.forward_s, t.backward_s, tokens
@@ -172,13 +180,18 @@ def unit_layer_seconds(per_rank: list[list[tuple[int, int]]], *, model: ModelSpe
     if cp > 1:
         # Ring attention ships each rank's K,V chunk round the ring (cp-1 steps) and, in
         # backward, dK/dV too; it overlaps with attention, so a layer takes the longer.
-        rank_tokens = max(sum(t for t, _ in r) for r in per_rank)
-        step = cost.comm.p2p(rank_tokens * kv_bytes_per_token_per_layer(model, tp),
+        step = cost.comm.p2p(max(rank_tokens) * kv_bytes_per_token_per_layer(model, tp),
                              intra_node=cp_intra)
         fwd = max(fwd, (cp - 1) * step)
         bwd = max(bwd, 2 * (cp - 1) * step)
     return (fwd, bwd, sum(t.forward_s for t in times) / cp,
             sum(t.backward_s for t in times) / cp, tokens)
+
+
+def _tokens(pieces: Sequence[tuple[int, int]] | np.ndarray) -> int:
+    if isinstance(pieces, np.ndarray):
+        return int(pieces[:, 0].sum()) if len(pieces) else 0
+    return sum(t for t, _ in pieces)
 
 
 def _ulysses_comm(model: ModelSpec, cost: CostModel, rank_tokens: float, tp: int, cp: int,

@@ -1,0 +1,73 @@
+"""The simulator's numpy paths (CP sharding into arrays, attention work summed over arrays)
+give exactly what the per-piece rules give."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slimpack.cost import kernels
+from slimpack.cost.cp_sharding import shard_piece_arrays, shard_pieces
+from slimpack.cost.kernel_model import default_cost_model
+from slimpack.specs import hardware_preset, model_preset
+
+pieces_strategy = st.lists(st.tuples(st.integers(0, 40_000), st.integers(0, 300_000)),
+                           max_size=150)
+
+
+def per_document_reference(pieces, cp):
+    """The padding-free remainder rule written one token at a time: chunk c of a document
+    of n tokens gets n // 2cp tokens; its r-th leftover token goes to rank
+    (pointer + r) % cp, whose first leftover lengthens its early chunk, a second one its
+    late chunk; the pointer carries over to the next document."""
+    out = [[] for _ in range(cp)]
+    pointer = 0
+    for tokens, prefix in pieces:
+        leftovers = [0] * cp
+        for _ in range(tokens % (2 * cp)):
+            leftovers[pointer] += 1
+            pointer = (pointer + 1) % cp
+        offset = prefix
+        for chunk in range(2 * cp):
+            rank = chunk if chunk < cp else 2 * cp - 1 - chunk
+            extra = leftovers[rank] >= 1 if chunk < cp else leftovers[rank] == 2
+            length = tokens // (2 * cp) + int(extra)
+            if length:
+                out[rank].append((length, offset))
+            offset += length
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=pieces_strategy, cp=st.sampled_from([2, 3, 4, 8, 32]))
+def test_per_document_arrays_match_the_token_by_token_rule(pieces, cp):
+    expected = per_document_reference(pieces, cp)
+    assert shard_pieces(pieces, cp, "per-document") == expected
+    arrays = shard_piece_arrays(pieces, cp, "per-document")
+    assert [[tuple(p) for p in a.tolist()] for a in arrays] == expected
+    # Every token of every piece lands on exactly one rank.
+    assert sum(int(a[:, 0].sum()) for a in arrays) == sum(t for t, _ in pieces)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=pieces_strategy, causal=st.booleans())
+def test_attention_work_is_the_same_summed_in_python_or_numpy(pieces, causal):
+    expected_tiles = expected_queries = 0
+    for tokens, prefix in pieces:
+        if tokens:
+            tiles, queries = kernels.attention_tiles(tokens, prefix, causal=causal)
+            expected_tiles += tiles
+            expected_queries += queries
+    as_array = np.array(pieces, dtype=np.int64).reshape(-1, 2)
+    assert kernels.attention_work(as_array, causal=causal) == (expected_tiles, expected_queries)
+    assert kernels.attention_work(pieces, causal=causal) == (expected_tiles, expected_queries)
+
+
+def test_layer_times_of_an_array_equal_those_of_its_pairs():
+    cost = default_cost_model(model_preset("llama-13b"), hardware_preset("h800-80g"))
+    pieces = [(4096, 0), (0, 7), (1000, 4096), (37, 0)] * 40  # 160 pieces: the numpy path
+    listed = cost.layer_times(pieces, tp=4, recompute="selective")
+    arrayed = cost.layer_times(np.array(pieces), tp=4, recompute="selective")
+    assert arrayed.forward_s == listed.forward_s
+    assert arrayed.backward_s == listed.backward_s
