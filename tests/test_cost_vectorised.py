@@ -50,6 +50,30 @@ def test_per_document_arrays_match_the_token_by_token_rule(pieces, cp):
     assert sum(int(a[:, 0].sum()) for a in arrays) == sum(t for t, _ in pieces)
 
 
+def per_sequence_reference(pieces, cp):
+    """The packed buffer cut into 2cp equal chunks regardless of documents; chunk c goes to
+    rank c or 2cp-1-c; each document's part of a chunk keeps its offset as KV prefix."""
+    out = [[] for _ in range(cp)]
+    total = sum(t for t, _ in pieces)
+    bounds = [total * k // (2 * cp) for k in range(2 * cp + 1)]
+    for chunk in range(2 * cp):
+        rank = chunk if chunk < cp else 2 * cp - 1 - chunk
+        start = 0
+        for tokens, prefix in pieces:
+            a, b = max(bounds[chunk], start), min(bounds[chunk + 1], start + tokens)
+            if a < b:
+                out[rank].append((b - a, prefix + a - start))
+            start += tokens
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=pieces_strategy, cp=st.sampled_from([2, 3, 4, 8, 32]))
+def test_per_sequence_arrays_match_the_chunk_by_chunk_rule(pieces, cp):
+    expected = per_sequence_reference(pieces, cp)
+    assert shard_pieces(pieces, cp, "per-sequence") == expected
+
+
 @settings(max_examples=200, deadline=None)
 @given(pieces=pieces_strategy, causal=st.booleans())
 def test_attention_work_is_the_same_summed_in_python_or_numpy(pieces, causal):
@@ -71,3 +95,13 @@ def test_layer_times_of_an_array_equal_those_of_its_pairs():
     arrayed = cost.layer_times(np.array(pieces), tp=4, recompute="selective")
     assert arrayed.forward_s == listed.forward_s
     assert arrayed.backward_s == listed.backward_s
+
+
+@settings(max_examples=100, deadline=None)
+@given(per_rank=st.lists(pieces_strategy, min_size=1, max_size=8),
+       recompute=st.sampled_from(["none", "selective", "full"]))
+def test_batched_rank_layer_times_equal_one_call_per_rank(per_rank, recompute):
+    cost = default_cost_model(model_preset("llama-7b"), hardware_preset("h800-80g"))
+    arrays = [np.array(r, dtype=np.int64).reshape(-1, 2) for r in per_rank]
+    batched = cost.rank_layer_times(arrays, tp=2, recompute=recompute)
+    assert batched == [cost.layer_times(r, tp=2, recompute=recompute) for r in per_rank]

@@ -90,30 +90,31 @@ def _per_document(pieces: np.ndarray, cp: int) -> list[np.ndarray]:
     bonus = np.where(early[None, :], extra[:, owner] >= 1, extra[:, owner] == 2)
     lengths = base[:, None] + bonus.astype(np.int64)
     offsets = prefix[:, None] + np.cumsum(lengths, axis=1) - lengths
-    out = []
-    for rank in range(cp):
-        cols = [rank, chunks - 1 - rank]  # early chunk first, as the buffer is ordered
-        rank_pieces = np.stack([lengths[:, cols].reshape(-1), offsets[:, cols].reshape(-1)],
-                               axis=1)
-        out.append(rank_pieces[rank_pieces[:, 0] > 0])
-    return out
+    # Rank-major: rank r's early chunk r, then its late chunk 2cp-1-r, document by document.
+    columns = np.stack([np.arange(cp), chunks - 1 - np.arange(cp)], axis=1)
+    pairs = np.stack([lengths[:, columns].transpose(1, 0, 2).reshape(cp, -1),
+                      offsets[:, columns].transpose(1, 0, 2).reshape(cp, -1)], axis=2)
+    if (lengths > 0).all():
+        return list(pairs)
+    return [rank[rank[:, 0] > 0] for rank in pairs]
 
 
 def _per_sequence(pieces: np.ndarray, cp: int) -> list[np.ndarray]:
-    out: list[list[Piece]] = [[] for _ in range(cp)]
-    listed = [(int(t), int(p)) for t, p in pieces.tolist()]
-    total = sum(t for t, _ in listed)
     chunks = 2 * cp
+    tokens, prefix = pieces[:, 0], pieces[:, 1]
+    ends = np.cumsum(tokens)
+    starts = ends - tokens
+    total = int(ends[-1]) if len(ends) else 0
     bounds = [total * k // chunks for k in range(chunks + 1)]
-    for chunk in range(chunks):
+    parts: list[list[np.ndarray]] = [[] for _ in range(cp)]
+    for chunk in range(chunks):  # in buffer order: a rank's early chunk comes first
         lo, hi = bounds[chunk], bounds[chunk + 1]
-        rank = _owner(cp, chunk)
-        start = 0
-        for tokens, prefix in listed:
-            a, b = max(lo, start), min(hi, start + tokens)
-            if a < b:
-                out[rank].append((b - a, prefix + (a - start)))
-            start += tokens
-            if start >= hi:
-                break
-    return [np.array(rank, dtype=np.int64).reshape(-1, 2) for rank in out]
+        # The pieces overlapping [lo, hi): ending after lo and starting before hi.
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(starts, hi, side="left"))
+        a = np.maximum(starts[first:last], lo)
+        b = np.minimum(ends[first:last], hi)
+        keep = a < b
+        parts[_owner(cp, chunk)].append(
+            np.stack([(b - a)[keep], (prefix[first:last] + a - starts[first:last])[keep]], axis=1))
+    return [np.concatenate(p).reshape(-1, 2) for p in parts]

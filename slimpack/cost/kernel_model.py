@@ -163,11 +163,53 @@ class KernelCostModel:
             if not pieces:
                 return ZERO_TIMES
             tokens = sum(p[0] for p in pieces)
+        if self.training.attention_kernel != "flash":
+            return self._combine(tokens, self.attention_times(pieces, tp), tp, recompute)
+        tiles, queries = K.attention_work(pieces)
+        return self._flash_layer_times(tokens, tiles, queries, tp, recompute)
+
+    def rank_layer_times(self, per_rank: Sequence[np.ndarray], *, tp: int = 1,
+                         recompute: str = "none") -> list[PassTimes]:
+        """:meth:`layer_times` of each CP rank's ``(n, 2)`` piece array, summed in one numpy
+        pass (a unit of a paper-size batch has thousands of chunks on each of 32 ranks)."""
+        check_recompute("layer_times", recompute)
+        if self.training.attention_kernel != "flash" or not per_rank:
+            return [self.layer_times(r, tp=tp, recompute=recompute) for r in per_rank]
+        counts = [len(r) for r in per_rank]
+        rank = np.repeat(np.arange(len(per_rank)), counts)
+        pieces = np.concatenate(per_rank).reshape(-1, 2).astype(np.int64, copy=False)
+        keep = pieces[:, 0] > 0
+        rank, tokens, prefix = rank[keep], pieces[keep, 0], pieces[keep, 1]
+        nq = -(-tokens // K.ATTN_TILE)
+        tiles = nq * -(-prefix // K.ATTN_TILE) + nq * (nq + 1) // 2
+        n = len(per_rank)
+        # Per-rank sums; float64 holds these integers exactly (far below 2^53).
+        sums = [np.bincount(rank, weights=values, minlength=n).astype(np.int64)
+                for values in (tokens, tiles, nq)]
+        return [ZERO_TIMES if not t else
+                self._flash_layer_times(int(t), int(a), int(q), tp, recompute)
+                for t, a, q in zip(*(x.tolist() for x in sums), strict=True)]
+
+    def _flash_layer_times(self, tokens: int, tiles: int, queries: int, tp: int,
+                           recompute: str) -> PassTimes:
+        mdl, hw = self.model, self.hardware
+        heads = mdl.num_heads / tp
+        attn = PassTimes(
+            forward_s=K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
+                                                  head_dim=mdl.head_dim, backward=False)
+            / self.attention_fwd_scale,
+            backward_s=K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
+                                                   head_dim=mdl.head_dim, backward=True)
+            / self.attention_bwd_scale)
+        return self._combine(tokens, attn, tp, recompute)
+
+    def _combine(self, tokens: int, attn: PassTimes, tp: int, recompute: str) -> PassTimes:
+        """A layer: the token-proportional kernels (cached by token count) plus attention,
+        with the recompute mode's extra forward work in backward."""
         token_part = self._token_cache.get((tokens, tp))
         if token_part is None:
             token_part = self._token_times(tokens, tp)
             self._token_cache[(tokens, tp)] = token_part
-        attn = self.attention_times(pieces, tp)
         fwd = token_part.forward_s + attn.forward_s
         bwd = token_part.backward_s + attn.backward_s
         if recompute == "full":

@@ -59,6 +59,17 @@ class CostModel(Protocol):
         ...
 
 
+def rank_layer_times(cost: CostModel, per_rank: Sequence[Sequence[Piece]], *, tp: int = 1,
+                     recompute: str = "none") -> list[PassTimes]:
+    """:meth:`CostModel.layer_times` of every CP rank's pieces; a cost model with a batched
+    ``rank_layer_times`` (the kernel-level model, for numpy piece arrays) prices them in one
+    pass with the same result."""
+    batched = getattr(cost, "rank_layer_times", None)
+    if batched is not None and all(hasattr(r, "shape") for r in per_rank):
+        return batched(per_rank, tp=tp, recompute=recompute)
+    return [cost.layer_times(r, tp=tp, recompute=recompute) for r in per_rank]
+
+
 @dataclass(frozen=True, kw_only=True)
 class AnalyticCostModel:
     """Roofline pricing: FLOPs / (peak * efficiency), with efficiency falling for small work.

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from slimpack.cost.cp_sharding import document_pieces
-from slimpack.cost.model import CostModel, PassTimes
+from slimpack.cost.cp_sharding import shard_piece_arrays
+from slimpack.cost.model import CostModel, PassTimes, rank_layer_times
 
 
 def stage_layers(num_layers: int, pp: int) -> int:
@@ -23,8 +23,8 @@ def microbatch_stage_times(cost: CostModel, doc_lengths: Sequence[int], *, tp: i
     CP rank (ranks wait for each other in ring attention), no communication."""
     layers = stage_layers(cost.model.num_layers, pp)
     worst_f = worst_b = 0.0
-    for pieces in document_pieces(doc_lengths, cp, sharding):
-        t = cost.layer_times(pieces, tp=tp, recompute=recompute)
+    per_rank = shard_piece_arrays([(int(n), 0) for n in doc_lengths], cp, sharding)
+    for t in rank_layer_times(cost, per_rank, tp=tp, recompute=recompute):
         worst_f = max(worst_f, t.forward_s * layers)
         worst_b = max(worst_b, t.backward_s * layers)
     return PassTimes(forward_s=worst_f, backward_s=worst_b)

@@ -17,7 +17,7 @@ import numpy as np
 
 from slimpack.cost.cp_sharding import shard_piece_arrays
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
-from slimpack.cost.model import CostModel
+from slimpack.cost.model import CostModel, rank_layer_times
 from slimpack.plan import Group, Unit
 from slimpack.specs.model import ModelSpec
 
@@ -174,7 +174,7 @@ def unit_layer_seconds(per_rank: list[list[tuple[int, int]]], *, model: ModelSpe
         t = cost.layer_times(all_pieces, tp=tp * cp, recompute=recompute)
         comm = _ulysses_comm(model, cost, tokens / cp, tp, cp, cp_intra)
         return t.forward_s + comm, t.backward_s + comm, t.forward_s, t.backward_s, tokens
-    times = [cost.layer_times(r, tp=tp, recompute=recompute) for r in per_rank]
+    times = rank_layer_times(cost, per_rank, tp=tp, recompute=recompute)
     fwd = max(t.forward_s for t in times)
     bwd = max(t.backward_s for t in times)
     if cp > 1:
