@@ -89,10 +89,12 @@ def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareS
     return plan
 
 
-def _simulate(plan: Plan, model: ModelSpec, hardware: HardwareSpec, cost: CostModel):
+def _simulate(plan: Plan, model: ModelSpec, hardware: HardwareSpec, cost: CostModel,
+              price_cache: dict | None = None):
     from slimpack.sim import simulate  # the simulator is the judge; imported when needed
 
-    return simulate(plan, model=model, hardware=hardware, cost=cost, validate=False).record
+    return simulate(plan, model=model, hardware=hardware, cost=cost, validate=False,
+                    price_cache=price_cache).record
 
 
 def _record(method: str, plan: Plan | None, rec, parallel: ParallelSpec, error: str = ""
@@ -204,11 +206,11 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
     layouts (the order changes only the time of an exhaustive search, never its answer).
     ``top_k`` caps the layouts simulated and ``budget_s`` the seconds spent
     planning and simulating them (checked between layouts; ranking is not counted);
-    ``estimate_cache`` shares the ranking's work between calls on the same batch, cost model
-    and context (``compare`` passes one for all its methods); ``SearchResult.exhaustive``
-    says whether every layout was simulated or pruned. Returns the fastest layout that does
-    not run out of memory (or the fastest overall when all do). A layout that fails to plan is
-    skipped and listed in ``tried``; ValueError when none plans."""
+    ``estimate_cache`` shares the ranking's work and the simulator's unit prices between calls
+    on the same batch, cost model and context (``compare`` passes one for all its methods);
+    ``SearchResult.exhaustive`` says whether every layout was simulated or pruned. Returns the
+    fastest layout that does not run out of memory (or the fastest overall when all do). A
+    layout that fails to plan is skipped and listed in ``tried``; ValueError when none plans."""
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
     if budget_s is not None and not budget_s > 0:
@@ -251,7 +253,8 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
         try:
             plan = plan_method(method, batch, model, hardware, cand.parallel, cost,
                                context=context, time_limit_s=time_limit_s, **options)
-            rec = _simulate(plan, model, hardware, cost)
+            rec = _simulate(plan, model, hardware, cost,
+                            price_cache=cache.setdefault("unit_prices", {}))
         except (ValueError, RuntimeError) as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"
             errors.append(f"{cand.parallel.describe()}: {entry['error']}")

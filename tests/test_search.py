@@ -79,3 +79,20 @@ def test_compare_settings_check_their_caps():
         CompareSettings(search_budget_s=0)
     with pytest.raises(ValueError, match="auto_parallel_top_k must be >= 1"):
         CompareSettings(auto_parallel_top_k={"slimpack": 0})
+
+
+@pytest.mark.parametrize("method", ["megatron", "megatron-causal", "flexsp"])
+def test_unit_prices_shared_between_layouts_change_no_step(method):
+    # The search prices each fixed-length sample once per (tp, cp, sharding, recompute):
+    # layouts that differ in dp, pp or vpp reuse it, and every step equals a cold simulation.
+    cost = default_cost_model(MODEL, HW)
+    batch = sample_batch("commoncrawl", num_sequences=64, context=32768, seed=1)
+    prices: dict = {}
+    for cand in method_candidates(method, MODEL, HW, 16, 32768):
+        plan = plan_method(method, batch, MODEL, HW, cand.parallel, cost, context=32768)
+        cold = simulate(plan, model=MODEL, hardware=HW, cost=cost).record
+        warm = simulate(plan, model=MODEL, hardware=HW, cost=cost, price_cache=prices).record
+        again = simulate(plan, model=MODEL, hardware=HW, cost=cost, price_cache=prices).record
+        assert cold.step_time_s == warm.step_time_s == again.step_time_s
+        assert cold.peak_memory_gib == warm.peak_memory_gib
+    assert prices  # something was priced and kept

@@ -82,7 +82,15 @@ def head_virtual_stages(group: Group) -> list[int]:
 
 
 def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_node: int,
-                slice_cache: dict | None = None) -> GroupCosts:
+                slice_cache: dict | None = None, price_cache: dict | None = None) -> GroupCosts:
+    """Per-unit, per-virtual-stage seconds of one group.
+
+    ``price_cache`` (kept by the caller for one cost model) reuses a unit's per-layer price
+    between simulations: it is a pure function of the unit's slices (their documents' token
+    counts and KV prefixes), the group's tp, cp, sharding, CP kind, recompute mode and
+    whether the CP ring stays inside a node. A configuration search simulates the same
+    fixed-length samples under dozens of layouts that differ only in dp, pp or vpp.
+    """
     pp, vpp, tp, cp = group.pp, group.vpp, group.tp, group.cp
     layers = layers_per_virtual_stage(model.num_layers, pp, vpp)
     stage_nodes = [{r // gpus_per_node for r in group.stage_ranks(s)} for s in range(pp)]
@@ -103,10 +111,23 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
                 per_rank[r].append(shards[r])
         return [np.concatenate(r) if len(r) > 1 else r[0] for r in per_rank]
 
+    setting = (tp, cp, group.cp_sharding, group.cp_kind, group.recompute, cp_intra)
+
     def price(unit: Unit) -> tuple[float, float, float, float, int]:
-        return unit_layer_seconds(rank_pieces(unit), model=model, cost=cost, tp=tp, cp=cp,
-                                  cp_kind=group.cp_kind, recompute=group.recompute,
-                                  cp_intra=cp_intra)
+        key = None
+        if price_cache is not None:
+            key = (setting, tuple(tuple((seg.num_tokens, seg.start)
+                                        for seg in group.slice(sid).segments)
+                                  for sid in unit.slice_ids))
+            hit = price_cache.get(key)
+            if hit is not None:
+                return hit
+        priced = unit_layer_seconds(rank_pieces(unit), model=model, cost=cost, tp=tp, cp=cp,
+                                    cp_kind=group.cp_kind, recompute=group.recompute,
+                                    cp_intra=cp_intra)
+        if key is not None:
+            price_cache[key] = priced
+        return priced
 
     fwd_priced = [price(u) for u in group.forward_units]
     bwd_priced = (fwd_priced if group.backward_units == group.forward_units

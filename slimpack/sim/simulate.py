@@ -48,14 +48,16 @@ class _GroupRun:
 def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
              cost: CostModel | None = None, trace: bool = False, overlap_dp_sync: bool = True,
              schedules: Mapping[int, list[list[Op]]] | None = None,
-             validate: bool = True) -> SimResult:
+             validate: bool = True, price_cache: dict | None = None) -> SimResult:
     """Simulate one training step of ``plan``.
 
     ``cost`` defaults to :func:`~slimpack.cost.kernel_model.default_cost_model` (the
     kernel-level model validated against published runs). ``schedules`` overrides the op lists of
     some groups (by group id; they are checked with ``validate_schedule``); the others use
     :func:`build_schedule`. ``validate=False`` skips ``Plan.validate`` for planners that
-    already validated. Raises PlanError for a malformed plan or schedule and DeadlockError
+    already validated. ``price_cache`` (a dict the caller keeps for one cost model) reuses unit
+    prices between simulations (see :func:`~slimpack.sim.costs.group_costs`). Raises
+    PlanError for a malformed plan or schedule and DeadlockError
     (a RuntimeError) if op lists cannot complete.
     """
     wall = time.perf_counter()
@@ -77,7 +79,7 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
                 ops = build_schedule(group)
             used_schedules[group.group_id] = ops
             costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
-                                slice_cache=slice_cache)
+                                slice_cache=slice_cache, price_cache=price_cache)
             memory = group_memory(group, model=model, dp=plan.parallel.dp,
                                   training=getattr(cost, "training", None))
             costs = with_host_copies(costs, fwd_offload=memory.fwd_offload,
