@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from baselines.common.fixed_length import fixed_length_samples
 from baselines.wlb_llm import OutlierQueues
@@ -134,3 +136,41 @@ def test_bad_option_names_the_field(setup):
         wlb_plan(_batch([(0, 10)]), model, hw, par, cost, cp_sharding="zigzag")
     with pytest.raises(ValueError, match="unknown option"):
         wlb_plan(_batch([(0, 10)]), model, hw, par, cost, queues=2)
+
+
+def scan_pack(lengths, num_microbatches, s_max, workload, preplaced=()):
+    """Algorithm 1 as written (arXiv 2503.17924): a linear scan for the least-loaded and the
+    fewest-token micro-batch per document."""
+    bins = [list(docs) for docs in preplaced] + [[] for _ in range(num_microbatches - len(preplaced))]
+    loads = [sum(workload(lengths[i]) for i in b) for b in bins]
+    tokens = [sum(lengths[i] for i in b) for b in bins]
+    placed = {i for b in bins for i in b}
+    carried = []
+    for i in sorted((i for i in range(len(lengths)) if i not in placed),
+                    key=lambda i: (-lengths[i], i)):
+        target = min(range(num_microbatches), key=lambda m: (loads[m], m))
+        if tokens[target] + lengths[i] > s_max:
+            target = min(range(num_microbatches), key=lambda m: (tokens[m], m))
+            if tokens[target] + lengths[i] > s_max:
+                carried.append(i)
+                continue
+        bins[target].append(i)
+        loads[target] += workload(lengths[i])
+        tokens[target] += lengths[i]
+    return bins, carried, loads, tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(1, 5000), max_size=80), num_microbatches=st.integers(1, 12),
+       s_max=st.sampled_from([100, 1000, 5000, 20000]), flat=st.booleans(),
+       preplace=st.booleans())
+def test_heap_packer_chooses_exactly_as_the_scan_of_algorithm_1(lengths, num_microbatches, s_max,
+                                                                flat, preplace):
+    # A flat workload (lengths // 100, often 0) makes ties: both must break them to the lowest
+    # micro-batch index.
+    workload = (lambda n: float(n // 100)) if flat else (lambda n: n * n * 1e-3 + n)
+    preplaced = [[i] for i in range(min(num_microbatches, 2, len(lengths)))] if preplace else []
+    got = wlb_pack(lengths, num_microbatches, s_max, workload, preplaced=preplaced)
+    bins, carried, loads, tokens = scan_pack(lengths, num_microbatches, s_max, workload, preplaced)
+    assert (got.microbatches, got.carried, got.workloads, got.tokens) == (bins, carried, loads,
+                                                                         tokens)

@@ -8,6 +8,7 @@ next iteration. Micro-batches may start with pre-placed documents (released outl
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -44,15 +45,30 @@ def wlb_pack(lengths: Sequence[int], num_microbatches: int, s_max: int,
     carried: list[int] = []
     order = sorted((i for i in range(len(lengths)) if i not in placed),
                    key=lambda i: (-lengths[i], i))
+    # Two lazy min-heaps give the least-loaded and the fewest-token micro-batch (ties to the
+    # lowest index, as a scan would) in O(log M): loads and tokens only grow, so an entry
+    # whose value is no longer the bin's is stale and dropped when it surfaces.
+    by_load = [(loads[m], m) for m in range(num_microbatches)]
+    by_tokens = [(tokens[m], m) for m in range(num_microbatches)]
+    heapq.heapify(by_load)
+    heapq.heapify(by_tokens)
+
+    def lowest(heap: list[tuple], current: list) -> int:
+        while heap[0][0] != current[heap[0][1]]:
+            heapq.heappop(heap)
+        return heap[0][1]
+
     for i in order:
         n = lengths[i]
-        target = min(range(num_microbatches), key=lambda m: (loads[m], m))
+        target = lowest(by_load, loads)
         if tokens[target] + n > s_max:
-            target = min(range(num_microbatches), key=lambda m: (tokens[m], m))
+            target = lowest(by_tokens, tokens)
             if tokens[target] + n > s_max:
                 carried.append(i)
                 continue
         bins[target].append(i)
         loads[target] += workload(n)
         tokens[target] += n
+        heapq.heappush(by_load, (loads[target], target))
+        heapq.heappush(by_tokens, (tokens[target], target))
     return PackResult(microbatches=bins, carried=carried, workloads=loads, tokens=tokens)
