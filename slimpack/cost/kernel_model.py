@@ -176,6 +176,8 @@ class KernelCostModel:
         if self.training.attention_kernel != "flash" or not per_rank:
             return [self.layer_times(r, tp=tp, recompute=recompute) for r in per_rank]
         counts = [len(r) for r in per_rank]
+        if sum(counts) < K.VECTORISE_FROM:  # numpy's call overhead would dominate
+            return [self.layer_times(r.tolist(), tp=tp, recompute=recompute) for r in per_rank]
         rank = np.repeat(np.arange(len(per_rank)), counts)
         pieces = np.concatenate(per_rank).reshape(-1, 2).astype(np.int64, copy=False)
         keep = pieces[:, 0] > 0

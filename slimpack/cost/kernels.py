@@ -144,6 +144,8 @@ def attention_work(pieces: Iterable[tuple[int, int]] | np.ndarray, *,
                    causal: bool = True) -> tuple[int, int]:
     """(key tiles visited, query tiles) summed over ``pieces`` of ``(tokens, prefix)``;
     pieces without tokens are skipped. ``pieces`` may be an ``(n, 2)`` integer array."""
+    if isinstance(pieces, np.ndarray) and len(pieces) < VECTORISE_FROM:
+        pieces = pieces.tolist()
     if not isinstance(pieces, np.ndarray):
         pieces = list(pieces)
         if len(pieces) < VECTORISE_FROM:
