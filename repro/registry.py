@@ -14,6 +14,7 @@ from repro.experiment import Experiment
 
 EXPERIMENTS: Mapping[str, str] = MappingProxyType({
     "e2e-throughput": "repro.experiments.e2e_throughput",
+    "batch-size": "repro.experiments.batch_size",
     "balance": "repro.experiments.balance",
     "memory": "repro.experiments.memory",
     "ablation": "repro.experiments.ablation",

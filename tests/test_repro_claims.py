@@ -24,8 +24,9 @@ from repro.report import render_report
 
 
 def _rows(point: int, **tps: float) -> list[dict]:
-    keys = {"model": "llama-70b", "dataset": "commoncrawl", "context": 256 * 1024,
-            "num_gpus": 128, "global_batch": 512, "seed": point, "point_key": f"p{point}"}
+    keys = {"model": "llama-13b", "dataset": "commoncrawl", "context": 64 * 1024,
+            "num_gpus": 128, "token_budget": 512 * 64 * 1024, "seed": point,
+            "point_key": f"p{point}"}
     return [{**keys, "method": m, "tokens_per_s": v} for m, v in tps.items()]
 
 
@@ -47,7 +48,6 @@ def test_speedup_claims_bracket_megatron_and_megatron_causal():
     assert top.bracket == (("megatron", 1.5), ("megatron-causal", 5.0))
     assert top.reproduced == 1.5  # the verdict judges the faithful (document-masked) baseline
     assert top.reproduced_text() == "1.50x vs megatron, 5.00x vs megatron-causal"
-    assert claims["cc-256k-speedup"].bracket == (("megatron", 1.35), ("megatron-causal", 4.0))
 
 
 def test_scalability_bracket_is_per_baseline():

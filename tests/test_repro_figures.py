@@ -78,18 +78,18 @@ def test_batch_in_tokens_for_titles():
 
 
 def test_e2e_and_scalability_figures_draw_with_failed_methods(tmp_path: Path):
-    keys = {"model": "llama-70b", "dataset": "commoncrawl", "context": 262144, "seed": 0,
-            "global_batch": 512, "point_key": "p"}
+    keys = {"model": "llama-13b", "dataset": "commoncrawl", "context": 65536, "seed": 0,
+            "token_budget": 512 * 65536, "point_key": "p"}
     rows = [{**keys, "num_gpus": g, "method": m, "tokens_per_s": v, "oom": False, "error": e,
-             "num_tokens": 1_130_000 if v == v else 0}
+             "num_tokens": 33_500_000 if v == v else 0}
             for g in (64, 128, 512)
             for m, v, e in (("megatron", 1e5, ""), ("megatron-causal", 3e4, ""),
                             ("slimpack", NAN, "ValueError: no fit"))]
     records = pd.DataFrame(rows)
     at_128 = records[records["num_gpus"] == 128]
-    assert e2e_throughput.panel_title("commoncrawl", 128, at_128) == (
-        "commoncrawl, 128 GPUs (h800-80g), batch 1.13M tokens; tokens/s / megatron")
+    assert e2e_throughput.panel_title(at_128) == (
+        "512 x 64K-token samples per batch (batch 33.5M tokens), 128 GPUs (h800-80g)")
     paths = e2e_throughput.plot(at_128, tmp_path)
-    assert [p.name for p in paths] == ["throughput_128gpus.png"] and paths[0].stat().st_size
+    assert [p.name for p in paths] == ["throughput.png"] and paths[0].stat().st_size
     (path,) = scalability.plot(records, tmp_path)
     assert path.stat().st_size > 0
