@@ -110,3 +110,40 @@ def test_wlb_one_queue_analysis_splits_iterations_by_the_second_queue_band():
     assert "(50% of our iterations)" in text
     assert "Even those iterations stay below the paper's 1.24" in text
     assert claims["imbalance-2-queues"].analysis == ""
+
+
+def _validation_row(record, source, location, gpus, params, bias, *, zero=0, recompute="full",
+                    metric="achieved_tflops_per_gpu"):
+    published = 100.0
+    return {"record": record, "source": source, "location": location, "num_gpus": gpus,
+            "params_b": params, "bias_pct": bias, "abs_error_pct": abs(bias),
+            "expressed": True, "skip_reason": "", "metric": metric, "unit": "TFLOP/s",
+            "published": published, "predicted": published * (1 + bias / 100),
+            "zero_stage": zero, "recompute": recompute}
+
+
+def test_validation_miss_analysis_reads_the_trend_and_a_twin_run():
+    from repro.experiments import megatron_validation
+
+    rows = [
+        _validation_row("t-a", "Narayanan et al.", "Table 2", 100, 500.0, -12.0, zero=3),
+        _validation_row("t-b", "Narayanan et al.", "Table 2", 200, 500.0, 2.0, zero=3),
+        _validation_row("t-c", "Narayanan et al.", "Table 2", 400, 500.0, 18.0, zero=3),
+        _validation_row("p-a", "Narayanan et al.", "Table 2", 400, 500.0, 11.0),
+        _validation_row("m-a", "Smith et al.", "§2.4 (quoted in x)", 400, 502.0, 40.0, zero=1,
+                        metric="iteration_time"),
+    ]
+    claims = {c.claim_id: c for c in megatron_validation.claims(pd.DataFrame(rows))}
+    zero3 = claims["t-a"].analysis
+    assert claims["t-a"].verdict == "not reproduced"
+    assert zero3.startswith("The model is 12.0% slower than the published run.")
+    # Only the three ZeRO-3 rows are its table (the PTD-P row has another ZeRO stage).
+    assert "Its table (3 records): bias -12.0% to +18.0%, median +2.0%, 2 outside 10%." in zero3
+    assert "-12.0% at 100 to +18.0% at 400 GPUs (r = +1.00 with log GPUs): the published " \
+        "runs lose more to scale" in zero3
+    mtnlg = claims["m-a"].analysis
+    # Twin: same size within 1%, same recompute and GPU count, nearest ZeRO stage (p-a, 0).
+    assert "on 400 GPUs in Narayanan Table 2 (p-a) is predicted at +11.0%: this run is 1.26x " \
+        "slower than that one implies" in mtnlg
+    assert "Smith §2.4" not in mtnlg  # its own table is named without the quote note
+    assert claims["t-b"].analysis == ""  # within 10%: no analysis needed
