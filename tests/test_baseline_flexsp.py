@@ -425,6 +425,11 @@ def test_planner_is_deterministic_and_records_which_limit_stopped_it():
     rushed = flexsp_plan(batch, model, hw, par, cost, time_limit_s=0.0)
     assert rushed.metadata["stopped_by"] == "time-limit"
     assert set(rushed.metadata["solver"]) == {"greedy"}
+    # No MILP at all: the greedy answer for every count, and no limit stopped anything.
+    plain = flexsp_plan(batch, model, hw, par, cost, milp_counts=0)
+    assert plain.metadata["stopped_by"] == "complete"
+    assert set(plain.metadata["solver"]) == {"greedy"}
+    assert plain.metadata["estimated_seconds"] >= first.metadata["estimated_seconds"]
 
 
 def test_milp_counts_picks_the_best_greedy_counts():
@@ -454,7 +459,7 @@ def test_milp_counts_picks_the_best_greedy_counts():
 
 
 @pytest.mark.parametrize("field, value", [("mip_max_nodes", -1), ("mip_max_nodes", 1.5),
-                                          ("milp_counts", 0), ("mip_sub_mip_heuristics", 1)])
+                                          ("milp_counts", -1), ("mip_sub_mip_heuristics", 1)])
 def test_flexsp_work_limit_options_fail_clearly(field, value):
     model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
     with pytest.raises(ValueError, match=field):

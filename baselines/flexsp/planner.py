@@ -76,7 +76,9 @@ class FlexSPOptions:
     the greedy answer (docs/methods.md); off makes FlexSP plan about 5x faster."""
     milp_counts: int = 1
     """Micro-batch counts solved with the MILP: the best ones by the greedy estimate (see
-    :func:`milp_counts`); ``extra_microbatch_counts + 1`` solves every count."""
+    :func:`milp_counts`); ``extra_microbatch_counts + 1`` solves every count; 0 runs no MILP
+    (the greedy homogeneous answer for every count: not FlexSP's solver, for sweeps that
+    cannot afford a HiGHS root per plan, 5-50 s on a loaded 2-core machine)."""
     mip_rel_gap: float = 1e-2
     constants: str = "cost-model"
     recompute: str = "auto"
@@ -98,8 +100,8 @@ class FlexSPOptions:
             raise ValueError(f"flexsp: mip_sub_mip_heuristics must be true or false, got "
                              f"{self.mip_sub_mip_heuristics!r}")
         if isinstance(self.milp_counts, bool) or not isinstance(self.milp_counts, int) or (
-                self.milp_counts < 1):
-            raise ValueError(f"flexsp: milp_counts must be an integer >= 1, got "
+                self.milp_counts < 0):
+            raise ValueError(f"flexsp: milp_counts must be an integer >= 0, got "
                              f"{self.milp_counts!r}")
         check_recompute("flexsp", self.recompute, allow_auto=True)
         if self.constants not in CONSTANT_SOURCES:
@@ -280,11 +282,15 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     m_min = min(m_min, len(lengths))
     tries = [m for m in range(m_min, m_min + opts.extra_microbatch_counts + 1)
              if m <= len(lengths)]
-    milp_tries = milp_counts(lengths, tries, opts.milp_counts,
-                             lambda run: greedy(run, slots, k))
-    best = search_microbatches(
-        lengths, milp_tries, deadline,
-        lambda run, left: _solve_microbatch(run, slots, k, opts, left))
+    if opts.milp_counts == 0:
+        best = search_microbatches(lengths, tries, deadline,
+                                   lambda run, _left: greedy(run, slots, k))
+    else:
+        milp_tries = milp_counts(lengths, tries, opts.milp_counts,
+                                 lambda run: greedy(run, slots, k))
+        best = search_microbatches(
+            lengths, milp_tries, deadline,
+            lambda run, left: _solve_microbatch(run, slots, k, opts, left))
     # Read right after the search: expired now means the safety net cut it (a skipped MILP or
     # an untried M happens only once it has expired).
     net_reached = deadline.expired
