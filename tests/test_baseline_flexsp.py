@@ -356,3 +356,112 @@ def test_constants_price_each_degree_as_the_simulator_does(cost_kind):
             ops = simulate(p, model=model, hardware=hw, cost=cost, trace=True).ops
             compute = max(op.end_s for op in ops if op.group >= 0)  # without the DP sync
             assert k.seq_seconds(n, d) + k.beta1_s == pytest.approx(compute, rel=0.15), (n, d)
+
+
+def _burn_cpu(seconds: float):
+    """A busy child process: the 'other machine load' of the determinism tests."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c",
+                             f"import time\nt = time.time() + {seconds}\nwhile time.time() < t: pass"])
+
+
+def _node_limited_case():
+    """16 Common Crawl sequences on 8 slots, where one branch-and-bound node does not prove the
+    gap: the MILP stops at its node limit (checked below, so the test cannot pass vacuously)."""
+    from slimpack import data
+
+    model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
+    k = from_cost_model(AnalyticCostModel(model=model, hardware=hw), num_gpus=8, state_shards=8)
+    lengths = sorted(data.sample_batch("commoncrawl", num_sequences=32, context=32768,
+                                       seed=0).lengths)[:16]
+    return lengths, k
+
+
+def test_node_limited_milp_gives_the_same_answer_under_any_time_limit_and_load():
+    lengths, k = _node_limited_case()
+    warm = greedy(lengths, 8, k)
+    answers = []
+    for limit, load in ((20.0, False), (200.0, True)):
+        burner = _burn_cpu(30) if load else None
+        try:
+            answers.append(milp(lengths, dp_buckets(lengths, 16), 8, k, time_limit_s=limit,
+                                warm=warm, max_nodes=1))
+        finally:
+            if burner is not None:
+                burner.kill()
+                burner.wait()
+    assert [a.source for a in answers] == ["milp-node-limit"] * 2
+    assert answers[0].groups == answers[1].groups
+    assert answers[0].seconds == answers[1].seconds
+    assert answers[0].seconds <= warm.seconds  # warm-started: never worse at true lengths + gap
+
+
+def test_planner_is_deterministic_and_records_which_limit_stopped_it():
+    from slimpack import data
+
+    model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    batch = data.sample_batch("commoncrawl", num_sequences=24, context=32768, seed=0)
+    par = ParallelSpec(dp=8)
+    plans = []
+    for limit, load in ((30.0, False), (300.0, True)):
+        burner = _burn_cpu(60) if load else None
+        try:
+            plans.append(flexsp_plan(batch, model, hw, par, cost, time_limit_s=limit,
+                                     mip_max_nodes=1))
+        finally:
+            if burner is not None:
+                burner.kill()
+                burner.wait()
+    first, second = plans
+    assert first.metadata["stopped_by"] in ("node-limit", "complete")
+    assert any(s.startswith("milp") for s in first.metadata["solver"])  # the MILP did run
+    assert first.phases == second.phases
+    for key in ("solver", "sp_degrees", "num_microbatches", "estimated_seconds", "stopped_by"):
+        assert first.metadata[key] == second.metadata[key]
+    # The safety net: with no time at all the MILPs are skipped and the plan says so.
+    rushed = flexsp_plan(batch, model, hw, par, cost, time_limit_s=0.0)
+    assert rushed.metadata["stopped_by"] == "time-limit"
+    assert set(rushed.metadata["solver"]) == {"greedy"}
+    # No MILP at all: the greedy answer for every count, and no limit stopped anything.
+    plain = flexsp_plan(batch, model, hw, par, cost, milp_counts=0)
+    assert plain.metadata["stopped_by"] == "complete"
+    assert set(plain.metadata["solver"]) == {"greedy"}
+    assert plain.metadata["estimated_seconds"] >= first.metadata["estimated_seconds"]
+
+
+def test_milp_counts_picks_the_best_greedy_counts():
+    from baselines.flexsp.planner import milp_counts
+
+    model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
+    k = from_cost_model(AnalyticCostModel(model=model, hardware=hw), num_gpus=8, state_shards=8)
+    lengths = sorted([30000, 20000, 9000, 4000, 3000, 2500, 2000, 1500, 1200, 800, 600, 300])
+    tries = [1, 2, 3, 4, 5]
+
+    def solve(run):
+        return greedy(run, 8, k)
+
+    def total(m):
+        answers = [solve([lengths[i] for i in r]) for r in contiguous_partition(lengths, m) if r]
+        return float("inf") if None in answers else sum(a.seconds for a in answers)
+
+    totals = {m: total(m) for m in tries}
+    assert totals[1] == float("inf")  # one micro-batch does not fit: it must rank last
+    best = min(tries, key=totals.get)
+    assert milp_counts(lengths, tries, 1, solve) == [best]
+    assert milp_counts(lengths, tries, 5, solve) == tries
+    two = milp_counts(lengths, tries, 2, solve)
+    assert len(two) == 2 and best in two and two == sorted(two)
+    # No count plannable by the greedy: every count goes to the MILP.
+    assert milp_counts(lengths, tries, 1, lambda run: None) == tries
+
+
+@pytest.mark.parametrize("field, value", [("mip_max_nodes", -1), ("mip_max_nodes", 1.5),
+                                          ("milp_counts", -1), ("mip_sub_mip_heuristics", 1)])
+def test_flexsp_work_limit_options_fail_clearly(field, value):
+    model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
+    with pytest.raises(ValueError, match=field):
+        flexsp_plan(Batch.from_lengths([1000, 2000]), model, hw, ParallelSpec(dp=2),
+                    AnalyticCostModel(model=model, hardware=hw), **{field: value})

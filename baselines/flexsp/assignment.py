@@ -27,7 +27,9 @@ class Assignment:
     seconds: float
     """Estimated micro-batch time: the slowest group, priced at true lengths."""
     source: str
-    """'greedy', 'milp' or 'milp-timeout' (the incumbent at the time limit)."""
+    """'greedy', 'milp' (solved to the gap), 'milp-node-limit' (the incumbent when the
+    deterministic node limit stopped the search) or 'milp-timeout' (the incumbent when the
+    wall-clock safety net stopped it: the one answer that depends on the machine)."""
 
 
 def group_seconds(lengths: Sequence[int], members: Sequence[int], degree: int,
@@ -75,8 +77,12 @@ def greedy(lengths: Sequence[int], num_slots: int, k: FlexSPConstants,
 
 def milp(lengths: Sequence[int], buckets: Sequence[Bucket], num_slots: int, k: FlexSPConstants,
          *, time_limit_s: float, warm: Assignment | None, mip_rel_gap: float = 1e-2,
+         max_nodes: int | None = None, sub_mip_heuristics: bool = True,
          ) -> Assignment | None:
     """The FlexSP MILP over bucket counts (HiGHS), warm-started from ``warm``.
+
+    ``max_nodes`` bounds the search by deterministic work (the same answer on every machine);
+    ``time_limit_s`` is a wall-clock safety net on top of it (see :func:`new_highs`).
 
     min C  s.t.  sum_g x[b,g] = count_b;  x[b,g] <= count_b * u[g];  sum_g d_g u[g] <= N;
     sum_b x[b,g] bound_b act / d_g <= E;  beta1 u[g] + sum_b x[b,g] t(bound_b, d_g) <= C;
@@ -133,7 +139,8 @@ def milp(lengths: Sequence[int], buckets: Sequence[Bucket], num_slots: int, k: F
             rows.append((0.0, inf, [u0 + g, u0 + g + 1], [1.0, -1.0]))
     rows.append((-inf, float(num_slots), list(range(u0, u0 + ng)), [float(d) for d in candidates]))
 
-    h = new_highs(time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
+    h = new_highs(time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap, mip_max_nodes=max_nodes,
+                  sub_mip_heuristics=sub_mip_heuristics)
     h.addVars(ncol, lower, upper)
     h.changeColsCost(ncol, np.arange(ncol, dtype=np.int32), cost)
     integer = np.arange(nx + ng, dtype=np.int32)
@@ -155,8 +162,18 @@ def milp(lengths: Sequence[int], buckets: Sequence[Bucket], num_slots: int, k: F
     values = np.asarray(h.getSolution().col_value)
     groups = _decode(values, buckets, candidates, x_index, u0)
     secs = max(group_seconds(lengths, g.members, g.degree, k) for g in groups)
-    source = "milp" if status == highspy.HighsModelStatus.kOptimal else "milp-timeout"
+    source = _source(status)
     return Assignment(groups=tuple(groups), seconds=secs, source=source)
+
+
+def _source(status) -> str:
+    """Which limit stopped HiGHS, as an :attr:`Assignment.source`."""
+    import highspy
+
+    kind = highspy.HighsModelStatus
+    # kSolutionLimit is HiGHS's status for a reached node limit (the only such limit set here).
+    return {kind.kOptimal: "milp", kind.kSolutionLimit: "milp-node-limit",
+            kind.kTimeLimit: "milp-timeout"}.get(status, "milp-stopped")
 
 
 def _warm_vector(warm, lengths, buckets, candidates, x_index, ncol, u0, c_col, k):

@@ -3,8 +3,11 @@
 1. Sort the batch; for each micro-batch count M from M_min (memory) to M_min+4, cut the sorted
    sequences into M consecutive micro-batches balanced by tokens (linear-partition DP).
 2. Per micro-batch, bucket the lengths (DP, Q=16) and choose SP groups: the greedy homogeneous
-   answer first, then the MILP with HiGHS under its share of the time limit, warm-started
-   from the greedy answer; keep whichever is faster at true lengths.
+   answer first, then the MILP with HiGHS, warm-started from the greedy answer and bounded by
+   a node limit (deterministic work, so every machine plans the same batch the same way);
+   keep whichever is faster at true lengths. The wall-clock ``time_limit_s`` is only a safety
+   net: when it is reached the incumbents so far are kept and ``metadata['stopped_by']``
+   says ``time-limit`` (then, and only then, the plan depends on the machine's speed).
 3. Keep the M with the smallest total estimated time. Each micro-batch is one phase whose
    groups (degree d = CP size, ``cp_kind='ulysses'``) tile the dp*cp slots.
 
@@ -50,6 +53,9 @@ from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.recompute import AUTO, RECOMPUTE_MODES, check_recompute
 
 CONSTANT_SOURCES = ("cost-model", "paper-a100-gpt7b")
+MIP_MAX_NODES = 1
+"""Default node limit per micro-batch MILP (*reconstructed*: FlexSP's paper solves with SCIP
+for 5-15 s and gives no limit; see docs/methods.md for how this value was measured)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,8 +66,19 @@ class FlexSPOptions:
     """Q of the DP bucketing (the paper's value)."""
     extra_microbatch_counts: int = 4
     """Try M_min .. M_min + this many micro-batch counts."""
-    time_limit_s: float = 2.0
-    """Wall-clock budget for the whole search; the greedy answer is always available."""
+    time_limit_s: float = 60.0
+    """Wall-clock safety net for the whole search (the greedy answer is always available);
+    the node limit, not this, bounds the work in normal use."""
+    mip_max_nodes: int = MIP_MAX_NODES
+    """Branch-and-bound nodes per micro-batch MILP: the deterministic work bound."""
+    mip_sub_mip_heuristics: bool = True
+    """HiGHS's RINS and RENS at the root: most of the MILP's time and most of its gain over
+    the greedy answer (docs/methods.md); off makes FlexSP plan about 5x faster."""
+    milp_counts: int = 1
+    """Micro-batch counts solved with the MILP: the best ones by the greedy estimate (see
+    :func:`milp_counts`); ``extra_microbatch_counts + 1`` solves every count; 0 runs no MILP
+    (the greedy homogeneous answer for every count: not FlexSP's solver, for sweeps that
+    cannot afford a HiGHS root per plan, 5-50 s on a loaded 2-core machine)."""
     mip_rel_gap: float = 1e-2
     constants: str = "cost-model"
     recompute: str = "auto"
@@ -75,6 +92,17 @@ class FlexSPOptions:
             raise ValueError("flexsp: extra_microbatch_counts must be >= 0")
         if not self.time_limit_s >= 0:
             raise ValueError(f"flexsp: time_limit_s must be >= 0, got {self.time_limit_s}")
+        if isinstance(self.mip_max_nodes, bool) or not isinstance(self.mip_max_nodes, int) or (
+                self.mip_max_nodes < 0):
+            raise ValueError(f"flexsp: mip_max_nodes must be an integer >= 0, got "
+                             f"{self.mip_max_nodes!r}")
+        if not isinstance(self.mip_sub_mip_heuristics, bool):
+            raise ValueError(f"flexsp: mip_sub_mip_heuristics must be true or false, got "
+                             f"{self.mip_sub_mip_heuristics!r}")
+        if isinstance(self.milp_counts, bool) or not isinstance(self.milp_counts, int) or (
+                self.milp_counts < 0):
+            raise ValueError(f"flexsp: milp_counts must be an integer >= 0, got "
+                             f"{self.milp_counts!r}")
         check_recompute("flexsp", self.recompute, allow_auto=True)
         if self.constants not in CONSTANT_SOURCES:
             raise ValueError(f"flexsp: constants must be one of {CONSTANT_SOURCES}, "
@@ -82,12 +110,15 @@ class FlexSPOptions:
 
 
 def _solve_microbatch(lengths: list[int], slots: int, k: FlexSPConstants, opts: FlexSPOptions,
-                      time_share: float) -> Assignment | None:
+                      time_left_s: float) -> Assignment | None:
+    """Greedy, then the node-limited MILP; ``time_left_s`` is the safety net's remainder (the
+    MILP is skipped once it is spent, never shortened by a share of it)."""
     best = greedy(lengths, slots, k)
-    if time_share > 0.005:
+    if time_left_s > 0:
         buckets = dp_buckets(lengths, opts.num_buckets)
-        exact = milp(lengths, buckets, slots, k, time_limit_s=time_share, warm=best,
-                     mip_rel_gap=opts.mip_rel_gap)
+        exact = milp(lengths, buckets, slots, k, time_limit_s=time_left_s, warm=best,
+                     mip_rel_gap=opts.mip_rel_gap, max_nodes=opts.mip_max_nodes,
+                     sub_mip_heuristics=opts.mip_sub_mip_heuristics)
         if exact is not None and (best is None or exact.seconds < best.seconds):
             best = exact
     return best
@@ -134,7 +165,8 @@ def _units(seqs: list, pp: int) -> list[list]:
 
 
 Solve = Callable[[list[int], float], Assignment | None]
-"""One micro-batch's SP groups from its lengths and a time share (None: it does not fit)."""
+"""One micro-batch's SP groups from its lengths and the safety net's remaining seconds
+(None: it does not fit)."""
 Search = tuple[float, int, list[list[int]], list[Assignment]]
 """(estimated seconds, micro-batch count, runs of sorted indices, one answer per run)."""
 
@@ -143,9 +175,9 @@ def search_microbatches(lengths: list[int], tries: list[int], deadline: Deadline
                         solve: Solve) -> Search | None:
     """FlexSP's outer loop: for each micro-batch count M in ``tries``, cut the sorted
     ``lengths`` into M token-balanced consecutive runs, solve each run, and keep the M with
-    the smallest total estimate. None when no M has every run solved."""
+    the smallest total estimate. None when no M has every run solved. Every M is tried
+    unless the wall-clock safety net ``deadline`` has expired (see :func:`stopped_by`)."""
     best: Search | None = None
-    solves_left = sum(tries)
     for m in tries:
         if best is not None and deadline.expired:
             break
@@ -154,9 +186,7 @@ def search_microbatches(lengths: list[int], tries: list[int], deadline: Deadline
         for run in runs:
             if not run:
                 continue
-            share = deadline.share(solves_left)
-            solves_left -= 1
-            answer = solve([lengths[i] for i in run], share)
+            answer = solve([lengths[i] for i in run], deadline.remaining_s)
             if answer is None:
                 break
             answers.append(answer)
@@ -165,6 +195,41 @@ def search_microbatches(lengths: list[int], tries: list[int], deadline: Deadline
             if best is None or total < best[0]:
                 best = (total, m, [r for r in runs if r], answers)
     return best
+
+
+def milp_counts(lengths: list[int], tries: list[int], keep: int,
+                greedy_solve: Callable[[list[int]], Assignment | None]) -> list[int]:
+    """The micro-batch counts worth a MILP: the ``keep`` best of ``tries`` by the greedy
+    answer's total (milliseconds to compute), in their original order. Counts the greedy
+    cannot plan rank last, so when none plans, every count is tried with the MILP.
+
+    *Reconstructed*: the paper solves per micro-batch count with SCIP in 5-15 s; one HiGHS
+    root per micro-batch costs 0.2-1 s here, so solving every count would make FlexSP the
+    slowest planner by 10x. The MILP moves a count's total by a few percent (measured on
+    the flexsp-headline batches, docs/methods.md) while counts differ by more, so the greedy
+    ranking picks the same count."""
+    ranked = []
+    for m in tries:
+        runs = [r for r in contiguous_partition(lengths, m) if r]
+        answers = [greedy_solve([lengths[i] for i in r]) for r in runs]
+        total = (sum(a.seconds for a in answers) if all(a is not None for a in answers)
+                 else float("inf"))
+        ranked.append((total, m))
+    chosen = {m for _, m in sorted(ranked)[:keep]}
+    if all(total == float("inf") for total, _ in ranked):
+        chosen = set(tries)
+    return [m for m in tries if m in chosen]
+
+
+def stopped_by(sources: list[str], net_reached: bool) -> str:
+    """Which limit ended the search: ``time-limit`` when the wall-clock safety net was reached
+    (the plan then depends on the machine), else ``node-limit`` when some MILP stopped at its
+    node limit, else ``complete`` (every MILP solved to its gap, or greedy only)."""
+    if net_reached or "milp-timeout" in sources:
+        return "time-limit"
+    if "milp-node-limit" in sources:
+        return "node-limit"
+    return "complete"
 
 
 def microbatch_phases(order: list, runs: list[list[int]], answers: list[Assignment],
@@ -217,9 +282,18 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     m_min = min(m_min, len(lengths))
     tries = [m for m in range(m_min, m_min + opts.extra_microbatch_counts + 1)
              if m <= len(lengths)]
-    best = search_microbatches(
-        lengths, tries, deadline,
-        lambda run, share: _solve_microbatch(run, slots, k, opts, share))
+    if opts.milp_counts == 0:
+        best = search_microbatches(lengths, tries, deadline,
+                                   lambda run, _left: greedy(run, slots, k))
+    else:
+        milp_tries = milp_counts(lengths, tries, opts.milp_counts,
+                                 lambda run: greedy(run, slots, k))
+        best = search_microbatches(
+            lengths, milp_tries, deadline,
+            lambda run, left: _solve_microbatch(run, slots, k, opts, left))
+    # Read right after the search: expired now means the safety net cut it (a skipped MILP or
+    # an untried M happens only once it has expired).
+    net_reached = deadline.expired
     fallback = None
     if best is None:
         fallback = _fallback_reason(lengths, k, top, slots, recompute, capacity)
@@ -237,7 +311,9 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                   "recompute": recompute,
                   "estimated_seconds": best[0], "constants": opts.constants,
                   "sp_degrees": [[g.degree for g in a.groups] for a in answers],
-                  "time_limit_s": opts.time_limit_s, "zero_stage": zero_stage,
+                  "time_limit_s": opts.time_limit_s, "mip_max_nodes": opts.mip_max_nodes,
+                  "mip_sub_mip_heuristics": opts.mip_sub_mip_heuristics,
+                  "stopped_by": stopped_by(sources, net_reached), "zero_stage": zero_stage,
                   **({"fallback": fallback} if fallback is not None else {})},
         escalate_recompute=opts.recompute == AUTO, training=getattr(cost, "training", None),
     )

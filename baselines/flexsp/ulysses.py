@@ -36,6 +36,7 @@ from baselines.flexsp.planner import (
     microbatch_phases,
     search_microbatches,
     sp_pool_layout,
+    stopped_by,
     zero_stage_of,
 )
 from slimpack.batch import Batch
@@ -60,7 +61,8 @@ class UlyssesOptions:
     """Longest sequence training can meet: sizes ``ulysses-static``'s degree (default: the
     batch's longest). ``ulysses-adaptive`` sizes its degree from the batch alone."""
     time_limit_s: float = 2.0
-    """Budget for the round-count search (greedy rounds: milliseconds in practice)."""
+    """Wall-clock safety net for the round-count search (greedy rounds, milliseconds in
+    practice: deterministic unless the net is reached, which ``metadata["stopped_by"]`` says)."""
     recompute: str = "auto"
     """``auto``: the cheapest of none/selective/full with which the sizing sequence fits the
     largest group the pool can form, as FlexSP chooses."""
@@ -145,13 +147,15 @@ def _plan(mode: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                    for n in lengths]
         best = (sum(a.seconds for a in answers), len(lengths),
                 [[i] for i in range(len(lengths))], answers)
+    net_reached = deadline.expired  # the wall-clock safety net cut the search of M
     estimate, m, runs, answers = best
     phases = microbatch_phases(order, runs, answers, parallel, choice.recompute)
     metadata: dict[str, Any] = {
         "sp_degree": d, "sizing_length": sizing, "num_groups": slots // d,
         "num_microbatches": m, "recompute": choice.recompute,
         "estimated_seconds": estimate, "zero_stage": zero_stage,
-        "time_limit_s": opts.time_limit_s}
+        "time_limit_s": opts.time_limit_s,
+        "stopped_by": stopped_by([a.source for a in answers], net_reached)}
     if choice.fallback is not None:
         metadata["fallback"] = choice.fallback
     return finish_plan(
