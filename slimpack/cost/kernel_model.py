@@ -24,7 +24,7 @@ import numpy as np
 
 from slimpack.cost import kernels as K
 from slimpack.cost.comm import CommModel
-from slimpack.cost.flops import Piece
+from slimpack.cost.flops import Piece, as_piece_list
 from slimpack.cost.model import ZERO_TIMES, PassTimes
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
@@ -192,10 +192,30 @@ class KernelCostModel:
                 self._flash_layer_times(int(t), int(a), int(q), tp, recompute)
                 for t, a, q in zip(*(x.tolist() for x in sums), strict=True)]
 
+    def ulysses_layer_times(self, pieces: Sequence[Piece] | np.ndarray, *, tp: int = 1,
+                            sp: int = 1, recompute: str = "none") -> PassTimes:
+        """One layer on one GPU of a Ulysses sequence-parallel group of ``sp`` tensor groups
+        of ``tp`` (DeepSpeed-Ulysses, arXiv 2309.14509): each GPU runs ``1/sp`` of the
+        tokens through the linear layers (with the ``tp``-way GEMMs and TP communication of
+        that many tokens), then all-to-alls hand it ``1/sp`` of the heads of every token for
+        attention. The all-to-alls themselves are the simulator's (``sim.costs``)."""
+        check_recompute("layer_times", recompute)
+        if self.training.attention_kernel != "flash":
+            return self.layer_times(pieces, tp=tp * sp, recompute=recompute)
+        listed = as_piece_list(pieces)
+        tokens = sum(t for t, _ in listed if t > 0)
+        if tokens == 0:
+            return ZERO_TIMES
+        tiles, queries = K.attention_work(listed)
+        return self._flash_layer_times(-(-tokens // sp), tiles, queries, tp, recompute,
+                                       heads=self.model.num_heads / (tp * sp))
+
     def _flash_layer_times(self, tokens: int, tiles: int, queries: int, tp: int,
-                           recompute: str) -> PassTimes:
+                           recompute: str, heads: float | None = None) -> PassTimes:
+        """A layer of ``tokens`` tokens at ``tp`` whose attention visits ``tiles`` key tiles
+        from ``queries`` query tiles with ``heads`` heads (default: this GPU's tp share)."""
         mdl, hw = self.model, self.hardware
-        heads = mdl.num_heads / tp
+        heads = mdl.num_heads / tp if heads is None else heads
         attn = PassTimes(
             forward_s=K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
                                                   head_dim=mdl.head_dim, backward=False)

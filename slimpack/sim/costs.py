@@ -192,7 +192,11 @@ def unit_layer_seconds(per_rank: list[list[tuple[int, int]]], *, model: ModelSpe
             all_pieces = np.concatenate(per_rank)
         else:
             all_pieces = [p for r in per_rank for p in r]
-        t = cost.layer_times(all_pieces, tp=tp * cp, recompute=recompute)
+        ulysses = getattr(cost, "ulysses_layer_times", None)
+        if ulysses is not None:
+            t = ulysses(all_pieces, tp=tp, sp=cp, recompute=recompute)
+        else:  # a cost model without Ulysses pricing: the heads split as a tp*cp TP group
+            t = cost.layer_times(all_pieces, tp=tp * cp, recompute=recompute)
         comm = _ulysses_comm(model, cost, tokens / cp, tp, cp, cp_intra)
         return t.forward_s + comm, t.backward_s + comm, t.forward_s, t.backward_s, tokens
     times = rank_layer_times(cost, per_rank, tp=tp, recompute=recompute)
