@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slimpack.batch import Batch
 from slimpack.cost.memory import (
@@ -31,6 +31,16 @@ class BuildContext:
     parallel: ParallelSpec
     cost: CostModel
     options: SlimPackOptions
+    estimators: dict[int, WorkEstimator] = field(default_factory=dict, compare=False, repr=False)
+    """CP degree -> its estimator: probed once per plan, not once per candidate (its memo of
+    priced lengths is shared by every candidate as well)."""
+
+    def estimator(self, cp: int) -> WorkEstimator:
+        est = self.estimators.get(cp)
+        if est is None:
+            est = self.estimators[cp] = WorkEstimator.from_cost(
+                self.cost, tp=self.parallel.tp, cp=cp, cp_sharding=self.options.cp_sharding)
+        return est
 
 
 def max_tokens_in_flight(ctx: BuildContext, cp: int) -> int:
@@ -56,7 +66,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     candidates); without, it always finishes (the heuristic answer)."""
     par, opts = ctx.parallel, ctx.options
     lengths = {s.seq_id: s.length for s in ctx.batch.sequences}
-    est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp, cp_sharding=opts.cp_sharding)
+    est = ctx.estimator(par.cp)
+    check(deadline)
     work = {s: est.total(n) for s, n in lengths.items()}
     # In flight per stage: one round plus the 1F1B warm-up of ~2(p-1) MicroPacks.
     warmup_tokens = 2 * (par.pp - 1) * (slice_tokens or 0)
@@ -70,7 +81,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     decision = MergeDecision(outliers=(), merge_factor=1)
     if use_merge and feasible and not opts.no_dp_merge:
         decision = find_outliers(lengths, work, dp=par.dp, max_tokens_per_replica=fit_tokens)
-    regular = {s: n for s, n in lengths.items() if s not in set(decision.outliers)}
+    outlier_ids = set(decision.outliers)
+    regular = {s: n for s, n in lengths.items() if s not in outlier_ids}
 
     phases: list[Phase] = []
     peaks: list[float] = []
@@ -80,8 +92,7 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     if decision.outliers:
         k = decision.merge_factor
         merged_groups = par.dp // k
-        m_est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp * k,
-                                        cp_sharding=opts.cp_sharding)
+        m_est = ctx.estimator(par.cp * k)
         out_work = [m_est.total(lengths[s]) for s in decision.outliers]
         bins = lpt_assign(out_work, merged_groups)
         target = _unit_target(m_est, {s: lengths[s] for s in decision.outliers}, merged_groups,
