@@ -61,6 +61,15 @@ class ReplicaPacks:
     slices: list[Slice] = field(default_factory=list)
     forward_units: list[Unit] = field(default_factory=list)
     backward_units: list[Unit] = field(default_factory=list)
+    whole_segments: dict[int, Segment] = field(default_factory=dict, repr=False)
+    """seq_id -> the Segment of a whole short document: built once per plan and shared by
+    every packing of it (memory repairs, other candidates), not once per packing."""
+
+    def whole(self, seq_id: int, length: int) -> Segment:
+        seg = self.whole_segments.get(seq_id)
+        if seg is None:
+            seg = self.whole_segments[seq_id] = Segment(seq_id=seq_id, start=0, end=length)
+        return seg
 
 
 @dataclass(kw_only=True)
@@ -188,7 +197,8 @@ def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_c
 def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: int | None,
                  round_capacity: int, unit_forward_target: float, asymmetric: bool,
                  inflight_tokens: int | None = None, warmup_units: int = 0,
-                 deadline: Deadline | None = None, cp: int = 1) -> ReplicaPacks:
+                 deadline: Deadline | None = None, cp: int = 1,
+                 whole_segments: dict[int, Segment] | None = None) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
@@ -197,7 +207,8 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
 
     Memory: the schedule keeps the first (largest) round's MicroPacks plus ``warmup_units``
     in flight for the whole step, so with ``inflight_tokens`` given, every MicroPack is capped
-    at ``inflight_tokens / (largest round + warmup_units)`` tokens.
+    at ``inflight_tokens / (largest round + warmup_units)`` tokens. ``whole_segments`` caches
+    the whole-document segments across calls (see :class:`ReplicaPacks`).
     """
     target = unit_forward_target
     long_limit = slice_tokens if slice_tokens is not None else math.inf
@@ -292,7 +303,7 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     # warm-up of the whole step.
     normal = sorted((r for r in rounds if r.num_units <= giant_limit), key=lambda r: -r.num_units)
     giants = sorted((r for r in rounds if r.num_units > giant_limit), key=lambda r: r.num_units)
-    out = ReplicaPacks()
+    out = ReplicaPacks(whole_segments=whole_segments if whole_segments is not None else {})
     for rnd in normal + giants:
         check(deadline)
         _emit_round(rnd, lengths, est, asymmetric, out)
@@ -403,7 +414,7 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
         bwd = [est.backward(lengths[s]) for s in docs]
         for bucket in lpt_buckets(bwd, ATOMS_PER_UNIT if asymmetric else 1):
             if bucket:
-                segs = tuple(Segment(seq_id=docs[i], start=0, end=lengths[docs[i]]) for i in bucket)
+                segs = tuple([out.whole(docs[i], lengths[docs[i]]) for i in bucket])
                 sid = _new_slice(out, segs)
                 unit_slices[u].append(sid)
                 atoms.append(sid)
@@ -453,9 +464,13 @@ def lpt_buckets(weights: list[float], num_buckets: int) -> list[list[int]]:
     num_buckets = max(1, min(num_buckets, len(weights)))
     if num_buckets == 1:
         return [list(range(len(weights)))]
+    order = sorted(range(len(weights)), key=lambda j: -weights[j])
+    if num_buckets == len(weights):
+        # One item per bucket: the heap below would pop the empty buckets 0, 1, ... in turn.
+        return [[i] for i in order]
     heap = [(0.0, b) for b in range(num_buckets)]
     buckets: list[list[int]] = [[] for _ in range(num_buckets)]
-    for i in sorted(range(len(weights)), key=lambda j: -weights[j]):
+    for i in order:
         load, b = heapq.heappop(heap)
         buckets[b].append(i)
         heapq.heappush(heap, (load + weights[i], b))
