@@ -347,51 +347,60 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
 
     for r in range(len(rounds)):
         open_round(r)
+    # The loop peeks at the top entry and replaces it (heapreplace) instead of popping and
+    # pushing: every key is unique (round, version; unit index), so the choices are the same.
+    heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
     for seq_id in sorted(short_ids, key=lambda s: (-short_ids[s], s)):
         n = short_ids[seq_id]
         # Reopen what the shorter document now fits.
         while parked_rounds and -parked_rounds[0][0] >= n:
-            _, r = heapq.heappop(parked_rounds)
+            _, r = heappop(parked_rounds)
             round_parked[r] = False
             push_round(r)
-        touched = set()
-        while parked_units and -parked_units[0][0] >= n:
-            _, r, u = heapq.heappop(parked_units)
-            heapq.heappush(unit_heaps[r], (fwd_load[r][u], u))
-            touched.add(r)
-        for r in touched:
-            push_round(r)
+        if parked_units and -parked_units[0][0] >= n:
+            touched = set()
+            while parked_units and -parked_units[0][0] >= n:
+                _, r, u = heappop(parked_units)
+                heappush(unit_heaps[r], (fwd_load[r][u], u))
+                touched.add(r)
+            for r in touched:
+                push_round(r)
         while True:
             force = not top
             if force:  # nothing has room: a new filler round takes it, fitting or not
                 add_round()
                 open_round(len(rounds) - 1)
-            _, r, ver = heapq.heappop(top)
+            _, r, ver = top[0]
             if ver != version[r] or round_parked[r]:
+                heappop(top)
                 continue  # stale entry
             rnd = rounds[r]
             if rnd.tokens + n > rnd.capacity and not force:
+                heappop(top)
                 round_parked[r] = True
                 if rnd.tokens < rnd.capacity:  # a full round never reopens
-                    heapq.heappush(parked_rounds, (rnd.tokens - rnd.capacity, r))
+                    heappush(parked_rounds, (rnd.tokens - rnd.capacity, r))
                 continue
             heap = unit_heaps[r]
             load, u = heap[0]
             used = rnd.unit_tokens[u]
+            version[r] += 1
             if used and used + n > unit_cap and not force:
                 # Its lightest MicroPack is full for this document; the round's next one
                 # competes with the other rounds again.
-                heapq.heappop(heap)
-                heapq.heappush(parked_units, (used - unit_cap, r, u))
-                push_round(r)
+                heappop(heap)
+                heappush(parked_units, (used - unit_cap, r, u))
+                if heap:
+                    heapreplace(top, (heap[0][0], r, version[r]))
+                else:
+                    heappop(top)
                 continue
-            heapq.heappop(heap)
             rnd.short_docs[u].append(seq_id)
             rnd.tokens += n
-            rnd.unit_tokens[u] += n
-            fwd_load[r][u] = load + short_fwd[seq_id]
-            heapq.heappush(heap, (fwd_load[r][u], u))
-            push_round(r)
+            rnd.unit_tokens[u] = used + n
+            load = fwd_load[r][u] = load + short_fwd[seq_id]
+            heapreplace(heap, (load, u))
+            heapreplace(top, (heap[0][0], r, version[r]))
             break
 
 
