@@ -195,7 +195,8 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
             sim_started = time.perf_counter()
             # simulate() validates the plan first: the plan kept is a validated one.
             record = simulate(candidate, model=ctx.model, hardware=ctx.hardware,
-                              cost=ctx.cost).record
+                              cost=ctx.cost, schedules=dict(ctx.schedules),
+                              schedules_built=True).record
             sim_seconds = max(sim_seconds, time.perf_counter() - sim_started)
             tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
                           "built_s": built_s, "step_time_s": record.step_time_s,

@@ -34,6 +34,9 @@ class BuildContext:
     estimators: dict[int, WorkEstimator] = field(default_factory=dict, compare=False, repr=False)
     whole_segments: dict = field(default_factory=dict, compare=False, repr=False)
     """seq_id -> Segment of a whole short document, shared by every packing of the plan."""
+    schedules: dict = field(default_factory=dict, compare=False, repr=False)
+    """group_id -> op lists of the last plan built (``build_schedule``'s, made for its memory
+    check): the search hands them to the simulator instead of building them again."""
     """CP degree -> its estimator: probed once per plan, not once per candidate (its memo of
     priced lengths is shared by every candidate as well)."""
 
@@ -67,6 +70,7 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     and inside phase 2 and raises :class:`OutOfTime` once it has passed (the search's later
     candidates); without, it always finishes (the heuristic answer)."""
     par, opts = ctx.parallel, ctx.options
+    ctx.schedules.clear()
     lengths = {s.seq_id: s.length for s in ctx.batch.sequences}
     est = ctx.estimator(par.cp)
     check(deadline)
@@ -181,7 +185,8 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
                         deadline)
     floor = slice_tokens or 1
     check(deadline)
-    peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
+    ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp)
+    peak = max(peaks)
     for _ in range(MAX_MEMORY_REPAIRS):
         if peak <= budget or round_capacity <= floor:
             break
@@ -189,15 +194,22 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
         group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity,
                             target, deadline)
         check(deadline)
-        peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
+        ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp)
+        peak = max(peaks)
+    ctx.schedules[group.group_id] = ops
     return group, peak
 
 
 def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int) -> list[float]:
     """Per-stage peak memory of ``group`` under its own schedule (order only, no timing)."""
+    return _schedule_and_peaks(group, model, dp)[1]
+
+
+def _schedule_and_peaks(group: Group, model: ModelSpec, dp: int) -> tuple[list, list[float]]:
     memory = group_memory(group, model=model, dp=dp)
     layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
-    return peak_bytes_by_stage(build_schedule(group), memory, layers)
+    ops = build_schedule(group)
+    return ops, peak_bytes_by_stage(ops, memory, layers)
 
 
 def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],
