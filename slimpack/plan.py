@@ -341,22 +341,31 @@ class Plan:
                         f"Plan: phase {p_idx} runs ranks {sorted(clash)[:8]} in two groups at once"
                     )
                 used.update(group.ranks)
+                gid = group.group_id
+                lengths = self.sequence_lengths
                 for sl in group.slices:
                     for seg in sl.segments:
-                        if seg.seq_id not in self.sequence_lengths:
+                        seq = seg.seq_id
+                        if seq not in lengths:
                             raise PlanError(
-                                f"Group {group.group_id}: slice {sl.slice_id} holds unknown "
-                                f"seq {seg.seq_id}"
+                                f"Group {gid}: slice {sl.slice_id} holds unknown seq {seq}"
                             )
-                        prev = owner.setdefault(seg.seq_id, group.group_id)
-                        if prev != group.group_id:
+                        prev = owner.get(seq)
+                        if prev is None:
+                            owner[seq] = gid
+                            covered[seq] = [(seg.start, seg.end)]
+                        elif prev != gid:
                             raise PlanError(
-                                f"Plan: seq {seg.seq_id} is split across groups {prev} and "
-                                f"{group.group_id}; its KV history must stay in one group"
+                                f"Plan: seq {seq} is split across groups {prev} and "
+                                f"{gid}; its KV history must stay in one group"
                             )
-                        covered.setdefault(seg.seq_id, []).append((seg.start, seg.end))
+                        else:
+                            covered[seq].append((seg.start, seg.end))
         for seq_id, length in self.sequence_lengths.items():
-            ranges = sorted(covered.get(seq_id, []))
+            ranges = covered.get(seq_id, [])
+            if len(ranges) == 1 and ranges[0] == (0, length):
+                continue  # one segment, the whole sequence (most documents): nothing to sort
+            ranges = sorted(ranges)
             if not ranges:
                 raise PlanError(f"Plan: seq {seq_id} ({length} tokens) is never covered")
             pos = 0

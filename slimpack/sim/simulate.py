@@ -16,6 +16,7 @@ from slimpack.cost.flops import mfu, model_flops
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Plan
+from slimpack.planning.gc_pause import gc_paused
 from slimpack.records import OpTiming, StepRecord
 from slimpack.schedules import Op, build_schedule, validate_schedule
 from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
@@ -60,6 +61,15 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
     check), so they are not checked again. Raises PlanError for a malformed plan or schedule and DeadlockError
     (a RuntimeError) if op lists cannot complete.
     """
+    with gc_paused():  # ~10^5 short-lived objects per group: see gc_pause
+        return _simulate(plan, model=model, hardware=hardware, cost=cost, trace=trace,
+                         overlap_dp_sync=overlap_dp_sync, schedules=schedules,
+                         validate=validate, schedules_built=schedules_built)
+
+
+def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: CostModel | None,
+              trace: bool, overlap_dp_sync: bool, schedules: Mapping[int, list[list[Op]]] | None,
+              validate: bool, schedules_built: bool) -> SimResult:
     wall = time.perf_counter()
     if validate:
         plan.validate()

@@ -24,6 +24,7 @@ from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
 from slimpack.planning.deadline import Deadline
+from slimpack.planning.gc_pause import gc_paused
 from slimpack.slimpack_planner.assemble import (
     BuildContext,
     OutOfTime,
@@ -64,7 +65,12 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     it stops inside its build once the limit is reached. A first candidate that alone takes
     longer is returned as soon as it is built (``metadata["search"][0]["built_s"]`` says when).
     Every returned plan has been validated once (``Plan.validate``)."""
-    opts = SlimPackOptions.from_kwargs(options)
+    with gc_paused():
+        return _plan(batch, model, hardware, parallel, cost, SlimPackOptions.from_kwargs(options))
+
+
+def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
+          cost: CostModel, opts: SlimPackOptions) -> Plan:
     deadline = Deadline(time_limit_s=opts.time_limit_s)
     parallel.validate_for_model(model)
     if opts.slice_tokens is not None and opts.slice_tokens % (2 * parallel.cp):
