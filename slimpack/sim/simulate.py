@@ -136,10 +136,9 @@ def _record(plan: Plan, runs: list[_GroupRun], sync: DpSync, *, model: ModelSpec
             kv_cache[s] = max(kv_cache[s], r.timeline.peak_activation[s] * r.memory.kv_share)
             states[s] = max(states[s], r.memory.model_state_bytes[s])
             logits[s] = max(logits[s], r.memory.logits_bytes[s])
-    unit_fwd = [sum(col[u] for col in r.costs.fwd_s) for r in runs
-                for u in range(len(r.group.forward_units))]
-    unit_bwd = [sum(col[u] for col in r.costs.bwd_s) for r in runs
-                for u in range(len(r.group.backward_units))]
+    # Per unit, its seconds summed over the virtual stages in order (zip: same sums, in C).
+    unit_fwd = [t for r in runs for t in map(sum, zip(*r.costs.fwd_s, strict=True))]
+    unit_bwd = [t for r in runs for t in map(sum, zip(*r.costs.bwd_s, strict=True))]
     total_fwd = sum(unit_fwd)
     imbalance = max(unit_fwd) * len(unit_fwd) / total_fwd if total_fwd > 0 else 1.0
     ops: tuple[OpTiming, ...] = ()

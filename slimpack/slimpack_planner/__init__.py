@@ -109,12 +109,27 @@ def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOption
     return [default, *others][:opts.search_candidates]
 
 
+LIMIT_MARGIN = 0.05
+"""Share of the time limit kept back from a later candidate's build: half the +10% slack
+covers the step it is in when the deadline passes (the stretch between two deadline checks)
+and a busy machine's jitter."""
+
+
 def _build_deadline(deadline: Deadline, reserve_s: float) -> Deadline:
     """The deadline a later candidate's build runs under: the planner's, less ``reserve_s``
-    for what must follow the build (its validation), so an interrupted or finished build
-    still leaves room to return within the limit."""
-    return Deadline(time_limit_s=max(deadline.time_limit_s - reserve_s, 0.0),
+    for what must follow the build (its validation) and the :data:`LIMIT_MARGIN`, so an
+    interrupted or finished build still leaves room to return within the limit."""
+    margin = LIMIT_MARGIN * deadline.time_limit_s
+    return Deadline(time_limit_s=max(deadline.time_limit_s - reserve_s - margin, 0.0),
                     started=deadline.started)
+
+
+def _predicted_build_s(last_s: float, last: int | None, nxt: int | None) -> float:
+    """A build's time from the previous one's: work grows with the number of slices, about
+    as 1/S, so a shorter slice length costs proportionally more (never assumed cheaper)."""
+    if last is None or nxt is None:
+        return last_s
+    return last_s * max(1.0, last / nxt)
 
 
 def _first_fit(ctx: BuildContext, candidates: list[int | None],
@@ -129,21 +144,22 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
     best_peak = float("inf")
     tried: list[dict] = []
     last_s = validate_s = 0.0
+    last_slice: int | None = None
     for s in candidates:
-        if best is not None and deadline.remaining_s < last_s:
-            break  # the last candidate predicts this one: it would not finish in time
+        build_deadline = None  # the first candidate is always finished: the last resort
+        if best is not None:
+            build_deadline = _build_deadline(deadline, 2 * validate_s)
+            if build_deadline.remaining_s < _predicted_build_s(last_s, last_slice, s):
+                break  # it would not finish in time: stop before starting it
         started = time.perf_counter()
         try:
-            # The first candidate is always finished: it is the answer of last resort.
-            candidate = build_plan(
-                ctx, s, use_merge=True,
-                deadline=_build_deadline(deadline, 2 * validate_s) if best is not None else None)
+            candidate = build_plan(ctx, s, use_merge=True, deadline=build_deadline)
         except OutOfTime:
             break
         validate_started = time.perf_counter()
         candidate.validate()
         validate_s = max(validate_s, time.perf_counter() - validate_started)
-        last_s = time.perf_counter() - started
+        last_s, last_slice = time.perf_counter() - started, s
         peak = candidate.metadata["slimpack"]["peak_bytes"]
         tried.append({"slice_tokens": s, "merge": True, "peak_gib": peak / 2**30,
                       "built_s": deadline.elapsed_s})
@@ -164,22 +180,28 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
     tried: list[dict] = []
     sim_seconds = 0.0  # the slowest simulation so far predicts the next one
     build_seconds = 0.0  # the slowest build so far predicts the next one
+    last_slice: int | None = None
     for s in candidates:
         merged_outliers = None
         for use_merge in merge_choices:
-            if best is not None and deadline.remaining_s < build_seconds + 2 * sim_seconds:
-                # Not enough time left to build and judge another candidate: stop before
-                # starting one (its build would stop at the deadline, its time wasted).
-                return best, tried
             if not use_merge and merged_outliers == 0:
                 continue  # no outliers to merge: the no-merge plan is the same plan
+            build_deadline = None  # the first candidate is always finished
+            if best is not None:
+                # A simulated plan is validated already: nothing to reserve but the margin.
+                build_deadline = _build_deadline(deadline, 0.0)
+                predicted = _predicted_build_s(build_seconds, last_slice, s)
+                if build_deadline.remaining_s < predicted + 2 * sim_seconds:
+                    # Not enough time left to build and judge another candidate: stop
+                    # before starting one (its build would stop at the deadline, wasted).
+                    return best, tried
             build_started = time.perf_counter()
             try:
-                candidate = build_plan(ctx, s, use_merge=use_merge,
-                                       deadline=deadline if best is not None else None)
+                candidate = build_plan(ctx, s, use_merge=use_merge, deadline=build_deadline)
             except OutOfTime:
                 return best, tried
             build_seconds = max(build_seconds, time.perf_counter() - build_started)
+            last_slice = s
             # Before any simulation has been timed, its build time predicts it (a simulation
             # walks the same units and schedule once more).
             if not sim_seconds:

@@ -34,11 +34,20 @@ class BuildContext:
     estimators: dict[int, WorkEstimator] = field(default_factory=dict, compare=False, repr=False)
     whole_segments: dict = field(default_factory=dict, compare=False, repr=False)
     """seq_id -> Segment of a whole short document, shared by every packing of the plan."""
+    work_of: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+    """seq_id -> estimated seconds on the base CP degree (see :meth:`work`)."""
     schedules: dict = field(default_factory=dict, compare=False, repr=False)
     """group_id -> op lists of the last plan built (``build_schedule``'s, made for its memory
     check): the search hands them to the simulator instead of building them again."""
     """CP degree -> its estimator: probed once per plan, not once per candidate (its memo of
     priced lengths is shared by every candidate as well)."""
+
+    def work(self, est: WorkEstimator, lengths: dict[int, int]) -> dict[int, float]:
+        """seq_id -> estimated fwd+bwd seconds of each sequence, the same for every
+        candidate of a plan: computed once."""
+        if not self.work_of:
+            self.work_of.update({s: est.total(n) for s, n in lengths.items()})
+        return self.work_of
 
     def estimator(self, cp: int) -> WorkEstimator:
         est = self.estimators.get(cp)
@@ -74,7 +83,7 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     lengths = {s.seq_id: s.length for s in ctx.batch.sequences}
     est = ctx.estimator(par.cp)
     check(deadline)
-    work = {s: est.total(n) for s, n in lengths.items()}
+    work = ctx.work(est, lengths)
     # In flight per stage: one round plus the 1F1B warm-up of ~2(p-1) MicroPacks.
     warmup_tokens = 2 * (par.pp - 1) * (slice_tokens or 0)
     fit_tokens = max_tokens_in_flight(ctx, par.cp) - warmup_tokens
