@@ -34,6 +34,9 @@ class BuildContext:
     estimators: dict[int, WorkEstimator] = field(default_factory=dict, compare=False, repr=False)
     whole_segments: dict = field(default_factory=dict, compare=False, repr=False)
     """seq_id -> Segment of a whole short document, shared by every packing of the plan."""
+    cuts_cache: dict = field(default_factory=dict, compare=False, repr=False)
+    """Cuts of long sequences by (length, S, target, floor, estimator), shared by a group's
+    memory repairs (which repack the same sequences in smaller rounds)."""
     work_of: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
     """seq_id -> estimated seconds on the base CP degree (see :meth:`work`)."""
     schedules: dict = field(default_factory=dict, compare=False, repr=False)
@@ -230,7 +233,7 @@ def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dic
                          unit_forward_target=target, asymmetric=not ctx.options.no_asymmetric,
                          inflight_tokens=round_capacity + 2 * (par.pp - 1) * (slice_tokens or 0),
                          warmup_units=2 * (par.pp - 1), deadline=deadline, cp=par.cp * k,
-                         whole_segments=ctx.whole_segments)
+                         whole_segments=ctx.whole_segments, cuts_cache=ctx.cuts_cache)
     # Ranks ordered (pp, cp, tp): a merged group's CP index runs over its replicas' CP ranks.
     ranks = tuple(par.rank(dp=r, pp=s, cp=c, tp=t)
                   for s in range(par.pp) for r in replicas for c in range(par.cp)

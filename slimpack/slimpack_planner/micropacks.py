@@ -198,7 +198,8 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
                  round_capacity: int, unit_forward_target: float, asymmetric: bool,
                  inflight_tokens: int | None = None, warmup_units: int = 0,
                  deadline: Deadline | None = None, cp: int = 1,
-                 whole_segments: dict[int, Segment] | None = None) -> ReplicaPacks:
+                 whole_segments: dict[int, Segment] | None = None,
+                 cuts_cache: dict | None = None) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
@@ -208,7 +209,8 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     Memory: the schedule keeps the first (largest) round's MicroPacks plus ``warmup_units``
     in flight for the whole step, so with ``inflight_tokens`` given, every MicroPack is capped
     at ``inflight_tokens / (largest round + warmup_units)`` tokens. ``whole_segments`` caches
-    the whole-document segments across calls (see :class:`ReplicaPacks`).
+    the whole-document segments across calls (see :class:`ReplicaPacks`), ``cuts_cache``
+    the cuts of long sequences (read only: one list may serve several sequences).
     """
     target = unit_forward_target
     long_limit = slice_tokens if slice_tokens is not None else math.inf
@@ -221,9 +223,18 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     if inflight_tokens is not None and slice_tokens is not None:
         unit_budget = max(inflight_tokens // slice_tokens - warmup_units, 1)
     min_tokens = MIN_TOKENS_PER_CP_RANK * cp if cp > 1 else TILE
-    cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target,
-                                   deadline=deadline, min_tokens=min_tokens)
-               for seq, n in long_ids.items()}
+    # A memory repair packs the same sequences again with smaller rounds: their cuts do not
+    # depend on the rounds, so they are kept (keyed by everything they depend on).
+    cuts_cache = cuts_cache if cuts_cache is not None else {}
+    cuts_of: dict[int, list[int]] = {}
+    for seq, n in long_ids.items():
+        key = (n, slice_tokens, target, min_tokens, id(est))
+        cuts = cuts_cache.get(key)
+        if cuts is None:
+            cuts = cuts_cache[key] = slice_sequence(n, est, slice_tokens=slice_tokens,
+                                                    target=target, deadline=deadline,
+                                                    min_tokens=min_tokens)
+        cuts_of[seq] = cuts
     members_of = _long_rounds(long_ids, cuts_of, round_capacity, unit_budget) if long_ids else []
     rounds: list[_Round] = []
     fwd_load: list[list[float]] = []
