@@ -457,9 +457,9 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
     heap = [(load, b) for b, load in enumerate(bwd_load)]
     heapq.heapify(heap)
     for sid in sorted(atoms, key=lambda a: -atom_cost[a]):
-        load, b = heapq.heappop(heap)
+        load, b = heap[0]  # (load, step) keys are unique: replace = pop + push
         back[b].append(sid)
-        heapq.heappush(heap, (load + atom_cost[sid], b))
+        heapq.heapreplace(heap, (load + atom_cost[sid], b))
     for b in range(n_units):
         if back[b]:
             out.backward_units.append(Unit(slice_ids=tuple(back[b])))
@@ -491,7 +491,7 @@ def lpt_buckets(weights: list[float], num_buckets: int) -> list[list[int]]:
     heap = [(0.0, b) for b in range(num_buckets)]
     buckets: list[list[int]] = [[] for _ in range(num_buckets)]
     for i in order:
-        load, b = heapq.heappop(heap)
+        load, b = heap[0]  # (load, bucket) keys are unique: replace = pop + push
         buckets[b].append(i)
-        heapq.heappush(heap, (load + weights[i], b))
+        heapq.heapreplace(heap, (load + weights[i], b))
     return buckets
