@@ -41,7 +41,13 @@ class PlanError(ValueError):
     """A plan that breaks an IR rule; the message names the group, unit, slice or sequence."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+# Segment, Slice and Unit write their own __init__ (dataclass(init=False)): plans hold ~10^5
+# of them, and the generated frozen __init__ plus a __post_init__ call cost twice as much
+# as checking the arguments first and setting the slots once.
+_set = object.__setattr__
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, init=False)
 class Segment:
     seq_id: int
     start: int
@@ -49,13 +55,16 @@ class Segment:
     end: int
     """One past the last token."""
 
-    def __post_init__(self) -> None:
-        if self.seq_id < 0:
-            raise PlanError(f"Segment.seq_id must be >= 0, got {self.seq_id}")
-        if self.start < 0 or self.end <= self.start:
+    def __init__(self, *, seq_id: int, start: int, end: int) -> None:
+        if seq_id < 0 or start < 0 or end <= start:
+            if seq_id < 0:
+                raise PlanError(f"Segment.seq_id must be >= 0, got {seq_id}")
             raise PlanError(
-                f"Segment of seq {self.seq_id} needs 0 <= start < end, got [{self.start}, {self.end})"
+                f"Segment of seq {seq_id} needs 0 <= start < end, got [{start}, {end})"
             )
+        _set(self, "seq_id", seq_id)
+        _set(self, "start", start)
+        _set(self, "end", end)
 
     @property
     def num_tokens(self) -> int:
@@ -66,43 +75,50 @@ class Segment:
         return self.start
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True, init=False)
 class Slice:
     slice_id: int
     segments: tuple[Segment, ...]
 
-    def __post_init__(self) -> None:
-        if not self.segments:
-            raise PlanError(f"Slice {self.slice_id} has no segments")
-        seen = set()
-        for seg in self.segments:
-            if seg.seq_id in seen:
-                raise PlanError(
-                    f"Slice {self.slice_id} holds two segments of seq {seg.seq_id}; "
-                    f"merge them into one segment"
-                )
-            seen.add(seg.seq_id)
+    def __init__(self, *, slice_id: int, segments: tuple[Segment, ...]) -> None:
+        if not segments:
+            raise PlanError(f"Slice {slice_id} has no segments")
+        if len(segments) > 1 and len({seg.seq_id for seg in segments}) < len(segments):
+            seen = set()
+            for seg in segments:
+                if seg.seq_id in seen:
+                    raise PlanError(
+                        f"Slice {slice_id} holds two segments of seq {seg.seq_id}; "
+                        f"merge them into one segment"
+                    )
+                seen.add(seg.seq_id)
+        _set(self, "slice_id", slice_id)
+        _set(self, "segments", segments)
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.segments)
+        tokens = 0
+        for seg in self.segments:
+            tokens += seg.end - seg.start
+        return tokens
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
         return tuple(s.seq_id for s in self.segments)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True, init=False)
 class Unit:
     """A MicroPack: slices run together in one pipeline step, in this order."""
 
     slice_ids: tuple[int, ...]
 
-    def __post_init__(self) -> None:
-        if not self.slice_ids:
+    def __init__(self, *, slice_ids: tuple[int, ...]) -> None:
+        if not slice_ids:
             raise PlanError("Unit has no slices")
-        if len(set(self.slice_ids)) != len(self.slice_ids):
-            raise PlanError(f"Unit lists a slice twice: {self.slice_ids}")
+        if len(slice_ids) > 1 and len(set(slice_ids)) != len(slice_ids):
+            raise PlanError(f"Unit lists a slice twice: {slice_ids}")
+        _set(self, "slice_ids", slice_ids)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,13 +217,14 @@ class Group:
         all_ids = set(self._slice_index)
         for kind, units in (("forward", self.forward_units), ("backward", self.backward_units)):
             covered: list[int] = [i for u in units for i in u.slice_ids]
-            unknown = set(covered) - all_ids
+            covered_set = set(covered)
+            unknown = covered_set - all_ids
             if unknown:
                 raise PlanError(f"Group {gid}: {kind} units refer to missing slices {sorted(unknown)}")
-            if len(covered) != len(set(covered)):
+            if len(covered) != len(covered_set):
                 dup = sorted({i for i in covered if covered.count(i) > 1})
                 raise PlanError(f"Group {gid}: {kind} units run slices {dup} more than once")
-            if set(covered) != all_ids:
+            if covered_set != all_ids:
                 raise PlanError(
                     f"Group {gid}: forward and backward units must each partition the group's "
                     f"slices; {kind} units miss slices {sorted(all_ids - set(covered))}"
@@ -221,8 +238,9 @@ class Group:
 
     def _check_order(self, order: list[int], *, increasing: bool, kind: str) -> None:
         last_start: dict[int, int] = {}
+        index = self._slice_index  # every id was checked by validate() before this runs
         for sid in order:
-            for seg in self.slice(sid).segments:
+            for seg in index[sid].segments:
                 prev = last_start.get(seg.seq_id)
                 if prev is not None and (seg.start < prev if increasing else seg.start > prev):
                     rule = "in order (increasing start)" if increasing else "in reverse order"
@@ -323,22 +341,31 @@ class Plan:
                         f"Plan: phase {p_idx} runs ranks {sorted(clash)[:8]} in two groups at once"
                     )
                 used.update(group.ranks)
+                gid = group.group_id
+                lengths = self.sequence_lengths
                 for sl in group.slices:
                     for seg in sl.segments:
-                        if seg.seq_id not in self.sequence_lengths:
+                        seq = seg.seq_id
+                        if seq not in lengths:
                             raise PlanError(
-                                f"Group {group.group_id}: slice {sl.slice_id} holds unknown "
-                                f"seq {seg.seq_id}"
+                                f"Group {gid}: slice {sl.slice_id} holds unknown seq {seq}"
                             )
-                        prev = owner.setdefault(seg.seq_id, group.group_id)
-                        if prev != group.group_id:
+                        prev = owner.get(seq)
+                        if prev is None:
+                            owner[seq] = gid
+                            covered[seq] = [(seg.start, seg.end)]
+                        elif prev != gid:
                             raise PlanError(
-                                f"Plan: seq {seg.seq_id} is split across groups {prev} and "
-                                f"{group.group_id}; its KV history must stay in one group"
+                                f"Plan: seq {seq} is split across groups {prev} and "
+                                f"{gid}; its KV history must stay in one group"
                             )
-                        covered.setdefault(seg.seq_id, []).append((seg.start, seg.end))
+                        else:
+                            covered[seq].append((seg.start, seg.end))
         for seq_id, length in self.sequence_lengths.items():
-            ranges = sorted(covered.get(seq_id, []))
+            ranges = covered.get(seq_id, [])
+            if len(ranges) == 1 and ranges[0] == (0, length):
+                continue  # one segment, the whole sequence (most documents): nothing to sort
+            ranges = sorted(ranges)
             if not ranges:
                 raise PlanError(f"Plan: seq {seq_id} ({length} tokens) is never covered")
             pos = 0

@@ -160,3 +160,17 @@ def test_asymmetric_hand_case():
 def test_asymmetric_schedules_are_valid_and_deadlock_free(lengths, fwd_cuts, bwd_cuts, pp, vpp):
     group = _asymmetric_group(lengths, 2, fwd_cuts, bwd_cuts, pp=pp, vpp=vpp)
     validate_schedule(group, build_schedule(group))
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+       fwd_cuts=st.lists(st.integers(1, 60), max_size=10),
+       bwd_cuts=st.lists(st.integers(1, 60), max_size=10),
+       pp=st.integers(1, 8))
+def test_single_chunk_schedules_never_deadlock(lengths, fwd_cuts, bwd_cuts, pp):
+    # build_schedule skips its deadlock check when vpp = 1 (proof in pipeline.py): the
+    # independent zero-duration run must agree on every random asymmetric partition.
+    group = _asymmetric_group(lengths, 2, fwd_cuts, bwd_cuts, pp=pp, vpp=1)
+    ops = build_schedule(group)
+    assert find_deadlock(group, ops) is None
+    validate_schedule(group, ops)

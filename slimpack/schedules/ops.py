@@ -8,7 +8,10 @@ from typing import Literal
 OpKind = Literal["F", "B"]
 
 
-@dataclass(frozen=True, slots=True)
+_set = object.__setattr__
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Op:
     """Forward or backward of one unit on one model chunk of a pipeline stage.
 
@@ -21,6 +24,13 @@ class Op:
     kind: OpKind
     unit: int
     chunk: int
+
+    def __init__(self, kind: OpKind, unit: int, chunk: int) -> None:
+        # Written out (not generated): schedules hold ~10^5 ops, and the generated frozen
+        # __init__ costs twice as much.
+        _set(self, "kind", kind)
+        _set(self, "unit", unit)
+        _set(self, "chunk", chunk)
 
     def __str__(self) -> str:
         return f"{self.kind}(unit {self.unit}, chunk {self.chunk})"

@@ -33,6 +33,8 @@ is doubled until it runs (GPipe, all forwards first, always does).
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from slimpack.plan import Group
 from slimpack.schedules.ops import Op
 from slimpack.schedules.orders import backward_order, forward_order
@@ -58,6 +60,16 @@ def build_schedule(group: Group) -> list[list[Op]]:
     for _ in range(MAX_REPAIRS):
         ops = [_interleave(fwd, bwd, needs, _offset(kind, p, v, r) + extra[r], kind == "gpipe")
                for r in range(p)]
+        if v == 1 and not any(extra):
+            # Without virtual stages these lists cannot deadlock, so the O(ops) check is
+            # skipped (planners build ~10^5-op schedules per candidate). Stage r runs c_r(j)
+            # forwards before B_j with c_r(j) >= c_{r+1}(j) (its offset is no smaller). A
+            # stage stuck at F_i waits on stage r-1, whose ops before F_i are forwards and
+            # backwards stage r has already passed, so r-1 can only be stuck at an earlier
+            # forward, and so on down to stage 0, whose forwards need nothing: no stage is
+            # stuck at a forward. A stage stuck at B_j waits on stage r+1; the highest such
+            # stage waits on one that is stuck nowhere, so has finished: none is stuck.
+            return ops
         pos = progress(group, ops)
         stuck_stages = [r for r in range(p) if pos[r] < len(ops[r])]
         if not stuck_stages:
@@ -91,13 +103,20 @@ def _backward_needs(group: Group, fwd: list[Op], bwd: list[Op]) -> list[int]:
 def _interleave(fwd: list[Op], bwd: list[Op], needs: list[int], offset: int,
                 all_forwards_first: bool) -> list[Op]:
     total = len(fwd)
+    if all_forwards_first or not bwd:
+        return fwd + bwd
+    # count_j = min(total, max(warmup + j, needs[j], count_{j-1})) is the running maximum
+    # of max(warmup + j, needs[j]), capped at total (accumulate runs the loop in C).
+    warmup = needs[0] + offset
+    counts = accumulate(map(max, range(warmup, warmup + len(bwd)), needs), max)
     out: list[Op] = []
     done = 0
-    warmup = (needs[0] if needs else 0) + offset
-    for j, op in enumerate(bwd):
-        count = total if all_forwards_first else min(total, max(warmup + j, needs[j], done))
-        out.extend(fwd[done:count])
-        done = count
+    for op, count in zip(bwd, counts, strict=True):
+        if count > done:
+            if count > total:
+                count = total
+            out.extend(fwd[done:count])
+            done = count
         out.append(op)
     out.extend(fwd[done:])
     return out

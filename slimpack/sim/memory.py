@@ -61,9 +61,17 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
     tp, cp, pp = group.tp, group.cp, group.pp
     a = activation_bytes_per_token_per_layer(model, group.recompute)
     per_token = a / (tp * cp)
-    slice_act = {sl.slice_id: sl.num_tokens * per_token for sl in group.slices}
-    fwd_alloc = [sum(slice_act[s] for s in u.slice_ids) for u in group.forward_units]
-    bwd_free = [sum(slice_act[s] for s in u.slice_ids) for u in group.backward_units]
+    # Loops written out over the slice index (no per-slice property calls): a planner runs
+    # this once per candidate group, on ~10^5 slices. Same sums, in the same order.
+    index = group._slice_index
+    slice_act: dict[int, float] = {}
+    for sid, sl in index.items():
+        tokens = 0
+        for seg in sl.segments:
+            tokens += seg.end - seg.start
+        slice_act[sid] = tokens * per_token
+    fwd_alloc = [sum([slice_act[s] for s in u.slice_ids]) for u in group.forward_units]
+    bwd_free = [sum([slice_act[s] for s in u.slice_ids]) for u in group.backward_units]
 
     # dK/dV buffers: only for sequences spread over several backward units.
     kv_per_token = kv_bytes_per_token_per_layer(model, tp) / cp
@@ -72,10 +80,12 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
     last_unit: dict[int, int] = {}
     for i, unit in enumerate(group.backward_units):
         for sid in unit.slice_ids:
-            for seg in group.slice(sid).segments:
-                seq_tokens[seg.seq_id] = seq_tokens.get(seg.seq_id, 0) + seg.num_tokens
-                first_unit.setdefault(seg.seq_id, i)
-                last_unit[seg.seq_id] = i
+            for seg in index[sid].segments:
+                seq = seg.seq_id
+                seq_tokens[seq] = seq_tokens.get(seq, 0) + (seg.end - seg.start)
+                if seq not in first_unit:
+                    first_unit[seq] = i
+                last_unit[seq] = i
     nb = len(group.backward_units)
     kvgrad_alloc = [0.0] * nb
     kvgrad_free = [0.0] * nb
@@ -121,20 +131,27 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
     """
     pp = len(ops)
     peaks = []
+    fwd_alloc, fwd_offload = memory.fwd_alloc, memory.fwd_offload
+    bwd_fetch, bwd_free = memory.bwd_fetch, memory.bwd_free
+    kv_alloc, kv_free = memory.kvgrad_alloc, memory.kvgrad_free
     for s, stage_ops in enumerate(ops):
         mem = memory.static_bytes[s]
         peak = mem
         for op in stage_ops:
             n = layers[op.chunk * pp + s]
+            u = op.unit
             if op.kind == "F":
-                mem += memory.fwd_alloc[op.unit] * n
-                peak = max(peak, mem)
-                mem -= memory.fwd_offload[op.unit] * n
+                mem += fwd_alloc[u] * n
+                if mem > peak:
+                    peak = mem
+                mem -= fwd_offload[u] * n
             else:
-                mem += (memory.bwd_fetch[op.unit] + memory.kvgrad_alloc[op.unit]) * n
-                peak = max(peak, mem)
-                mem -= (memory.kvgrad_free[op.unit] + memory.bwd_free[op.unit]) * n
-            peak = max(peak, mem)
+                mem += (bwd_fetch[u] + kv_alloc[u]) * n
+                if mem > peak:
+                    peak = mem
+                mem -= (kv_free[u] + bwd_free[u]) * n
+            if mem > peak:
+                peak = mem
         peaks.append(peak)
     return peaks
 

@@ -16,6 +16,7 @@ from slimpack.cost.flops import mfu, model_flops
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Plan
+from slimpack.planning.gc_pause import gc_paused
 from slimpack.records import OpTiming, StepRecord
 from slimpack.schedules import Op, build_schedule, validate_schedule
 from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
@@ -48,18 +49,32 @@ class _GroupRun:
 def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
              cost: CostModel | None = None, trace: bool = False, overlap_dp_sync: bool = True,
              schedules: Mapping[int, list[list[Op]]] | None = None,
-             validate: bool = True, price_cache: dict | None = None) -> SimResult:
+             validate: bool = True, schedules_built: bool = False,
+             price_cache: dict | None = None) -> SimResult:
     """Simulate one training step of ``plan``.
 
     ``cost`` defaults to :func:`~slimpack.cost.kernel_model.default_cost_model` (the
     kernel-level model validated against published runs). ``schedules`` overrides the op lists of
     some groups (by group id; they are checked with ``validate_schedule``); the others use
     :func:`build_schedule`. ``validate=False`` skips ``Plan.validate`` for planners that
-    already validated. ``price_cache`` (a dict the caller keeps for one cost model) reuses unit
-    prices between simulations (see :func:`~slimpack.sim.costs.group_costs`). Raises
-    PlanError for a malformed plan or schedule and DeadlockError
+    already validated. ``schedules_built=True`` says the given ``schedules`` are
+    :func:`build_schedule`'s own for those groups (a planner that built them for its memory
+    check), so they are not checked again. ``price_cache`` (a dict the caller keeps for one
+    cost model) reuses unit prices between simulations (see
+    :func:`~slimpack.sim.costs.group_costs`). Raises PlanError for a malformed plan or
+    schedule and DeadlockError
     (a RuntimeError) if op lists cannot complete.
     """
+    with gc_paused():  # ~10^5 short-lived objects per group: see gc_pause
+        return _simulate(plan, model=model, hardware=hardware, cost=cost, trace=trace,
+                         overlap_dp_sync=overlap_dp_sync, schedules=schedules,
+                         validate=validate, schedules_built=schedules_built,
+                         price_cache=price_cache)
+
+
+def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: CostModel | None,
+              trace: bool, overlap_dp_sync: bool, schedules: Mapping[int, list[list[Op]]] | None,
+              validate: bool, schedules_built: bool, price_cache: dict | None) -> SimResult:
     wall = time.perf_counter()
     if validate:
         plan.validate()
@@ -74,7 +89,8 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
         for group in phase.groups:
             if schedules is not None and group.group_id in schedules:
                 ops = schedules[group.group_id]
-                validate_schedule(group, ops)
+                if not schedules_built:
+                    validate_schedule(group, ops)
             else:
                 ops = build_schedule(group)
             used_schedules[group.group_id] = ops
@@ -125,10 +141,9 @@ def _record(plan: Plan, runs: list[_GroupRun], sync: DpSync, *, model: ModelSpec
             kv_cache[s] = max(kv_cache[s], r.timeline.peak_activation[s] * r.memory.kv_share)
             states[s] = max(states[s], r.memory.model_state_bytes[s])
             logits[s] = max(logits[s], r.memory.logits_bytes[s])
-    unit_fwd = [sum(col[u] for col in r.costs.fwd_s) for r in runs
-                for u in range(len(r.group.forward_units))]
-    unit_bwd = [sum(col[u] for col in r.costs.bwd_s) for r in runs
-                for u in range(len(r.group.backward_units))]
+    # Per unit, its seconds summed over the virtual stages in order (zip: same sums, in C).
+    unit_fwd = [t for r in runs for t in map(sum, zip(*r.costs.fwd_s, strict=True))]
+    unit_bwd = [t for r in runs for t in map(sum, zip(*r.costs.bwd_s, strict=True))]
     total_fwd = sum(unit_fwd)
     imbalance = max(unit_fwd) * len(unit_fwd) / total_fwd if total_fwd > 0 else 1.0
     ops: tuple[OpTiming, ...] = ()

@@ -24,6 +24,7 @@ from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
 from slimpack.planning.deadline import Deadline
+from slimpack.planning.gc_pause import gc_paused
 from slimpack.slimpack_planner.assemble import (
     BuildContext,
     OutOfTime,
@@ -59,11 +60,17 @@ def default_slice_tokens(batch: Batch, parallel: ParallelSpec, *, fit_tokens: in
 def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
          cost: CostModel, **options: Any) -> Plan:
     """A SlimPack plan; returns within ``time_limit_s`` (+10%) whenever the first (heuristic)
-    candidate is built within it: later candidates stop inside their build once the limit is
-    reached, and a simulation predicted to overrun it is not started. A first candidate that
-    alone takes longer is returned as soon as it is built (``metadata["search"][0]["built_s"]``
-    says when)."""
-    opts = SlimPackOptions.from_kwargs(options)
+    candidate is built within it. Every later candidate is started only when the time left
+    covers what the previous one took (build, validation and, in search mode, simulation);
+    it stops inside its build once the limit is reached. A first candidate that alone takes
+    longer is returned as soon as it is built (``metadata["search"][0]["built_s"]`` says when).
+    Every returned plan has been validated once (``Plan.validate``)."""
+    with gc_paused():
+        return _plan(batch, model, hardware, parallel, cost, SlimPackOptions.from_kwargs(options))
+
+
+def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
+          cost: CostModel, opts: SlimPackOptions) -> Plan:
     deadline = Deadline(time_limit_s=opts.time_limit_s)
     parallel.validate_for_model(model)
     if opts.slice_tokens is not None and opts.slice_tokens % (2 * parallel.cp):
@@ -81,7 +88,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         best, tried = _search(ctx, candidates, merge_choices, deadline)
     best.metadata["plan_seconds"] = deadline.elapsed_s
     best.metadata["search"] = tried
-    return best.validate()
+    return best  # validated where it was built (heuristic) or simulated (search)
 
 
 def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOptions, *,
@@ -102,6 +109,29 @@ def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOption
     return [default, *others][:opts.search_candidates]
 
 
+LIMIT_MARGIN = 0.05
+"""Share of the time limit kept back from a later candidate's build: half the +10% slack
+covers the step it is in when the deadline passes (the stretch between two deadline checks)
+and a busy machine's jitter."""
+
+
+def _build_deadline(deadline: Deadline, reserve_s: float) -> Deadline:
+    """The deadline a later candidate's build runs under: the planner's, less ``reserve_s``
+    for what must follow the build (its validation) and the :data:`LIMIT_MARGIN`, so an
+    interrupted or finished build still leaves room to return within the limit."""
+    margin = LIMIT_MARGIN * deadline.time_limit_s
+    return Deadline(time_limit_s=max(deadline.time_limit_s - reserve_s - margin, 0.0),
+                    started=deadline.started)
+
+
+def _predicted_build_s(last_s: float, last: int | None, nxt: int | None) -> float:
+    """A build's time from the previous one's: work grows with the number of slices, about
+    as 1/S, so a shorter slice length costs proportionally more (never assumed cheaper)."""
+    if last is None or nxt is None:
+        return last_s
+    return last_s * max(1.0, last / nxt)
+
+
 def _first_fit(ctx: BuildContext, candidates: list[int | None],
                deadline: Deadline) -> tuple[Plan, list[dict]]:
     """Heuristic mode: the first candidate whose schedule fits memory (no timing at all).
@@ -113,13 +143,23 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
     best: Plan | None = None
     best_peak = float("inf")
     tried: list[dict] = []
+    last_s = validate_s = 0.0
+    last_slice: int | None = None
     for s in candidates:
+        build_deadline = None  # the first candidate is always finished: the last resort
+        if best is not None:
+            build_deadline = _build_deadline(deadline, 2 * validate_s)
+            if build_deadline.remaining_s < _predicted_build_s(last_s, last_slice, s):
+                break  # it would not finish in time: stop before starting it
+        started = time.perf_counter()
         try:
-            # The first candidate is always finished: it is the answer of last resort.
-            candidate = build_plan(ctx, s, use_merge=True,
-                                   deadline=deadline if best is not None else None)
+            candidate = build_plan(ctx, s, use_merge=True, deadline=build_deadline)
         except OutOfTime:
             break
+        validate_started = time.perf_counter()
+        candidate.validate()
+        validate_s = max(validate_s, time.perf_counter() - validate_started)
+        last_s, last_slice = time.perf_counter() - started, s
         peak = candidate.metadata["slimpack"]["peak_bytes"]
         tried.append({"slice_tokens": s, "merge": True, "peak_gib": peak / 2**30,
                       "built_s": deadline.elapsed_s})
@@ -139,40 +179,52 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
     best_key: tuple[bool, float] | None = None
     tried: list[dict] = []
     sim_seconds = 0.0  # the slowest simulation so far predicts the next one
+    build_seconds = 0.0  # the slowest build so far predicts the next one
+    last_slice: int | None = None
     for s in candidates:
         merged_outliers = None
         for use_merge in merge_choices:
-            if best is not None and deadline.expired:
-                return best, tried
             if not use_merge and merged_outliers == 0:
                 continue  # no outliers to merge: the no-merge plan is the same plan
+            build_deadline = None  # the first candidate is always finished
+            if best is not None:
+                # A simulated plan is validated already: nothing to reserve but the margin.
+                build_deadline = _build_deadline(deadline, 0.0)
+                predicted = _predicted_build_s(build_seconds, last_slice, s)
+                if build_deadline.remaining_s < predicted + 2 * sim_seconds:
+                    # Not enough time left to build and judge another candidate: stop
+                    # before starting one (its build would stop at the deadline, wasted).
+                    return best, tried
             build_started = time.perf_counter()
             try:
-                candidate = build_plan(ctx, s, use_merge=use_merge,
-                                       deadline=deadline if best is not None else None)
+                candidate = build_plan(ctx, s, use_merge=use_merge, deadline=build_deadline)
             except OutOfTime:
                 return best, tried
+            build_seconds = max(build_seconds, time.perf_counter() - build_started)
+            last_slice = s
             # Before any simulation has been timed, its build time predicts it (a simulation
             # walks the same units and schedule once more).
             if not sim_seconds:
-                sim_seconds = time.perf_counter() - build_started
+                sim_seconds = build_seconds
             built_s = deadline.elapsed_s
             outliers = len(candidate.metadata["slimpack"]["outliers"])
             if use_merge:
                 merged_outliers = outliers
-            # Room for the simulation and, after it, the plan's validation and the jitter of
-            # a busy machine: twice the predicted simulation.
+            # Room for the simulation (which validates the plan) and the jitter of a busy
+            # machine: twice the predicted simulation.
             if deadline.remaining_s < 2 * sim_seconds:
                 # No time to judge it: a candidate never simulated is kept only as the
                 # heuristic answer (the first), never in place of a simulated one.
                 if best is None:
-                    best = candidate
+                    best = candidate.validate()
                     tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
                                   "built_s": built_s, "simulated": False})
                 return best, tried
             sim_started = time.perf_counter()
+            # simulate() validates the plan first: the plan kept is a validated one.
             record = simulate(candidate, model=ctx.model, hardware=ctx.hardware,
-                              cost=ctx.cost).record
+                              cost=ctx.cost, schedules=dict(ctx.schedules),
+                              schedules_built=True).record
             sim_seconds = max(sim_seconds, time.perf_counter() - sim_started)
             tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
                           "built_s": built_s, "step_time_s": record.step_time_s,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slimpack.batch import Batch
 from slimpack.cost.memory import (
@@ -31,6 +31,33 @@ class BuildContext:
     parallel: ParallelSpec
     cost: CostModel
     options: SlimPackOptions
+    estimators: dict[int, WorkEstimator] = field(default_factory=dict, compare=False, repr=False)
+    whole_segments: dict = field(default_factory=dict, compare=False, repr=False)
+    """seq_id -> Segment of a whole short document, shared by every packing of the plan."""
+    cuts_cache: dict = field(default_factory=dict, compare=False, repr=False)
+    """Cuts of long sequences by (length, S, target, floor, estimator), shared by a group's
+    memory repairs (which repack the same sequences in smaller rounds)."""
+    work_of: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+    """seq_id -> estimated seconds on the base CP degree (see :meth:`work`)."""
+    schedules: dict = field(default_factory=dict, compare=False, repr=False)
+    """group_id -> op lists of the last plan built (``build_schedule``'s, made for its memory
+    check): the search hands them to the simulator instead of building them again."""
+    """CP degree -> its estimator: probed once per plan, not once per candidate (its memo of
+    priced lengths is shared by every candidate as well)."""
+
+    def work(self, est: WorkEstimator, lengths: dict[int, int]) -> dict[int, float]:
+        """seq_id -> estimated fwd+bwd seconds of each sequence, the same for every
+        candidate of a plan: computed once."""
+        if not self.work_of:
+            self.work_of.update({s: est.total(n) for s, n in lengths.items()})
+        return self.work_of
+
+    def estimator(self, cp: int) -> WorkEstimator:
+        est = self.estimators.get(cp)
+        if est is None:
+            est = self.estimators[cp] = WorkEstimator.from_cost(
+                self.cost, tp=self.parallel.tp, cp=cp, cp_sharding=self.options.cp_sharding)
+        return est
 
 
 def max_tokens_in_flight(ctx: BuildContext, cp: int) -> int:
@@ -55,9 +82,11 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     and inside phase 2 and raises :class:`OutOfTime` once it has passed (the search's later
     candidates); without, it always finishes (the heuristic answer)."""
     par, opts = ctx.parallel, ctx.options
+    ctx.schedules.clear()
     lengths = {s.seq_id: s.length for s in ctx.batch.sequences}
-    est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp, cp_sharding=opts.cp_sharding)
-    work = {s: est.total(n) for s, n in lengths.items()}
+    est = ctx.estimator(par.cp)
+    check(deadline)
+    work = ctx.work(est, lengths)
     # In flight per stage: one round plus the 1F1B warm-up of ~2(p-1) MicroPacks.
     warmup_tokens = 2 * (par.pp - 1) * (slice_tokens or 0)
     fit_tokens = max_tokens_in_flight(ctx, par.cp) - warmup_tokens
@@ -70,7 +99,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     decision = MergeDecision(outliers=(), merge_factor=1)
     if use_merge and feasible and not opts.no_dp_merge:
         decision = find_outliers(lengths, work, dp=par.dp, max_tokens_per_replica=fit_tokens)
-    regular = {s: n for s, n in lengths.items() if s not in set(decision.outliers)}
+    outlier_ids = set(decision.outliers)
+    regular = {s: n for s, n in lengths.items() if s not in outlier_ids}
 
     phases: list[Phase] = []
     peaks: list[float] = []
@@ -80,8 +110,7 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     if decision.outliers:
         k = decision.merge_factor
         merged_groups = par.dp // k
-        m_est = WorkEstimator.from_cost(ctx.cost, tp=par.tp, cp=par.cp * k,
-                                        cp_sharding=opts.cp_sharding)
+        m_est = ctx.estimator(par.cp * k)
         out_work = [m_est.total(lengths[s]) for s in decision.outliers]
         bins = lpt_assign(out_work, merged_groups)
         target = _unit_target(m_est, {s: lengths[s] for s in decision.outliers}, merged_groups,
@@ -168,7 +197,8 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
                         deadline)
     floor = slice_tokens or 1
     check(deadline)
-    peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
+    ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp)
+    peak = max(peaks)
     for _ in range(MAX_MEMORY_REPAIRS):
         if peak <= budget or round_capacity <= floor:
             break
@@ -176,15 +206,22 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
         group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity,
                             target, deadline)
         check(deadline)
-        peak = max(schedule_peak_bytes(group, ctx.model, ctx.parallel.dp))
+        ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp)
+        peak = max(peaks)
+    ctx.schedules[group.group_id] = ops
     return group, peak
 
 
 def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int) -> list[float]:
     """Per-stage peak memory of ``group`` under its own schedule (order only, no timing)."""
+    return _schedule_and_peaks(group, model, dp)[1]
+
+
+def _schedule_and_peaks(group: Group, model: ModelSpec, dp: int) -> tuple[list, list[float]]:
     memory = group_memory(group, model=model, dp=dp)
     layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
-    return peak_bytes_by_stage(build_schedule(group), memory, layers)
+    ops = build_schedule(group)
+    return ops, peak_bytes_by_stage(ops, memory, layers)
 
 
 def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],
@@ -195,7 +232,8 @@ def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dic
     packs = pack_replica(seqs, est, slice_tokens=slice_tokens, round_capacity=round_capacity,
                          unit_forward_target=target, asymmetric=not ctx.options.no_asymmetric,
                          inflight_tokens=round_capacity + 2 * (par.pp - 1) * (slice_tokens or 0),
-                         warmup_units=2 * (par.pp - 1), deadline=deadline, cp=par.cp * k)
+                         warmup_units=2 * (par.pp - 1), deadline=deadline, cp=par.cp * k,
+                         whole_segments=ctx.whole_segments, cuts_cache=ctx.cuts_cache)
     # Ranks ordered (pp, cp, tp): a merged group's CP index runs over its replicas' CP ranks.
     ranks = tuple(par.rank(dp=r, pp=s, cp=c, tp=t)
                   for s in range(par.pp) for r in replicas for c in range(par.cp)

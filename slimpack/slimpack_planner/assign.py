@@ -26,9 +26,9 @@ def lpt_assign(weights: Sequence[float], num_bins: int, *,
     heapq.heapify(heap)
     bins: list[list[int]] = [[] for _ in range(num_bins)]
     for i in sorted(range(len(weights)), key=lambda j: -weights[j]):
-        load, b = heapq.heappop(heap)
+        load, b = heap[0]  # (load, bin) keys are unique: replace = pop + push
         bins[b].append(i)
-        heapq.heappush(heap, (load + weights[i], b))
+        heapq.heapreplace(heap, (load + weights[i], b))
     return bins
 
 

@@ -40,7 +40,11 @@ class WorkEstimator:
     fwd_per_prefix_pair: float
     bwd_per_prefix_pair: float
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
-    """(table id, tokens) -> seconds: planners ask for the same lengths many times."""
+    """(tokens, prefix) -> (fwd, bwd) seconds of a segment with a KV prefix."""
+    _fwd_memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """tokens -> forward seconds of a document: planners ask for the same lengths many
+    times (one int-keyed dict per table: no key tuple to build per query)."""
+    _bwd_memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     unit_fwd: float = 0.0
     """Seconds a MicroPack costs whatever it holds (kernel launches, the GEMMs' fixed part,
@@ -97,14 +101,6 @@ class WorkEstimator:
             unit_fwd=fixed_f, unit_bwd=fixed_b, segment_price=segment_price,
         )
 
-    def _doc(self, table: tuple[float, ...], tokens: int) -> float:
-        """Log-log interpolation (pure Python, memoised: called ~10^5 times per plan)."""
-        key = (id(table), tokens)
-        cached = self._memo.get(key)
-        if cached is None:
-            cached = self._memo[key] = self._interpolate(table, tokens)
-        return cached
-
     def _interpolate(self, table: tuple[float, ...], tokens: int) -> float:
         x = math.log(max(tokens, 1))
         xs = self.log_lengths
@@ -124,14 +120,21 @@ class WorkEstimator:
         return cached
 
     def forward(self, tokens: int, prefix: int = 0) -> float:
+        # Log-log interpolation, memoised: called ~10^5 times per plan.
         if prefix and self.segment_price is not None:
             return self._segment(tokens, prefix)[0]
-        return self._doc(self.log_fwd, tokens) + self.fwd_per_prefix_pair * tokens * prefix
+        doc = self._fwd_memo.get(tokens)
+        if doc is None:
+            doc = self._fwd_memo[tokens] = self._interpolate(self.log_fwd, tokens)
+        return doc + self.fwd_per_prefix_pair * tokens * prefix
 
     def backward(self, tokens: int, prefix: int = 0) -> float:
         if prefix and self.segment_price is not None:
             return self._segment(tokens, prefix)[1]
-        return self._doc(self.log_bwd, tokens) + self.bwd_per_prefix_pair * tokens * prefix
+        doc = self._bwd_memo.get(tokens)
+        if doc is None:
+            doc = self._bwd_memo[tokens] = self._interpolate(self.log_bwd, tokens)
+        return doc + self.bwd_per_prefix_pair * tokens * prefix
 
     def total(self, tokens: int, prefix: int = 0) -> float:
         return self.forward(tokens, prefix) + self.backward(tokens, prefix)

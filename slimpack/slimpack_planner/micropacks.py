@@ -61,6 +61,15 @@ class ReplicaPacks:
     slices: list[Slice] = field(default_factory=list)
     forward_units: list[Unit] = field(default_factory=list)
     backward_units: list[Unit] = field(default_factory=list)
+    whole_segments: dict[int, Segment] = field(default_factory=dict, repr=False)
+    """seq_id -> the Segment of a whole short document: built once per plan and shared by
+    every packing of it (memory repairs, other candidates), not once per packing."""
+
+    def whole(self, seq_id: int, length: int) -> Segment:
+        seg = self.whole_segments.get(seq_id)
+        if seg is None:
+            seg = self.whole_segments[seq_id] = Segment(seq_id=seq_id, start=0, end=length)
+        return seg
 
 
 @dataclass(kw_only=True)
@@ -188,7 +197,9 @@ def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_c
 def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: int | None,
                  round_capacity: int, unit_forward_target: float, asymmetric: bool,
                  inflight_tokens: int | None = None, warmup_units: int = 0,
-                 deadline: Deadline | None = None, cp: int = 1) -> ReplicaPacks:
+                 deadline: Deadline | None = None, cp: int = 1,
+                 whole_segments: dict[int, Segment] | None = None,
+                 cuts_cache: dict | None = None) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
@@ -197,7 +208,9 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
 
     Memory: the schedule keeps the first (largest) round's MicroPacks plus ``warmup_units``
     in flight for the whole step, so with ``inflight_tokens`` given, every MicroPack is capped
-    at ``inflight_tokens / (largest round + warmup_units)`` tokens.
+    at ``inflight_tokens / (largest round + warmup_units)`` tokens. ``whole_segments`` caches
+    the whole-document segments across calls (see :class:`ReplicaPacks`), ``cuts_cache``
+    the cuts of long sequences (read only: one list may serve several sequences).
     """
     target = unit_forward_target
     long_limit = slice_tokens if slice_tokens is not None else math.inf
@@ -210,9 +223,18 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     if inflight_tokens is not None and slice_tokens is not None:
         unit_budget = max(inflight_tokens // slice_tokens - warmup_units, 1)
     min_tokens = MIN_TOKENS_PER_CP_RANK * cp if cp > 1 else TILE
-    cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target,
-                                   deadline=deadline, min_tokens=min_tokens)
-               for seq, n in long_ids.items()}
+    # A memory repair packs the same sequences again with smaller rounds: their cuts do not
+    # depend on the rounds, so they are kept (keyed by everything they depend on).
+    cuts_cache = cuts_cache if cuts_cache is not None else {}
+    cuts_of: dict[int, list[int]] = {}
+    for seq, n in long_ids.items():
+        key = (n, slice_tokens, target, min_tokens, id(est))
+        cuts = cuts_cache.get(key)
+        if cuts is None:
+            cuts = cuts_cache[key] = slice_sequence(n, est, slice_tokens=slice_tokens,
+                                                    target=target, deadline=deadline,
+                                                    min_tokens=min_tokens)
+        cuts_of[seq] = cuts
     members_of = _long_rounds(long_ids, cuts_of, round_capacity, unit_budget) if long_ids else []
     rounds: list[_Round] = []
     fwd_load: list[list[float]] = []
@@ -292,7 +314,7 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     # warm-up of the whole step.
     normal = sorted((r for r in rounds if r.num_units <= giant_limit), key=lambda r: -r.num_units)
     giants = sorted((r for r in rounds if r.num_units > giant_limit), key=lambda r: r.num_units)
-    out = ReplicaPacks()
+    out = ReplicaPacks(whole_segments=whole_segments if whole_segments is not None else {})
     for rnd in normal + giants:
         check(deadline)
         _emit_round(rnd, lengths, est, asymmetric, out)
@@ -336,51 +358,60 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
 
     for r in range(len(rounds)):
         open_round(r)
+    # The loop peeks at the top entry and replaces it (heapreplace) instead of popping and
+    # pushing: every key is unique (round, version; unit index), so the choices are the same.
+    heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
     for seq_id in sorted(short_ids, key=lambda s: (-short_ids[s], s)):
         n = short_ids[seq_id]
         # Reopen what the shorter document now fits.
         while parked_rounds and -parked_rounds[0][0] >= n:
-            _, r = heapq.heappop(parked_rounds)
+            _, r = heappop(parked_rounds)
             round_parked[r] = False
             push_round(r)
-        touched = set()
-        while parked_units and -parked_units[0][0] >= n:
-            _, r, u = heapq.heappop(parked_units)
-            heapq.heappush(unit_heaps[r], (fwd_load[r][u], u))
-            touched.add(r)
-        for r in touched:
-            push_round(r)
+        if parked_units and -parked_units[0][0] >= n:
+            touched = set()
+            while parked_units and -parked_units[0][0] >= n:
+                _, r, u = heappop(parked_units)
+                heappush(unit_heaps[r], (fwd_load[r][u], u))
+                touched.add(r)
+            for r in touched:
+                push_round(r)
         while True:
             force = not top
             if force:  # nothing has room: a new filler round takes it, fitting or not
                 add_round()
                 open_round(len(rounds) - 1)
-            _, r, ver = heapq.heappop(top)
+            _, r, ver = top[0]
             if ver != version[r] or round_parked[r]:
+                heappop(top)
                 continue  # stale entry
             rnd = rounds[r]
             if rnd.tokens + n > rnd.capacity and not force:
+                heappop(top)
                 round_parked[r] = True
                 if rnd.tokens < rnd.capacity:  # a full round never reopens
-                    heapq.heappush(parked_rounds, (rnd.tokens - rnd.capacity, r))
+                    heappush(parked_rounds, (rnd.tokens - rnd.capacity, r))
                 continue
             heap = unit_heaps[r]
             load, u = heap[0]
             used = rnd.unit_tokens[u]
+            version[r] += 1
             if used and used + n > unit_cap and not force:
                 # Its lightest MicroPack is full for this document; the round's next one
                 # competes with the other rounds again.
-                heapq.heappop(heap)
-                heapq.heappush(parked_units, (used - unit_cap, r, u))
-                push_round(r)
+                heappop(heap)
+                heappush(parked_units, (used - unit_cap, r, u))
+                if heap:
+                    heapreplace(top, (heap[0][0], r, version[r]))
+                else:
+                    heappop(top)
                 continue
-            heapq.heappop(heap)
             rnd.short_docs[u].append(seq_id)
             rnd.tokens += n
-            rnd.unit_tokens[u] += n
-            fwd_load[r][u] = load + short_fwd[seq_id]
-            heapq.heappush(heap, (fwd_load[r][u], u))
-            push_round(r)
+            rnd.unit_tokens[u] = used + n
+            load = fwd_load[r][u] = load + short_fwd[seq_id]
+            heapreplace(heap, (load, u))
+            heapreplace(top, (heap[0][0], r, version[r]))
             break
 
 
@@ -403,7 +434,7 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
         bwd = [est.backward(lengths[s]) for s in docs]
         for bucket in lpt_buckets(bwd, ATOMS_PER_UNIT if asymmetric else 1):
             if bucket:
-                segs = tuple(Segment(seq_id=docs[i], start=0, end=lengths[docs[i]]) for i in bucket)
+                segs = tuple([out.whole(docs[i], lengths[docs[i]]) for i in bucket])
                 sid = _new_slice(out, segs)
                 unit_slices[u].append(sid)
                 atoms.append(sid)
@@ -426,9 +457,9 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
     heap = [(load, b) for b, load in enumerate(bwd_load)]
     heapq.heapify(heap)
     for sid in sorted(atoms, key=lambda a: -atom_cost[a]):
-        load, b = heapq.heappop(heap)
+        load, b = heap[0]  # (load, step) keys are unique: replace = pop + push
         back[b].append(sid)
-        heapq.heappush(heap, (load + atom_cost[sid], b))
+        heapq.heapreplace(heap, (load + atom_cost[sid], b))
     for b in range(n_units):
         if back[b]:
             out.backward_units.append(Unit(slice_ids=tuple(back[b])))
@@ -453,10 +484,14 @@ def lpt_buckets(weights: list[float], num_buckets: int) -> list[list[int]]:
     num_buckets = max(1, min(num_buckets, len(weights)))
     if num_buckets == 1:
         return [list(range(len(weights)))]
+    order = sorted(range(len(weights)), key=lambda j: -weights[j])
+    if num_buckets == len(weights):
+        # One item per bucket: the heap below would pop the empty buckets 0, 1, ... in turn.
+        return [[i] for i in order]
     heap = [(0.0, b) for b in range(num_buckets)]
     buckets: list[list[int]] = [[] for _ in range(num_buckets)]
-    for i in sorted(range(len(weights)), key=lambda j: -weights[j]):
-        load, b = heapq.heappop(heap)
+    for i in order:
+        load, b = heap[0]  # (load, bucket) keys are unique: replace = pop + push
         buckets[b].append(i)
-        heapq.heappush(heap, (load + weights[i], b))
+        heapq.heapreplace(heap, (load + weights[i], b))
     return buckets
