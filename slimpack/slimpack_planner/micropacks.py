@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from slimpack.plan import Segment, Slice, Unit
 from slimpack.planning.deadline import Deadline
+from slimpack.slimpack_planner import backward
 from slimpack.slimpack_planner.estimate import WorkEstimator
 
 TILE = 128
@@ -295,7 +296,7 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     out = ReplicaPacks()
     for rnd in normal + giants:
         check(deadline)
-        _emit_round(rnd, lengths, est, asymmetric, out)
+        _emit_round(rnd, lengths, est, asymmetric, out, min_tokens=min_tokens)
     return out
 
 
@@ -385,53 +386,36 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
 
 
 def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymmetric: bool,
-                out: ReplicaPacks) -> None:
+                out: ReplicaPacks, *, min_tokens: int = TILE) -> None:
     n_units = rnd.num_units
+
+    def atoms_of(u: int, count: int) -> list[tuple[Segment, ...]]:
+        """Forward MicroPack u's short documents in ``count`` slices balanced on backward cost."""
+        docs = sorted(rnd.short_docs[u], key=lambda s: -lengths[s])
+        bwd = [est.backward(lengths[s]) for s in docs]
+        return [tuple(Segment(seq_id=docs[i], start=0, end=lengths[docs[i]]) for i in bucket)
+                for bucket in lpt_buckets(bwd, count) if bucket] if docs else []
+
+    if asymmetric:
+        # Long segments regrouped on backward cost, short atoms re-dealt (backward.py).
+        fwd, bwd = backward.emit_round(
+            rnd.long_segments, [atoms_of(u, ATOMS_PER_UNIT) for u in range(n_units)], est,
+            lambda segs: _new_slice(out, segs), min_tokens=min_tokens)
+        out.forward_units.extend(Unit(slice_ids=tuple(f)) for f in fwd if f)
+        out.backward_units.extend(Unit(slice_ids=tuple(b)) for b in bwd if b)
+        return
     unit_slices: list[list[int]] = [[] for _ in range(n_units)]
-    segment_slice: dict[tuple[int, int], int] = {}
-    atoms: list[int] = []
-    atom_cost: dict[int, float] = {}  # backward seconds of each atom slice
     for u in range(n_units):
         for seg in rnd.long_segments[u]:
-            sid = _new_slice(out, (seg,))
-            segment_slice[(seg.seq_id, seg.start)] = sid
-            unit_slices[u].append(sid)
-        docs = rnd.short_docs[u]
-        if not docs:
-            continue
-        docs = sorted(docs, key=lambda s: -lengths[s])
-        bwd = [est.backward(lengths[s]) for s in docs]
-        for bucket in lpt_buckets(bwd, ATOMS_PER_UNIT if asymmetric else 1):
-            if bucket:
-                segs = tuple(Segment(seq_id=docs[i], start=0, end=lengths[docs[i]]) for i in bucket)
-                sid = _new_slice(out, segs)
-                unit_slices[u].append(sid)
-                atoms.append(sid)
-                atom_cost[sid] = sum(bwd[i] for i in bucket)
+            unit_slices[u].append(_new_slice(out, (seg,)))
+        for segs in atoms_of(u, 1):
+            unit_slices[u].append(_new_slice(out, segs))
     for u in range(n_units):
         if unit_slices[u]:
             out.forward_units.append(Unit(slice_ids=tuple(unit_slices[u])))
-    if not asymmetric:
-        for u in reversed(range(n_units)):
-            if unit_slices[u]:
-                out.backward_units.append(Unit(slice_ids=tuple(reversed(unit_slices[u]))))
-        return
-    back: list[list[int]] = [[] for _ in range(n_units)]
-    bwd_load = [0.0] * n_units
-    for u in range(n_units):
-        b = n_units - 1 - u
-        for seg in sorted(rnd.long_segments[u], key=lambda s: -s.start):
-            back[b].append(segment_slice[(seg.seq_id, seg.start)])
-            bwd_load[b] += est.backward(seg.num_tokens, seg.start)
-    heap = [(load, b) for b, load in enumerate(bwd_load)]
-    heapq.heapify(heap)
-    for sid in sorted(atoms, key=lambda a: -atom_cost[a]):
-        load, b = heapq.heappop(heap)
-        back[b].append(sid)
-        heapq.heappush(heap, (load + atom_cost[sid], b))
-    for b in range(n_units):
-        if back[b]:
-            out.backward_units.append(Unit(slice_ids=tuple(back[b])))
+    for u in reversed(range(n_units)):
+        if unit_slices[u]:
+            out.backward_units.append(Unit(slice_ids=tuple(reversed(unit_slices[u]))))
 
 
 def _new_slice(out: ReplicaPacks, segments: tuple[Segment, ...]) -> int:
