@@ -22,6 +22,7 @@ the last tokens of each sequence.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable
 
@@ -29,6 +30,9 @@ from slimpack.plan import Segment
 from slimpack.slimpack_planner.estimate import WorkEstimator
 
 TILE = 128
+EVEN_ENOUGH = 0.02
+"""A sequence whose forward segments' backward prices are within 2% of each other keeps its
+forward cuts backward too (short "long" sequences: no sub-slices, no pricing work)."""
 MIN_SUB_SLICE = 4 * TILE
 """Thinnest sub-slice: a backward cut closer than this to a forward cut is moved onto it (a
 sliver adds a slice, with its own tile rounding, for almost no balance)."""
@@ -49,26 +53,26 @@ def backward_cuts(segments: list[Segment], est: WorkEstimator, *, align: int = T
         return [first, last]
     prices = [est.backward(s.num_tokens, s.start) if s.start else est.backward(s.num_tokens)
               for s in segments]
+    if max(prices) <= min(prices) * (1 + EVEN_ENOUGH):
+        return [s.start for s in segments] + [last]  # already balanced: nothing to regroup
     cum = [0.0]
     for p in prices:
         cum.append(cum[-1] + p)
     total = cum[-1]
-
-    def cost_to(x: int) -> float:
-        """Backward cost of [first, x), x inside the span."""
-        j = max(i for i in range(k) if segments[i].start <= x) if x < last else k - 1
-        seg = segments[j]
-        lo, hi = est.backward(seg.start), est.backward(seg.end)
-        share = (est.backward(x) - lo) / (hi - lo) if hi > lo else (x - seg.start) / seg.num_tokens
-        return cum[j] + prices[j] * min(max(share, 0.0), 1.0)
-
     cuts = [first]
     for j in range(1, k):
         target = total * j / k
-        lo, hi = cuts[-1] // align + 1, last // align
+        # The segment holding the target, then the tile inside it where B's shape reaches it.
+        i = min(bisect.bisect_right(cum, target) - 1, k - 1)
+        seg = segments[i]
+        b_lo, b_hi = est.backward(seg.start), est.backward(seg.end)
+        share = (target - cum[i]) / prices[i] if prices[i] > 0 else 0.0
+        goal = b_lo + share * (b_hi - b_lo)
+        lo = max(cuts[-1] // align + 1, seg.start // align)
+        hi = max(min(last // align, -(-seg.end // align)), lo)
         while lo < hi:
             mid = (lo + hi) // 2
-            if cost_to(mid * align) < target:
+            if est.backward(mid * align) < goal:
                 lo = mid + 1
             else:
                 hi = mid
@@ -83,14 +87,17 @@ def backward_cuts(segments: list[Segment], est: WorkEstimator, *, align: int = T
 def sub_slice_cuts(forward: list[int], backward: list[int], min_tokens: int) -> list[int]:
     """Union of forward and backward cuts; a backward cut closer than ``min_tokens`` to a kept
     cut is snapped away (dropped), so no sub-slice is thinner than the forward slices allow."""
-    kept = sorted(set(forward))
+    fwd = sorted(set(forward))
+    kept = list(fwd)
+    extra = []
     for c in backward[1:-1]:
-        i = next((j for j, k in enumerate(kept) if k >= c), len(kept))
-        left = kept[i - 1] if i > 0 else None
-        right = kept[i] if i < len(kept) else None
-        if (left is None or c - left >= min_tokens) and (right is None or right - c >= min_tokens):
-            kept.insert(i, c)
-    return kept
+        # Distance to the nearest forward cut and to the last backward cut kept (both sorted).
+        i = bisect.bisect_left(fwd, c)
+        near = min(abs(c - fwd[j]) for j in (i - 1, i) if 0 <= j < len(fwd))
+        if near >= min_tokens and (not extra or c - extra[-1] >= min_tokens):
+            extra.append(c)
+    kept.extend(extra)
+    return sorted(kept)
 
 
 def emit_round(long_segments: list[list[Segment]], short_atoms: list[list[tuple[Segment, ...]]],
@@ -120,14 +127,18 @@ def emit_round(long_segments: list[list[Segment]], short_atoms: list[list[tuple[
         cuts = sub_slice_cuts(fwd_cuts, bwd_cuts, max(min_tokens, MIN_SUB_SLICE))
         # A backward cut that was dropped moves to the nearest kept cut (a backward segment
         # may then be empty: its MicroPack gets none of this sequence).
-        snapped = [min(cuts, key=lambda c, x=x: (abs(c - x), c)) for x in bwd_cuts]
+        snapped = [_nearest(cuts, x) for x in bwd_cuts]
+        sub = 0  # walks the forward and backward segments along the pieces (both sorted)
+        j_b = 0
         for a, b in zip(cuts[:-1], cuts[1:], strict=True):
             piece = Segment(seq_id=seq_id, start=a, end=b)
             sid = new_slice((piece,))
-            j_f = max(j for j in range(k) if fwd_cuts[j] <= a)
-            forward[segs[j_f][0]].append(sid)
+            while sub + 1 < k and fwd_cuts[sub + 1] <= a:
+                sub += 1
+            forward[segs[sub][0]].append(sid)
             # Backward segment j runs where the mirror of forward segment j runs.
-            j_b = max(j for j in range(min(k, len(snapped) - 1)) if snapped[j] <= a)
+            while j_b + 1 < min(k, len(snapped) - 1) and snapped[j_b + 1] <= a:
+                j_b += 1
             b_unit = n - 1 - segs[j_b][0]
             starts[sid] = a
             back[b_unit].append(sid)
@@ -141,6 +152,21 @@ def emit_round(long_segments: list[list[Segment]], short_atoms: list[list[tuple[
             sid = new_slice(segs)
             forward[u].append(sid)
             atoms.append((sum(est.backward(s.num_tokens) for s in segs), sid))
+    # The round's first backward MicroPack must need its last forward one, as when mirrored:
+    # the schedule sizes its warm-up by what the first backward needs (the round's forwards
+    # plus 2(p-1)); a first backward of early atoms only would shrink the warm-up to a few
+    # steps and break the round into bursts of forwards and backwards (measured: 6% slower).
+    last = n - 1
+    while last >= 0 and not forward[last]:
+        last -= 1
+    tail = set(forward[last]) if last >= 0 else set()
+    if tail and not set(back[0]) & tail:
+        own = [a for a in atoms if a[1] in tail]
+        if own:
+            first = max(own, key=lambda a: (a[0], -a[1]))  # the last MicroPack's heaviest atom
+            atoms.remove(first)
+            back[0].append(first[1])
+            bwd_load[0] += first[0]
     heap = [(load, b) for b, load in enumerate(bwd_load)]
     heapq.heapify(heap)
     for cost, sid in sorted(atoms, key=lambda x: (-x[0], x[1])):
@@ -148,3 +174,10 @@ def emit_round(long_segments: list[list[Segment]], short_atoms: list[list[tuple[
         back[b].append(sid)
         heapq.heappush(heap, (load + cost, b))
     return forward, back
+
+
+def _nearest(sorted_cuts: list[int], x: int) -> int:
+    """The cut nearest ``x`` (the lower one on a tie)."""
+    i = bisect.bisect_left(sorted_cuts, x)
+    options = [sorted_cuts[j] for j in (i - 1, i) if 0 <= j < len(sorted_cuts)]
+    return min(options, key=lambda c: (abs(c - x), c))

@@ -189,7 +189,8 @@ def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_c
 def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: int | None,
                  round_capacity: int, unit_forward_target: float, asymmetric: bool,
                  inflight_tokens: int | None = None, warmup_units: int = 0,
-                 deadline: Deadline | None = None, cp: int = 1) -> ReplicaPacks:
+                 deadline: Deadline | None = None, cp: int = 1,
+                 short_reserve: float = 0.0) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
@@ -199,8 +200,13 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     Memory: the schedule keeps the first (largest) round's MicroPacks plus ``warmup_units``
     in flight for the whole step, so with ``inflight_tokens`` given, every MicroPack is capped
     at ``inflight_tokens / (largest round + warmup_units)`` tokens.
+
+    ``short_reserve`` (asymmetric only): the share of a long-sequence round's tokens and of its
+    MicroPacks' forward target that long work leaves to short documents, so backward
+    MicroPacks have short atoms to re-deal where the long work is.
     """
     target = unit_forward_target
+    keep = 1.0 - short_reserve if asymmetric else 1.0
     long_limit = slice_tokens if slice_tokens is not None else math.inf
     long_ids = {s: n for s, n in lengths.items() if n > long_limit}
     short_ids = {s: n for s, n in lengths.items() if n <= long_limit}
@@ -211,10 +217,11 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     if inflight_tokens is not None and slice_tokens is not None:
         unit_budget = max(inflight_tokens // slice_tokens - warmup_units, 1)
     min_tokens = MIN_TOKENS_PER_CP_RANK * cp if cp > 1 else TILE
-    cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target,
+    cuts_of = {seq: slice_sequence(n, est, slice_tokens=slice_tokens, target=target * keep,
                                    deadline=deadline, min_tokens=min_tokens)
                for seq, n in long_ids.items()}
-    members_of = _long_rounds(long_ids, cuts_of, round_capacity, unit_budget) if long_ids else []
+    members_of = (_long_rounds(long_ids, cuts_of, int(round_capacity * keep), unit_budget)
+                  if long_ids else [])
     rounds: list[_Round] = []
     fwd_load: list[list[float]] = []
     for members in members_of:
