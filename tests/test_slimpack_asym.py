@@ -150,3 +150,19 @@ def test_short_reserve_leaves_room_for_short_documents_in_long_rounds():
     assert mixed(0.3) > mixed(0.0)
     with pytest.raises(ValueError, match="short_reserve"):
         SlimPackOptions(short_reserve=1.0)
+
+
+def test_ablation_analysis_reports_the_unit_spread_from_the_records():
+    import pandas as pd
+
+    from repro.experiments.ablation import _asymmetric_why
+
+    records = pd.DataFrame([
+        {"variant": "slicing", "unit_forward_s": "[1.0, 1.0]", "unit_backward_s": "[1.0, 3.0]",
+         "bubble_fraction": 0.1},
+        {"variant": "+asymmetric", "unit_forward_s": "[1.0, 1.0]", "unit_backward_s": "[2.0, 2.0]",
+         "bubble_fraction": 0.05}])
+    text = _asymmetric_why(records)
+    assert "forward 0.00 -> 0.00, backward 0.50 -> 0.00" in text
+    assert "bubble fraction 0.100 -> 0.050" in text
+    assert "From these records" not in _asymmetric_why(records.drop(columns="unit_backward_s"))
