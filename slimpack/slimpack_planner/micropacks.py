@@ -16,12 +16,18 @@ pipeline runs at the pace of its slowest step.
    taken by long segments form filler rounds. Short documents are then dealt, heaviest first,
    to the lightest MicroPack of *any* round (LPT) while its round has token room, so every
    step ends at about the same forward time.
-4. **Backward MicroPacks.** Long segments mirror their forward position within their round
-   (segment in forward step u goes to backward step n-1-u), which gives the reverse-order rule;
-   each step's short documents are held in a few *atom slices* that are dealt again, LPT on
-   *backward* cost, over the round's backward steps. Linear work costs 2x forward and
-   attention about 2.5x, so forward-balanced steps are not backward-balanced; the re-deal
-   fixes that without recompute, because every slice has its own autograd graph.
+4. **Backward MicroPacks** (:mod:`.backward`). A long sequence gets a second set of cuts,
+   balanced on *backward* cost, and is held in sub-slices between the union of its forward
+   and backward cuts; backward segment j runs in the backward step that mirrors forward
+   segment j's (forward step u -> backward step n-1-u), which gives the reverse-order rule.
+   Each step's short documents are held in a few *atom slices*, dealt again, LPT on backward
+   cost, over the round's backward steps (the first backward step always takes one atom of
+   the last forward step: the schedule sizes its warm-up from it). Attention's
+   backward/forward ratio grows with the KV prefix (marginal cost of a 2K slice of llama-7b
+   in the kernel model: 1.3 at prefix 0, 2.2 at prefix 254K), so forward-balanced steps are
+   not backward-balanced; the regrouping fixes that without recompute, because every slice
+   has its own autograd graph.
+   ``short_reserve`` keeps a share of long rounds for short documents.
 
 With ``asymmetric=False`` the backward MicroPacks are the forward ones in reverse order.
 """
