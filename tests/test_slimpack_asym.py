@@ -61,7 +61,9 @@ def _replica(lengths, asymmetric, **kw):
     target = sum(EST.forward(n) for n in lengths.values()) / kw.pop("units", 24)
     return pack_replica(lengths, EST, slice_tokens=kw.pop("slice_tokens", 8192),
                         round_capacity=kw.pop("capacity", 1 << 30),
-                        unit_forward_target=target, asymmetric=asymmetric, **kw)
+                        unit_forward_target=target, asymmetric=asymmetric,
+                        regroup_long=kw.pop("regroup_long", True),
+                        round_warmup=kw.pop("round_warmup", True), **kw)
 
 
 def _group(packs, pp=4):
@@ -83,6 +85,8 @@ def test_long_only_round_backward_regroups_sub_slices_across_forward_micropacks(
     # Slices long enough that the cuts are cost-balanced (not held to S): forward balanced.
     lengths = {0: LENGTH}
     sym, asym = (_replica(lengths, a, slice_tokens=65536, units=16) for a in (False, True))
+    plain = _replica(lengths, True, slice_tokens=65536, units=16, regroup_long=False)
+    assert plain.backward_units == sym.backward_units  # regroup_long off: long work mirrored
     group = _group(asym)
     group.validate()
     assert group.is_asymmetric  # no short documents at all: only long work was regrouped
@@ -127,6 +131,8 @@ def test_first_backward_of_a_round_needs_its_last_forward_so_the_warm_up_holds()
         group = _group(packs)
         return _backward_needs(group, forward_order(group), backward_order(group))[0]
     assert first_need(asym) >= first_need(sym) > 10
+    assert first_need(_replica(lengths, True, units=48, inflight_tokens=48 * 8192, warmup_units=6,
+                               round_warmup=False)) < 10  # the default: LPT's short warm-up
     times = {}
     for name, packs in (("sym", sym), ("asym", asym)):
         group = _group(packs)

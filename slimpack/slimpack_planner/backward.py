@@ -102,11 +102,14 @@ def sub_slice_cuts(forward: list[int], backward: list[int], min_tokens: int) -> 
 
 def emit_round(long_segments: list[list[Segment]], short_atoms: list[list[tuple[Segment, ...]]],
                est: WorkEstimator, new_slice: Callable[[tuple[Segment, ...]], int], *,
-               min_tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+               min_tokens: int, regroup_long: bool = True,
+               round_warmup: bool = True) -> tuple[list[list[int]], list[list[int]]]:
     """Slices of one round and its forward and backward MicroPacks (lists of slice ids).
 
     ``long_segments[u]``: the long-sequence segments of forward MicroPack ``u``;
-    ``short_atoms[u]``: its short documents, grouped into atom slices. Returns
+    ``short_atoms[u]``: its short documents, grouped into atom slices. ``regroup_long``
+    False: long segments keep their forward cuts backward (mirrored). ``round_warmup``: the
+    first backward MicroPack takes an atom of the last forward one (see below). Returns
     ``(forward, backward)``: per MicroPack of the round, its slice ids in run order.
     """
     n = len(long_segments)
@@ -123,7 +126,7 @@ def emit_round(long_segments: list[list[Segment]], short_atoms: list[list[tuple[
         segs.sort(key=lambda x: x[1].start)
         fwd_cuts = [s.start for _, s in segs] + [segs[-1][1].end]
         k = len(segs)
-        bwd_cuts = backward_cuts([s for _, s in segs], est)
+        bwd_cuts = backward_cuts([s for _, s in segs], est) if regroup_long else fwd_cuts
         cuts = sub_slice_cuts(fwd_cuts, bwd_cuts, max(min_tokens, MIN_SUB_SLICE))
         # A backward cut that was dropped moves to the nearest kept cut (a backward segment
         # may then be empty: its MicroPack gets none of this sequence).
@@ -160,7 +163,7 @@ def emit_round(long_segments: list[list[Segment]], short_atoms: list[list[tuple[
     while last >= 0 and not forward[last]:
         last -= 1
     tail = set(forward[last]) if last >= 0 else set()
-    if tail and not set(back[0]) & tail:
+    if round_warmup and tail and not set(back[0]) & tail:
         own = [a for a in atoms if a[1] in tail]
         if own:
             first = max(own, key=lambda a: (a[0], -a[1]))  # the last MicroPack's heaviest atom

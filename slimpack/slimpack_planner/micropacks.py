@@ -21,8 +21,8 @@ pipeline runs at the pace of its slowest step.
    and backward cuts; backward segment j runs in the backward step that mirrors forward
    segment j's (forward step u -> backward step n-1-u), which gives the reverse-order rule.
    Each step's short documents are held in a few *atom slices*, dealt again, LPT on backward
-   cost, over the round's backward steps (the first backward step always takes one atom of
-   the last forward step: the schedule sizes its warm-up from it). Attention's
+   cost, over the round's backward steps (with ``round_warmup`` the first backward step takes
+   one atom of the last forward step: the schedule sizes its warm-up from it). Attention's
    backward/forward ratio grows with the KV prefix (marginal cost of a 2K slice of llama-7b
    in the kernel model: 1.3 at prefix 0, 2.2 at prefix 254K), so forward-balanced steps are
    not backward-balanced; the regrouping fixes that without recompute, because every slice
@@ -196,7 +196,8 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
                  round_capacity: int, unit_forward_target: float, asymmetric: bool,
                  inflight_tokens: int | None = None, warmup_units: int = 0,
                  deadline: Deadline | None = None, cp: int = 1,
-                 short_reserve: float = 0.0) -> ReplicaPacks:
+                 short_reserve: float = 0.0, regroup_long: bool = False,
+                 round_warmup: bool = False) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
@@ -209,7 +210,9 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
 
     ``short_reserve`` (asymmetric only): the share of a long-sequence round's tokens and of its
     MicroPacks' forward target that long work leaves to short documents, so backward
-    MicroPacks have short atoms to re-deal where the long work is.
+    MicroPacks have short atoms to re-deal where the long work is. ``regroup_long``
+    (asymmetric only): backward MicroPacks regroup long-sequence sub-slices too (backward.py);
+    ``round_warmup``: a round's first backward MicroPack needs its last forward one.
     """
     target = unit_forward_target
     keep = 1.0 - short_reserve if asymmetric else 1.0
@@ -309,7 +312,8 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     out = ReplicaPacks()
     for rnd in normal + giants:
         check(deadline)
-        _emit_round(rnd, lengths, est, asymmetric, out, min_tokens=min_tokens)
+        _emit_round(rnd, lengths, est, asymmetric, out, min_tokens=min_tokens,
+                    regroup_long=regroup_long, round_warmup=round_warmup)
     return out
 
 
@@ -399,7 +403,8 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
 
 
 def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymmetric: bool,
-                out: ReplicaPacks, *, min_tokens: int = TILE) -> None:
+                out: ReplicaPacks, *, min_tokens: int = TILE, regroup_long: bool = False,
+                round_warmup: bool = False) -> None:
     n_units = rnd.num_units
 
     def atoms_of(u: int, count: int) -> list[tuple[Segment, ...]]:
@@ -413,7 +418,8 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
         # Long segments regrouped on backward cost, short atoms re-dealt (backward.py).
         fwd, bwd = backward.emit_round(
             rnd.long_segments, [atoms_of(u, ATOMS_PER_UNIT) for u in range(n_units)], est,
-            lambda segs: _new_slice(out, segs), min_tokens=min_tokens)
+            lambda segs: _new_slice(out, segs), min_tokens=min_tokens, regroup_long=regroup_long,
+            round_warmup=round_warmup)
         out.forward_units.extend(Unit(slice_ids=tuple(f)) for f in fwd if f)
         out.backward_units.extend(Unit(slice_ids=tuple(b)) for b in bwd if b)
         return
