@@ -162,17 +162,18 @@ def _asymmetric_why(records: pd.DataFrame) -> str:
                 f"{f0:.2f} -> {f1:.2f}, backward {b0:.2f} -> {b1:.2f} (mirrored -> asymmetric); "
                 f"bubble fraction {u0:.3f} -> {u1:.3f}.")
     return text + (
-        " Why it cannot pay much (measured with repro/scripts/asym_gain.py when backward "
-        "MicroPacks were made to regroup long-sequence sub-slices): inside long-sequence "
-        "rounds the regrouping works (backward CV 0.11 -> 0.03 on the issue's attention-heavy "
-        "mix), but the simulated step is already within 0.2-1.8% (this setting) and 4% (that "
-        "mix) of its busiest stage's compute plus a (p-1)-step fill and drain, which no "
-        "grouping of the same slices can beat; the spread left is between rounds (long-sequence "
-        "steps run backward/forward 1.8, short-document steps 1.3), which a within-round "
-        "re-deal cannot move. Same-batch gains: 1.0005 here (3 batches x 2 datasets), 1.002 "
-        "on the heavy mix (the regrouping of long work itself: +0.03% and -0.08%; the rest is "
-        "a warm-up fix); a reserve for short documents in long rounds (short_reserve 0.15): "
-        "0.998 and 1.002.")
+        " Why it cannot pay much (measured with repro/scripts/asym_gain.py, issue 13 item 4): "
+        "the simulated step is already within 0.2-1.8% (this setting) and 4% (an "
+        "attention-heavy mix: llama-7b, 8 x 256K + 3,000 short documents) of its busiest "
+        "stage's compute plus a (p-1)-step fill and drain, which no grouping of the same "
+        "slices can beat; the spread left is between rounds (long-sequence steps run "
+        "backward/forward 1.8, short-document steps 1.3), which a within-round re-deal cannot "
+        "move. Regrouping long-sequence sub-slices on backward cost (option regroup_long) "
+        "cuts the backward CV inside long rounds from 0.11 to 0.03 but moves the step by "
+        "-1% to +0.03%; giving each round's first backward its last forward (round_warmup) "
+        "gains 1.6% on the heavy mix and 0.2% here but loses 8% on the e2e llama-7b point; "
+        "a reserve for short documents in long rounds (short_reserve) gains nothing. All "
+        "three are off by default.")
 
 
 def claims(records: pd.DataFrame) -> list[Claim]:

@@ -38,7 +38,7 @@ class SlimPackOptions:
     regroup_long: bool = False
     """Asymmetric partitioning: backward MicroPacks also regroup long-sequence sub-slices on
     backward cost (backward.py, *reconstructed*). Off by default: measured, it moves the step
-    by +0.03% to -1% (docs/slimpack-planner.md, "Asymmetric partitioning, measured")."""
+    by -1% to +0.03% (docs/slimpack-planner.md, "Asymmetric partitioning, measured")."""
     round_warmup: bool = False
     """Asymmetric partitioning: a round's first backward MicroPack takes an atom of the round's
     last forward one, so the schedule's warm-up (sized by what the first backward needs) spans
