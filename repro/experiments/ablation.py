@@ -171,7 +171,7 @@ def _asymmetric_why(records: pd.DataFrame) -> str:
         "move. Regrouping long-sequence sub-slices on backward cost (option regroup_long) "
         "cuts the backward CV inside long rounds from 0.11 to 0.03 but moves the step by "
         "-1% to +0.03%; giving each round's first backward its last forward (round_warmup) "
-        "gains 1.6% on the heavy mix and 0.2% here but loses 8% on the e2e llama-7b point; "
+        "gains 1.9% on the heavy mix and 0.2% here but loses 8% on the e2e llama-7b point; "
         "a reserve for short documents in long rounds (short_reserve) gains nothing. All "
         "three are off by default.")
 

@@ -42,7 +42,7 @@ class SlimPackOptions:
     round_warmup: bool = False
     """Asymmetric partitioning: a round's first backward MicroPack takes an atom of the round's
     last forward one, so the schedule's warm-up (sized by what the first backward needs) spans
-    the round, as when mirrored. Off by default: measured +1.8% on the issue's attention-heavy
+    the round, as when mirrored. Off by default: measured +1.9% on the issue's attention-heavy
     mix (vpp 1; without it the re-deal's bursts cost 6% at S = 12288) but -8% on the e2e
     llama-7b Common Crawl 256K point (vpp 2), where the short warm-up the re-deal gives
     short-document rounds is faster (docs/slimpack-planner.md)."""
