@@ -233,7 +233,10 @@ def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dic
                          unit_forward_target=target, asymmetric=not ctx.options.no_asymmetric,
                          inflight_tokens=round_capacity + 2 * (par.pp - 1) * (slice_tokens or 0),
                          warmup_units=2 * (par.pp - 1), deadline=deadline, cp=par.cp * k,
-                         whole_segments=ctx.whole_segments, cuts_cache=ctx.cuts_cache)
+                         whole_segments=ctx.whole_segments, cuts_cache=ctx.cuts_cache,
+                         short_reserve=ctx.options.short_reserve,
+                         regroup_long=ctx.options.regroup_long,
+                         round_warmup=ctx.options.round_warmup)
     # Ranks ordered (pp, cp, tp): a merged group's CP index runs over its replicas' CP ranks.
     ranks = tuple(par.rank(dp=r, pp=s, cp=c, tp=t)
                   for s in range(par.pp) for r in replicas for c in range(par.cp)

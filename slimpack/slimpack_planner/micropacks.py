@@ -16,12 +16,18 @@ pipeline runs at the pace of its slowest step.
    taken by long segments form filler rounds. Short documents are then dealt, heaviest first,
    to the lightest MicroPack of *any* round (LPT) while its round has token room, so every
    step ends at about the same forward time.
-4. **Backward MicroPacks.** Long segments mirror their forward position within their round
-   (segment in forward step u goes to backward step n-1-u), which gives the reverse-order rule;
-   each step's short documents are held in a few *atom slices* that are dealt again, LPT on
-   *backward* cost, over the round's backward steps. Linear work costs 2x forward and
-   attention about 2.5x, so forward-balanced steps are not backward-balanced; the re-deal
-   fixes that without recompute, because every slice has its own autograd graph.
+4. **Backward MicroPacks** (:mod:`.backward`). A long sequence gets a second set of cuts,
+   balanced on *backward* cost, and is held in sub-slices between the union of its forward
+   and backward cuts; backward segment j runs in the backward step that mirrors forward
+   segment j's (forward step u -> backward step n-1-u), which gives the reverse-order rule.
+   Each step's short documents are held in a few *atom slices*, dealt again, LPT on backward
+   cost, over the round's backward steps (with ``round_warmup`` the first backward step takes
+   one atom of the last forward step: the schedule sizes its warm-up from it). Attention's
+   backward/forward ratio grows with the KV prefix (marginal cost of a 2K slice of llama-7b
+   in the kernel model: 1.3 at prefix 0, 2.2 at prefix 254K), so forward-balanced steps are
+   not backward-balanced; the regrouping fixes that without recompute, because every slice
+   has its own autograd graph.
+   ``short_reserve`` keeps a share of long rounds for short documents.
 
 With ``asymmetric=False`` the backward MicroPacks are the forward ones in reverse order.
 """
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 
 from slimpack.plan import Segment, Slice, Unit
 from slimpack.planning.deadline import Deadline
+from slimpack.slimpack_planner import backward
 from slimpack.slimpack_planner.estimate import WorkEstimator
 
 TILE = 128
@@ -199,7 +206,8 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
                  inflight_tokens: int | None = None, warmup_units: int = 0,
                  deadline: Deadline | None = None, cp: int = 1,
                  whole_segments: dict[int, Segment] | None = None,
-                 cuts_cache: dict | None = None) -> ReplicaPacks:
+                 cuts_cache: dict | None = None, short_reserve: float = 0.0,
+                 regroup_long: bool = False, round_warmup: bool = False) -> ReplicaPacks:
     """Slices and MicroPacks for one replica's sequences.
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
@@ -211,8 +219,15 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     at ``inflight_tokens / (largest round + warmup_units)`` tokens. ``whole_segments`` caches
     the whole-document segments across calls (see :class:`ReplicaPacks`), ``cuts_cache``
     the cuts of long sequences (read only: one list may serve several sequences).
+
+    ``short_reserve`` (asymmetric only): the share of a long-sequence round's tokens and of its
+    MicroPacks' forward target that long work leaves to short documents, so backward
+    MicroPacks have short atoms to re-deal where the long work is. ``regroup_long``
+    (asymmetric only): backward MicroPacks regroup long-sequence sub-slices too (backward.py);
+    ``round_warmup``: a round's first backward MicroPack needs its last forward one.
     """
     target = unit_forward_target
+    keep = 1.0 - short_reserve if asymmetric else 1.0
     long_limit = slice_tokens if slice_tokens is not None else math.inf
     long_ids = {s: n for s, n in lengths.items() if n > long_limit}
     short_ids = {s: n for s, n in lengths.items() if n <= long_limit}
@@ -228,14 +243,15 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     cuts_cache = cuts_cache if cuts_cache is not None else {}
     cuts_of: dict[int, list[int]] = {}
     for seq, n in long_ids.items():
-        key = (n, slice_tokens, target, min_tokens, id(est))
+        key = (n, slice_tokens, target * keep, min_tokens, id(est))
         cuts = cuts_cache.get(key)
         if cuts is None:
             cuts = cuts_cache[key] = slice_sequence(n, est, slice_tokens=slice_tokens,
-                                                    target=target, deadline=deadline,
+                                                    target=target * keep, deadline=deadline,
                                                     min_tokens=min_tokens)
         cuts_of[seq] = cuts
-    members_of = _long_rounds(long_ids, cuts_of, round_capacity, unit_budget) if long_ids else []
+    members_of = (_long_rounds(long_ids, cuts_of, int(round_capacity * keep), unit_budget)
+                  if long_ids else [])
     rounds: list[_Round] = []
     fwd_load: list[list[float]] = []
     for members in members_of:
@@ -317,7 +333,8 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     out = ReplicaPacks(whole_segments=whole_segments if whole_segments is not None else {})
     for rnd in normal + giants:
         check(deadline)
-        _emit_round(rnd, lengths, est, asymmetric, out)
+        _emit_round(rnd, lengths, est, asymmetric, out, min_tokens=min_tokens,
+                    regroup_long=regroup_long, round_warmup=round_warmup)
     return out
 
 
@@ -416,53 +433,38 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
 
 
 def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymmetric: bool,
-                out: ReplicaPacks) -> None:
+                out: ReplicaPacks, *, min_tokens: int = TILE, regroup_long: bool = False,
+                round_warmup: bool = False) -> None:
     n_units = rnd.num_units
+
+    def atoms_of(u: int, count: int) -> list[tuple[Segment, ...]]:
+        """Forward MicroPack u's short documents in ``count`` slices balanced on backward cost."""
+        docs = sorted(rnd.short_docs[u], key=lambda s: -lengths[s])
+        bwd = [est.backward(lengths[s]) for s in docs]
+        return [tuple(out.whole(docs[i], lengths[docs[i]]) for i in bucket)
+                for bucket in lpt_buckets(bwd, count) if bucket] if docs else []
+
+    if asymmetric:
+        # Long segments regrouped on backward cost, short atoms re-dealt (backward.py).
+        fwd, bwd = backward.emit_round(
+            rnd.long_segments, [atoms_of(u, ATOMS_PER_UNIT) for u in range(n_units)], est,
+            lambda segs: _new_slice(out, segs), min_tokens=min_tokens, regroup_long=regroup_long,
+            round_warmup=round_warmup)
+        out.forward_units.extend(Unit(slice_ids=tuple(f)) for f in fwd if f)
+        out.backward_units.extend(Unit(slice_ids=tuple(b)) for b in bwd if b)
+        return
     unit_slices: list[list[int]] = [[] for _ in range(n_units)]
-    segment_slice: dict[tuple[int, int], int] = {}
-    atoms: list[int] = []
-    atom_cost: dict[int, float] = {}  # backward seconds of each atom slice
     for u in range(n_units):
         for seg in rnd.long_segments[u]:
-            sid = _new_slice(out, (seg,))
-            segment_slice[(seg.seq_id, seg.start)] = sid
-            unit_slices[u].append(sid)
-        docs = rnd.short_docs[u]
-        if not docs:
-            continue
-        docs = sorted(docs, key=lambda s: -lengths[s])
-        bwd = [est.backward(lengths[s]) for s in docs]
-        for bucket in lpt_buckets(bwd, ATOMS_PER_UNIT if asymmetric else 1):
-            if bucket:
-                segs = tuple([out.whole(docs[i], lengths[docs[i]]) for i in bucket])
-                sid = _new_slice(out, segs)
-                unit_slices[u].append(sid)
-                atoms.append(sid)
-                atom_cost[sid] = sum(bwd[i] for i in bucket)
+            unit_slices[u].append(_new_slice(out, (seg,)))
+        for segs in atoms_of(u, 1):
+            unit_slices[u].append(_new_slice(out, segs))
     for u in range(n_units):
         if unit_slices[u]:
             out.forward_units.append(Unit(slice_ids=tuple(unit_slices[u])))
-    if not asymmetric:
-        for u in reversed(range(n_units)):
-            if unit_slices[u]:
-                out.backward_units.append(Unit(slice_ids=tuple(reversed(unit_slices[u]))))
-        return
-    back: list[list[int]] = [[] for _ in range(n_units)]
-    bwd_load = [0.0] * n_units
-    for u in range(n_units):
-        b = n_units - 1 - u
-        for seg in sorted(rnd.long_segments[u], key=lambda s: -s.start):
-            back[b].append(segment_slice[(seg.seq_id, seg.start)])
-            bwd_load[b] += est.backward(seg.num_tokens, seg.start)
-    heap = [(load, b) for b, load in enumerate(bwd_load)]
-    heapq.heapify(heap)
-    for sid in sorted(atoms, key=lambda a: -atom_cost[a]):
-        load, b = heap[0]  # (load, step) keys are unique: replace = pop + push
-        back[b].append(sid)
-        heapq.heapreplace(heap, (load + atom_cost[sid], b))
-    for b in range(n_units):
-        if back[b]:
-            out.backward_units.append(Unit(slice_ids=tuple(back[b])))
+    for u in reversed(range(n_units)):
+        if unit_slices[u]:
+            out.backward_units.append(Unit(slice_ids=tuple(reversed(unit_slices[u]))))
 
 
 def _new_slice(out: ReplicaPacks, segments: tuple[Segment, ...]) -> int:

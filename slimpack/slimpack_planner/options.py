@@ -30,6 +30,22 @@ class SlimPackOptions:
     """Ablation: whole sequences only (no cutting long sequences into slices)."""
     no_asymmetric: bool = False
     """Ablation: backward MicroPacks mirror the forward ones."""
+    short_reserve: float = 0.0
+    """Asymmetric partitioning: share of each long-sequence round (its tokens and its
+    MicroPacks' forward target) kept for short documents, so forward and backward groupings
+    can differ where the long work is (*reconstructed*). 0 by default: measured, it does not
+    pay (docs/slimpack-planner.md, "Asymmetric partitioning, measured")."""
+    regroup_long: bool = False
+    """Asymmetric partitioning: backward MicroPacks also regroup long-sequence sub-slices on
+    backward cost (backward.py, *reconstructed*). Off by default: measured, it moves the step
+    by -1% to +0.03% (docs/slimpack-planner.md, "Asymmetric partitioning, measured")."""
+    round_warmup: bool = False
+    """Asymmetric partitioning: a round's first backward MicroPack takes an atom of the round's
+    last forward one, so the schedule's warm-up (sized by what the first backward needs) spans
+    the round, as when mirrored. Off by default: measured +1.9% on the issue's attention-heavy
+    mix (vpp 1; without it the re-deal's bursts cost 6% at S = 12288) but -8% on the e2e
+    llama-7b Common Crawl 256K point (vpp 2), where the short warm-up the re-deal gives
+    short-document rounds is faster (docs/slimpack-planner.md)."""
     no_dp_aware: bool = False
     """Ablation: phase 1 deals sequences to replicas by token count, blind to their cost."""
     no_dp_merge: bool = False
@@ -56,6 +72,10 @@ class SlimPackOptions:
             raise ValueError(
                 f"SlimPackOptions.cp_sharding must be per-sequence or per-document, got {self.cp_sharding!r}"
             )
+        if isinstance(self.short_reserve, bool) or not isinstance(self.short_reserve, int | float) \
+                or not 0.0 <= self.short_reserve < 1.0:
+            raise ValueError(f"SlimPackOptions.short_reserve must be a number in [0, 1), "
+                             f"got {self.short_reserve!r}")
         if not 0 < self.memory_headroom <= 1:
             raise ValueError(f"SlimPackOptions.memory_headroom must be in (0, 1], got {self.memory_headroom}")
 
