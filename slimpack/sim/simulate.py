@@ -8,6 +8,7 @@ so planners can call this inside a search loop.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
 from slimpack.sim.memory import GroupMemory, group_memory
+from slimpack.sim.redistribution import merge_stats, redistribute_group
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
@@ -68,6 +70,9 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
     runs: list[_GroupRun] = []
     used_schedules: dict[int, list[list[Op]]] = {}
     slice_cache: dict = {}
+    # SlimPipe's attention redistribution between paired pipeline ranks (its plan flags it).
+    redistribute = bool(plan.metadata.get("attention_redistribution"))
+    redistributed = []
     for phase in plan.phases:
         for group in phase.groups:
             if schedules is not None and group.group_id in schedules:
@@ -78,6 +83,11 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
             used_schedules[group.group_id] = ops
             costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
                                 slice_cache=slice_cache)
+            if redistribute and group.pp > 1:
+                costs, stats = redistribute_group(group, ops, costs, model=model, cost=cost,
+                                                  gpus_per_node=gpus_per_node,
+                                                  slice_cache=slice_cache)
+                redistributed.append(stats)
             memory = group_memory(group, model=model, dp=plan.parallel.dp,
                                   training=getattr(cost, "training", None))
             costs = with_host_copies(costs, fwd_offload=memory.fwd_offload,
@@ -99,6 +109,9 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
                    optimizer_step=getattr(cost, "optimizer_step_seconds", None))
     record = _record(plan, runs, sync, model=model, hardware=hardware, trace=trace,
                      wall_s=time.perf_counter() - wall)
+    if redistributed:
+        record = dataclasses.replace(record, extra={
+            **record.extra, "attention_redistribution": merge_stats(redistributed)})
     return SimResult(record=record, plan=plan, ops=record.ops, schedules=used_schedules)
 
 
