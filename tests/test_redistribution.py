@@ -181,3 +181,20 @@ def test_lowers_slimpipe_step_at_512k_pp16():
     assert records[True].step_time_s < 0.93 * records[False].step_time_s
     assert moved["fwd_imbalance_before"] > 1.25 and moved["fwd_imbalance_after"] < 1.05
     assert moved["added_s"] == pytest.approx(moved["moved_s"], rel=1e-6)
+
+
+def test_moves_kept_only_where_they_shorten_the_tick():
+    """pp 4, one sample of four slices: at tick 2 stages 0-2 run slices 2, 1, 0 and the pair
+    (2, 0) would meet below slice 1. Make slice 1's op on stage 1 the slowest by far: the
+    tick cannot get shorter, so its pair is left alone; tick 3's pairs still move."""
+    _, group = _one_sample(4, 4)
+    ops = build_schedule(group)
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    fwd = [list(row) for row in before.fwd_s]
+    fwd[1][1] *= 10
+    slow = dataclasses.replace(before, fwd_s=fwd)
+    after, _ = redistribute_group(group, ops, slow, model=MODEL, cost=COST, gpus_per_node=8)
+    assert after.fwd_s[0][2] == slow.fwd_s[0][2] and after.fwd_s[2][0] == slow.fwd_s[2][0]
+    assert after.fwd_s[0][3] < slow.fwd_s[0][3] and after.fwd_s[3][0] > slow.fwd_s[3][0]
+    normal, _ = redistribute_group(group, ops, before, model=MODEL, cost=COST, gpus_per_node=8)
+    assert normal.fwd_s[0][2] < before.fwd_s[0][2]

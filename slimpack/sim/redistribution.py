@@ -14,10 +14,12 @@ not of the prices, so the pairing does not depend on the result it changes. Forw
 one tick form one set and backward ops another; within a set, ops are sorted by their
 attention work per layer (the KV-prefix part of it, i.e. longest prefix first; with several
 documents per slice this is the generalisation of "KV prefix") and paired first with last.
+A tick's moves are kept only if they make its slowest op (forward or backward) faster: the
+ops of a tick run side by side, so otherwise the transfers would buy nothing.
 
 What moves. The heavy op keeps its queries' causal diagonal blocks and ships a fraction ``f``
 of each segment's KV prefix (whole 128-token tiles); ``f`` is the one that equalises the two
-ranks' per-layer pass times, found by bisection. Both sides are priced by the cost model
+ranks' per-layer pass times, found by a bracketing search. Both sides are priced by the cost model
 itself (``layer_times``), not by FLOPs: the heavy rank's pass over the shortened prefix, and
 on the light rank its own pass plus the shipped block, the latter as
 ``layer_times([(q, d)]) - layer_times([(q, 0)])`` (the query-by-prefix rectangle alone). With
@@ -57,9 +59,9 @@ from slimpack.specs.model import ModelSpec
 TILE = 128
 """KV is shipped in whole FlashAttention tiles."""
 FP32 = 4
-BISECTION_STEPS = 14
-"""Bisection steps on the shipped fraction: 2**-14 of the prefix is well under one tile for
-prefixes up to 2M tokens."""
+SEARCH_STEPS = 24
+"""Most steps of the search for the shipped fraction (it stops once the bracket is under one
+tile of the longest prefix, usually within a few steps)."""
 
 Pieces = tuple[tuple[int, int], ...]
 RankPieces = tuple[Pieces, ...]
@@ -160,6 +162,29 @@ def _shrink(pieces: Pieces, fraction: float) -> tuple[Pieces, Pieces]:
     return tuple(kept), tuple(shipped)
 
 
+class SharedLayerTimes:
+    """A cost model whose ``layer_times`` remembers its answers, everything else forwarded.
+
+    The simulator prices each unit's CP-rank pieces once (:func:`group_costs`); handing both it
+    and :func:`redistribute_group` this wrapper lets the pairing reuse those prices instead of
+    pricing every unit's documents again.
+    """
+
+    def __init__(self, cost: CostModel) -> None:
+        self._cost = cost
+        self._times: dict = {}
+
+    def layer_times(self, pieces, *, tp: int = 1, recompute: str = "none"):  # noqa: ANN001, ANN201
+        key = (tuple(pieces), tp, recompute)
+        got = self._times.get(key)
+        if got is None:
+            got = self._times[key] = self._cost.layer_times(pieces, tp=tp, recompute=recompute)
+        return got
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - the wrapped model's attribute
+        return getattr(self._cost, name)
+
+
 class _Pricer:
     """Per-layer pass times through the cost model, cached (fixed-length samples repeat the
     same slices in every micro-batch)."""
@@ -193,14 +218,28 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward
               model: ModelSpec, tp: int, comm_time) -> PairMove:  # noqa: ANN001 - bytes -> s
     """Balance one (heavy, light) pair; ``comm_time(bytes)`` prices one transfer."""
     k = 1 if backward else 0
+    # Only pieces with a KV prefix change. Attention adds over the pieces of a varlen launch
+    # (both cost models sum tile work), so a rank's new time is its full time plus the change
+    # on those few pieces: pricing them alone keeps the search cheap for slices that pack
+    # dozens of documents.
+    ranks = []
+    for hr, lr in zip(heavy, light, strict=True):
+        prefixed = tuple(p for p in hr if p[1] > 0)
+        ranks.append((pricer.times(hr)[k], prefixed, pricer.times(prefixed)[k] if prefixed
+                      else 0.0, pricer.times(lr)[k]))
+
+    def shrunk(prefixed: Pieces, fraction: float) -> tuple[float, Pieces]:
+        """(time of the prefixed pieces after shipping, the shipped blocks)."""
+        kept, shipped = _shrink(prefixed, fraction)
+        return (pricer.times(kept)[k] if kept else 0.0), shipped
 
     def sides(fraction: float) -> tuple[float, float, list[Pieces]]:
         h = l_ = 0.0
         blocks = []
-        for hr, lr in zip(heavy, light, strict=True):
-            kept, shipped = _shrink(hr, fraction)
-            h = max(h, pricer.times(kept)[k])
-            l_ = max(l_, pricer.times(lr)[k] + pricer.block(shipped, backward))
+        for full, prefixed, prefixed_s, light_s in ranks:
+            kept_s, shipped = shrunk(prefixed, fraction)
+            h = max(h, full - prefixed_s + kept_s)
+            l_ = max(l_, light_s + pricer.block(shipped, backward))
             blocks.append(shipped)
         return h, l_, blocks
 
@@ -222,14 +261,27 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward
     if h1 >= l1:
         best = 1.0
     else:
-        lo, hi = 0.0, 1.0
-        for _ in range(BISECTION_STEPS):
-            mid = (lo + hi) / 2
+        # Regula falsi (Illinois) on heavy - light, which is nearly linear in the fraction
+        # (tile work), until the bracket is under one tile of the longest prefix.
+        lo, hi, g_lo, g_hi = 0.0, 1.0, h0 - l0, h1 - l1
+        longest = max((p for _, prefixed, _, _ in ranks for _, p in prefixed), default=TILE)
+        side = 0
+        for _ in range(SEARCH_STEPS):
+            if (hi - lo) * longest <= TILE:
+                break
+            mid = hi - g_hi * (hi - lo) / (g_hi - g_lo)
+            mid = min(max(mid, lo + (hi - lo) / 64), hi - (hi - lo) / 64)
             h, l_, _ = sides(mid)
             if h > l_:
-                lo = mid
+                lo, g_lo = mid, h - l_
+                if side == -1:
+                    g_hi /= 2
+                side = -1
             else:
-                hi = mid
+                hi, g_hi = mid, h - l_
+                if side == 1:
+                    g_lo /= 2
+                side = 1
         # The tile grid makes the two sides step: keep whichever end has the lower maximum.
         best = min((lo, hi), key=lambda f: max(sides(f)[:2]))
     h, l_, blocks = sides(best)
@@ -254,7 +306,7 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward
         # Short slices: shipping costs more than it saves, so the pair runs as it is.
         return NO_MOVE
     cp = len(heavy)
-    moved = sum(pricer.times(hr)[k] - pricer.times(_shrink(hr, best)[0])[k] for hr in heavy)
+    moved = sum(prefixed_s - shrunk(prefixed, best)[0] for _, prefixed, prefixed_s, _ in ranks)
     added = sum(pricer.block(shipped, backward) for shipped in blocks)
     return PairMove(heavy_delta_s=max(h, l_) - h0 + exposed, light_delta_s=l_ - l0 + exposed,
                     moved_s=moved / cp, added_s=added / cp, transfer_s=exposed, fraction=best)
@@ -306,44 +358,61 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
     bwd_s = [list(row) for row in costs.bwd_s]
     pairs = 0
     moved = added = transfer = 0.0
-    for backward, sets, units, times in ((False, fwd_sets, group.forward_units, fwd_s),
-                                         (True, bwd_sets, group.backward_units, bwd_s)):
-        for tick in sorted(sets):
-            members = sets[tick]
-            if len(members) < 2:
-                continue
 
-            def pieces(u: int, backward: bool = backward, units: tuple = units) -> RankPieces:
-                got = pieces_of.get((backward, u))
-                if got is None:
-                    got = pieces_of[(backward, u)] = _unit_pieces(group, units[u], slice_cache)
-                return got
+    def pieces(backward: bool, u: int) -> RankPieces:
+        got = pieces_of.get((backward, u))
+        if got is None:
+            units = group.backward_units if backward else group.forward_units
+            got = pieces_of[(backward, u)] = _unit_pieces(group, units[u], slice_cache)
+        return got
 
-            def work(u: int, backward: bool = backward) -> float:
-                got = work_of.get((backward, u))
-                if got is None:
-                    got = work_of[(backward, u)] = pricer.prefix_work(pieces(u), backward)
-                return got
+    def work(backward: bool, u: int) -> float:
+        got = work_of.get((backward, u))
+        if got is None:
+            got = work_of[(backward, u)] = pricer.prefix_work(pieces(backward, u), backward)
+        return got
 
-            order = sorted(members, key=lambda m: (-work(m[1]), m[0], m[1]))
+    for tick in sorted(set(fwd_sets) | set(bwd_sets)):
+        proposed = []  # (backward, heavy (vs, u), light (vs, u), move)
+        for backward, sets in ((False, fwd_sets), (True, bwd_sets)):
+            members = sets.get(tick, [])
+            order = sorted(members, key=lambda m, b=backward: (-work(b, m[1]), m[0], m[1]))
             for a in range(len(order) // 2):
                 (hvs, hu), (lvs, lu) = order[a], order[-1 - a]
                 intra = len(stage_nodes[hvs % pp] | stage_nodes[lvs % pp]) == 1
-                key = (backward, pieces(hu), pieces(lu), intra)
+                key = (backward, pieces(backward, hu), pieces(backward, lu), intra)
                 move = moves.get(key)
                 if move is None:
                     move = moves[key] = pair_move(
-                        pieces(hu), pieces(lu), pricer=pricer, backward=backward, model=model,
-                        tp=tp, comm_time=lambda b, intra=intra: cost.comm.p2p(b, intra_node=intra))
-                if move is NO_MOVE:
-                    continue
-                nh, nl = costs.layers[hvs], costs.layers[lvs]
-                times[hvs][hu] += move.heavy_delta_s * nh
-                times[lvs][lu] += move.light_delta_s * nl
-                pairs += 1
-                moved += move.moved_s * nh
-                added += move.added_s * nh
-                transfer += move.transfer_s * nh
+                        key[1], key[2], pricer=pricer, backward=backward, model=model, tp=tp,
+                        comm_time=lambda b, intra=intra: cost.comm.p2p(b, intra_node=intra))
+                if move is not NO_MOVE:
+                    proposed.append((backward, (hvs, hu), (lvs, lu), move))
+        if not proposed:
+            continue
+        # The ops of a tick run side by side, so the tick lasts as long as its slowest op
+        # (forward or backward). Moves that do not shorten it only add transfers: keep the
+        # tick's moves only if its slowest op gets faster (*reconstructed* rule: a runtime
+        # would decide from a profile which pairs to exchange).
+        new = {}
+        for backward, (hvs, hu), (lvs, lu), move in proposed:
+            times = bwd_s if backward else fwd_s
+            new[(backward, hvs, hu)] = times[hvs][hu] + move.heavy_delta_s * costs.layers[hvs]
+            new[(backward, lvs, lu)] = times[lvs][lu] + move.light_delta_s * costs.layers[lvs]
+        slowest = max([fwd_s[vs][u] for vs, u in fwd_sets.get(tick, [])]
+                      + [bwd_s[vs][u] for vs, u in bwd_sets.get(tick, [])])
+        after = max([new.get((False, vs, u), fwd_s[vs][u]) for vs, u in fwd_sets.get(tick, [])]
+                    + [new.get((True, vs, u), bwd_s[vs][u]) for vs, u in bwd_sets.get(tick, [])])
+        if after >= slowest:
+            continue
+        for (backward, vs, u), t in new.items():
+            (bwd_s if backward else fwd_s)[vs][u] = t
+        for _, (hvs, _), _, move in proposed:
+            nh = costs.layers[hvs]
+            pairs += 1
+            moved += move.moved_s * nh
+            added += move.added_s * nh
+            transfer += move.transfer_s * nh
     f_sets = [m for m in fwd_sets.values() if len(m) > 1]
     b_sets = [m for m in bwd_sets.values() if len(m) > 1]
     stats = RedistributionStats(

@@ -23,7 +23,7 @@ from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
 from slimpack.sim.memory import GroupMemory, group_memory
-from slimpack.sim.redistribution import merge_stats, redistribute_group
+from slimpack.sim.redistribution import SharedLayerTimes, merge_stats, redistribute_group
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
@@ -81,10 +81,11 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
             else:
                 ops = build_schedule(group)
             used_schedules[group.group_id] = ops
-            costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
+            priced = SharedLayerTimes(cost) if redistribute and group.pp > 1 else cost
+            costs = group_costs(group, model=model, cost=priced, gpus_per_node=gpus_per_node,
                                 slice_cache=slice_cache)
             if redistribute and group.pp > 1:
-                costs, stats = redistribute_group(group, ops, costs, model=model, cost=cost,
+                costs, stats = redistribute_group(group, ops, costs, model=model, cost=priced,
                                                   gpus_per_node=gpus_per_node,
                                                   slice_cache=slice_cache)
                 redistributed.append(stats)
