@@ -11,9 +11,9 @@ Which ops run concurrently (*reconstructed*: the paper's pairing rule at run tim
 known here). An op's *tick* is its start time when every op of the schedule takes one unit
 and transfers are free (:func:`schedule_ticks`): a deterministic property of the op lists,
 not of the prices, so the pairing does not depend on the result it changes. Forward ops of
-one tick form one set and backward ops another; within a set, ops are sorted by their
-attention work per layer (the KV-prefix part of it, i.e. longest prefix first; with several
-documents per slice this is the generalisation of "KV prefix") and paired first with last.
+one tick form one set and backward ops another; within a set, ops are sorted by query tokens
+times KV prefix (:func:`prefix_weight`: longest prefix first for SlimPipe's one-document
+slices, its generalisation when a slice packs several documents) and paired first with last.
 A tick's moves are kept only if they make its slowest op (forward or backward) faster: the
 ops of a tick run side by side, so otherwise the transfers would buy nothing.
 
@@ -209,9 +209,12 @@ class _Pricer:
         return (self.times(shipped)[k]
                 - self.times(tuple((q, 0) for q, _ in shipped))[k])
 
-    def prefix_work(self, ranks: RankPieces, backward: bool) -> float:
-        """Attention work that depends on KV prefixes, summed over CP ranks: the sort key."""
-        return sum(self.block(tuple(p for p in r if p[1] > 0), backward) for r in ranks)
+
+
+def prefix_weight(ranks: RankPieces) -> int:
+    """Query tokens times KV prefix, summed over pieces and CP ranks: the pairing key (for
+    SlimPipe's one-document slices, its KV prefix)."""
+    return sum(q * p for r in ranks for q, p in r)
 
 
 def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward: bool,
@@ -352,7 +355,7 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
     stage_nodes = [{r // gpus_per_node for r in group.stage_ranks(s)} for s in range(pp)]
     pricer = _Pricer(cost, tp=tp, recompute=group.recompute)
     pieces_of: dict[tuple[bool, int], RankPieces] = {}
-    work_of: dict[tuple[bool, int], float] = {}
+    work_of: dict[tuple[bool, int], int] = {}
     moves: dict[tuple[bool, RankPieces, RankPieces, bool], PairMove] = {}
     fwd_s = [list(row) for row in costs.fwd_s]
     bwd_s = [list(row) for row in costs.bwd_s]
@@ -366,10 +369,10 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
             got = pieces_of[(backward, u)] = _unit_pieces(group, units[u], slice_cache)
         return got
 
-    def work(backward: bool, u: int) -> float:
+    def work(backward: bool, u: int) -> int:
         got = work_of.get((backward, u))
         if got is None:
-            got = work_of[(backward, u)] = pricer.prefix_work(pieces(backward, u), backward)
+            got = work_of[(backward, u)] = prefix_weight(pieces(backward, u))
         return got
 
     for tick in sorted(set(fwd_sets) | set(bwd_sets)):
