@@ -36,7 +36,7 @@ def test_gap_note_reports_the_ratio_and_what_would_close_it():
     assert "megatron-interleaved" in gain
     assert "Megatron-LM at 38.2% MFU" in gain  # 60 / 1.57
     assert "SlimPipe at 78.5%" in gain  # 50 * 1.57
-    assert "from 1.36 to 1.002" in gain and "16% of the moved" in gain
+    assert "from 1.36 to 1.002" in gain and "transfers 16% of the" in gain
     assert "idle only 1.4%" in gain
     assert long.startswith("SlimPipe at 2048K: 59.0% MFU at tp2 cp8 pp4 vpp5 dp2")
     by_id = {c.claim_id: c for c in claims(records)}

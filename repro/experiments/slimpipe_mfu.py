@@ -118,15 +118,16 @@ def _describe(row: pd.Series) -> str:
                      f"pipeline ranks from {moved['fwd_imbalance_before']:.2f} to "
                      f"{moved['fwd_imbalance_after']:.3f} (backward "
                      f"{moved['bwd_imbalance_before']:.2f} to "
-                     f"{moved['bwd_imbalance_after']:.3f}) for "
-                     f"{moved['transfer_s'] / max(moved['moved_s'], 1e-12):.0%} of the moved "
-                     f"attention time in exposed transfers")
+                     f"{moved['bwd_imbalance_after']:.3f}), its exposed transfers "
+                     f"{moved['transfer_s'] / max(moved['moved_s'], 1e-12):.0%} of the "
+                     f"attention time it moved")
     return ", ".join(parts)
 
 
 def gap_notes(records: pd.DataFrame) -> tuple[str, str]:
     """Measured analyses of the 512K ratio and the 2048K MFU, from the records alone."""
-    if records.empty or "mfu" not in records.columns:
+    needed = {"method", "model", "context", "num_gpus", "mfu", "bubble_fraction", "parallel"}
+    if records.empty or not needed <= set(records.columns):
         return "", ""
     sp = _fits(select(records, method="slimpipe", model="llama-70b", context=512 * 1024,
                       num_gpus=GPUS))
@@ -157,9 +158,9 @@ def gap_notes(records: pd.DataFrame) -> tuple[str, str]:
             ratios = (table["slimpipe"] / base).dropna()
             if not ratios.empty:
                 top = ratios.idxmax()
-                gain_note += (f" Over all {len(ratios)} settings with both methods the ratio "
-                              f"spans {ratios.min():.2f}x-{ratios.max():.2f}x, highest for "
-                              f"{top[0]} at {top[1] // 1024}K.")
+                gain_note += (f" Over the {len(ratios)} setting(s) with both methods the "
+                              f"ratio spans {ratios.min():.2f}x-{ratios.max():.2f}x, highest "
+                              f"for {top[0]} at {top[1] // 1024}K.")
     long = _fits(select(records, method="slimpipe", model="llama-70b", context=2048 * 1024,
                         num_gpus=256))
     long_note = f"SlimPipe at 2048K: {_describe(long.iloc[0])}." if not long.empty else ""
