@@ -19,8 +19,8 @@ ops of a tick run side by side, so otherwise the transfers would buy nothing.
 
 What moves. The heavy op keeps its queries' causal diagonal blocks and ships a fraction ``f``
 of each segment's KV prefix (whole 128-token tiles); ``f`` is the one that equalises the two
-ranks' per-layer pass times, found by a bracketing search. Both sides are priced by the cost model
-itself (``layer_times``), not by FLOPs: the heavy rank's pass over the shortened prefix, and
+ranks' per-layer pass times, found by a bracketing search. Both sides are priced by the
+cost model itself (``layer_times``), not by FLOPs: the heavy rank's pass over the shortened prefix, and
 on the light rank its own pass plus the shipped block, the latter as
 ``layer_times([(q, d)]) - layer_times([(q, 0)])`` (the query-by-prefix rectangle alone). With
 CP, rank ``r`` of one stage pairs with rank ``r`` of the other and an op's pass time is that of
@@ -208,7 +208,6 @@ class _Pricer:
         k = 1 if backward else 0
         return (self.times(shipped)[k]
                 - self.times(tuple((q, 0) for q, _ in shipped))[k])
-
 
 
 def prefix_weight(ranks: RankPieces) -> int:
