@@ -198,3 +198,13 @@ def test_moves_kept_only_where_they_shorten_the_tick():
     assert after.fwd_s[0][3] < slow.fwd_s[0][3] and after.fwd_s[3][0] > slow.fwd_s[3][0]
     normal, _ = redistribute_group(group, ops, before, model=MODEL, cost=COST, gpus_per_node=8)
     assert normal.fwd_s[0][2] < before.fwd_s[0][2]
+
+
+def test_block_bytes_is_the_shipped_kv_of_one_layer():
+    """pp 2 hand case: slice 1 ships half its 32K-token prefix to stage 1, so the light GPU
+    holds 16K tokens of one layer's K and V."""
+    _, group = _one_sample(2, 2)
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    _, stats = redistribute_group(group, build_schedule(group), before, model=MODEL, cost=COST,
+                                  gpus_per_node=8)
+    assert stats.block_bytes == SLICE // 2 * kv_bytes_per_token_per_layer(MODEL, 8)

@@ -37,8 +37,10 @@ one waits for the partials). Backward sends query, output gradient and log-sum-e
 KV block, and returns dQ and the block's dK, dV.
 
 Memory: the light rank holds one layer's shipped KV block (and in backward its gradient) at
-a time; it is freed after that layer's attention, at most a few hundred MB against tens of GB
-of activations, and is ignored here.
+a time, freed after that layer's attention. It is not added to the memory walk; the stats
+report the largest block (``block_bytes``). Measured on the slimpipe-mfu points (llama-70b,
+H800): 0.75 GiB at 512K (tp2 cp8 pp4 vpp5; peak 70.9 GiB, so block plus its gradient still
+fit the 73.6 GiB usable) and 0.50 GiB at 2048K (peak 50.1 GiB).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class PairMove:
     """Exposed transfer seconds per layer (charged to both ops)."""
     fraction: float
     """Share of each segment's KV prefix shipped."""
+    block_bytes: float = 0.0
+    """KV block one light GPU holds for one layer (the largest over its CP ranks)."""
 
 
 NO_MOVE = PairMove(heavy_delta_s=0.0, light_delta_s=0.0, moved_s=0.0, added_s=0.0,
@@ -95,6 +99,8 @@ class RedistributionStats:
     """What redistribution did to one group (seconds summed over the group's ops)."""
 
     pairs: int
+    block_bytes: float
+    """Largest KV block a light GPU holds at once (one layer's; not in the memory walk)."""
     moved_s: float
     added_s: float
     transfer_s: float
@@ -290,7 +296,7 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward
     if max(h, l_) >= h0:
         return NO_MOVE
     # Transfers: the busiest CP rank's blocks set the pace (ranks of a stage send in parallel).
-    exposed = 0.0
+    exposed = held = 0.0
     for shipped in blocks:
         q = sum(t for t, _ in shipped)
         kv = sum(d for _, d in shipped) * kv_bytes
@@ -304,6 +310,7 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward
             back = comm_time(q * (q_bytes + lse_bytes))  # partial output + log-sum-exp
         kv_wait = max(0.0, comm_time(kv) - l0) if kv else 0.0
         exposed = max(exposed, send + back + kv_wait)
+        held = max(held, kv)
     if max(h, l_) + exposed >= h0:
         # Short slices: shipping costs more than it saves, so the pair runs as it is.
         return NO_MOVE
@@ -311,7 +318,8 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward
     moved = sum(prefixed_s - shrunk(prefixed, best)[0] for _, prefixed, prefixed_s, _ in ranks)
     added = sum(pricer.block(shipped, backward) for shipped in blocks)
     return PairMove(heavy_delta_s=max(h, l_) - h0 + exposed, light_delta_s=l_ - l0 + exposed,
-                    moved_s=moved / cp, added_s=added / cp, transfer_s=exposed, fraction=best)
+                    moved_s=moved / cp, added_s=added / cp, transfer_s=exposed, fraction=best,
+                    block_bytes=held)
 
 
 def _unit_pieces(group: Group, unit: Unit, slice_cache: dict) -> RankPieces:
@@ -359,7 +367,7 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
     fwd_s = [list(row) for row in costs.fwd_s]
     bwd_s = [list(row) for row in costs.bwd_s]
     pairs = 0
-    moved = added = transfer = 0.0
+    moved = added = transfer = held = 0.0
 
     def pieces(backward: bool, u: int) -> RankPieces:
         got = pieces_of.get((backward, u))
@@ -415,10 +423,11 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
             moved += move.moved_s * nh
             added += move.added_s * nh
             transfer += move.transfer_s * nh
+            held = max(held, move.block_bytes)
     f_sets = [m for m in fwd_sets.values() if len(m) > 1]
     b_sets = [m for m in bwd_sets.values() if len(m) > 1]
     stats = RedistributionStats(
-        pairs=pairs, moved_s=moved, added_s=added, transfer_s=transfer,
+        pairs=pairs, block_bytes=held, moved_s=moved, added_s=added, transfer_s=transfer,
         fwd_imbalance_before=_imbalance(f_sets, costs.fwd_s),
         fwd_imbalance_after=_imbalance(f_sets, fwd_s),
         bwd_imbalance_before=_imbalance(b_sets, costs.bwd_s),
@@ -434,6 +443,7 @@ def merge_stats(stats: Sequence[RedistributionStats]) -> dict[str, float]:
     return {"pairs": sum(s.pairs for s in stats), "moved_s": sum(s.moved_s for s in stats),
             "added_s": sum(s.added_s for s in stats),
             "transfer_s": sum(s.transfer_s for s in stats),
+            "block_bytes": max(s.block_bytes for s in stats),
             "fwd_imbalance_before": top.fwd_imbalance_before,
             "fwd_imbalance_after": top.fwd_imbalance_after,
             "bwd_imbalance_before": top.bwd_imbalance_before,
