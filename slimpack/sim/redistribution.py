@@ -19,13 +19,13 @@ ops of a tick run side by side, so otherwise the transfers would buy nothing.
 
 What moves. The heavy op keeps its queries' causal diagonal blocks and ships a fraction ``f``
 of each segment's KV prefix (whole 128-token tiles); ``f`` is the one that equalises the two
-ranks' per-layer pass times, found by interpolation and one secant step. Both sides are
-priced by the cost model itself (``layer_times``), not by FLOPs: the heavy rank's pass over
-the shortened prefix, and on the light rank its own pass plus the shipped block, the latter as
-``layer_times([(q, d)]) - layer_times([(q, 0)])`` (the query-by-prefix rectangle alone). With
-CP, rank ``r`` of one stage pairs with rank ``r`` of the other and an op's pass time is that of
-its slowest CP rank; the change is added to the op's price (its CP communication floor is
-left as it was).
+ops' durations (layers, LM-head share and CP communication included, as the simulator priced
+them), found by interpolation and one secant step. The change on each side is priced by the
+cost model itself (``layer_times``), not by FLOPs: on the heavy rank its prefixed pieces
+before and after shortening, on the light rank the shipped block as
+``layer_times([(q, d)]) - layer_times([(q, 0)])`` (the query-by-prefix rectangle alone),
+times the op's layers. With CP, rank ``r`` of one stage pairs with rank ``r`` of the other and
+an op changes by its ranks' least favourable change (exact for cp = 1, conservative above).
 
 Transfers, per layer, priced by the comm model on the link between the two stages
 (*reconstructed* overlap): forward, the heavy rank sends its query and the KV block; the KV
@@ -76,19 +76,20 @@ RankPieces = tuple[Pieces, ...]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PairMove:
-    """The effect of pairing one heavy op with one light op, per layer."""
+    """The effect of pairing one heavy op with one light op (seconds of the whole op: all its
+    layers)."""
 
     heavy_delta_s: float
-    """Change of the heavy op's per-layer pass time (<= 0), transfers included."""
+    """Change of the heavy op's duration (< 0), transfers included."""
     light_delta_s: float
-    """Change of the light op's per-layer pass time (>= 0), transfers included."""
+    """Change of the light op's duration (> 0), transfers included."""
     moved_s: float
-    """Attention seconds per layer taken off the heavy op, per GPU (mean over its CP ranks:
-    the work, not the change of the slowest rank's time)."""
+    """Attention seconds taken off the heavy op, per GPU (mean over its CP ranks: the work,
+    not the change of the slowest rank's time)."""
     added_s: float
-    """Seconds per layer the shipped blocks cost on the light op, per GPU (same mean)."""
+    """Seconds the shipped blocks cost on the light op, per GPU (same mean)."""
     transfer_s: float
-    """Exposed transfer seconds per layer (charged to both ops)."""
+    """Exposed transfer seconds of the heavy op's layers (each op is charged its own)."""
     fraction: float
     """Share of each segment's KV prefix shipped."""
     block_bytes: float = 0.0
@@ -173,29 +174,6 @@ def _shrink(pieces: Pieces, fraction: float) -> tuple[Pieces, Pieces]:
     return tuple(kept), tuple(shipped)
 
 
-class SharedLayerTimes:
-    """A cost model whose ``layer_times`` remembers its answers, everything else forwarded.
-
-    The simulator prices each unit's CP-rank pieces once (:func:`group_costs`); handing both it
-    and :func:`redistribute_group` this wrapper lets the pairing reuse those prices instead of
-    pricing every unit's documents again.
-    """
-
-    def __init__(self, cost: CostModel) -> None:
-        self._cost = cost
-        self._times: dict = {}
-
-    def layer_times(self, pieces, *, tp: int = 1, recompute: str = "none"):  # noqa: ANN001, ANN201
-        key = (tuple(pieces), tp, recompute)
-        got = self._times.get(key)
-        if got is None:
-            got = self._times[key] = self._cost.layer_times(pieces, tp=tp, recompute=recompute)
-        return got
-
-    def __getattr__(self, name: str):  # noqa: ANN204 - the wrapped model's attribute
-        return getattr(self._cost, name)
-
-
 class _Pricer:
     """Per-layer pass times through the cost model, cached (fixed-length samples repeat the
     same slices in every micro-batch)."""
@@ -227,19 +205,23 @@ def prefix_weight(ranks: RankPieces) -> int:
     return sum(q * p for r in ranks for q, p in r)
 
 
-def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward: bool,
+def pair_move(heavy: RankPieces, light: RankPieces, *, heavy_s: float, light_s: float,
+              heavy_layers: int, light_layers: int, pricer: _Pricer, backward: bool,
               model: ModelSpec, tp: int, comm_time) -> PairMove:  # noqa: ANN001 - bytes -> s
-    """Balance one (heavy, light) pair; ``comm_time(bytes)`` prices one transfer."""
+    """Balance one (heavy, light) pair of ops whose current durations are ``heavy_s`` and
+    ``light_s`` (their layers, LM-head share and CP communication included);
+    ``comm_time(bytes)`` prices one transfer. The returned changes are whole-op seconds."""
     k = 1 if backward else 0
+    nh, nl = heavy_layers, light_layers
     # Only pieces with a KV prefix change. Attention adds over the pieces of a varlen launch
-    # (both cost models sum tile work), so a rank's new time is its full time plus the change
-    # on those few pieces: pricing them alone keeps the search cheap for slices that pack
-    # dozens of documents.
+    # (both cost models sum tile work), so each rank's change is priced on those few pieces
+    # alone and added to the op's current duration. With CP the op changes by its CP ranks'
+    # least favourable change (the smallest saving, the largest addition): exact for cp = 1,
+    # conservative otherwise.
     ranks = []
-    for hr, lr in zip(heavy, light, strict=True):
+    for hr in heavy:
         prefixed = tuple(p for p in hr if p[1] > 0)
-        ranks.append((pricer.times(hr)[k], prefixed, pricer.times(prefixed)[k] if prefixed
-                      else 0.0, pricer.times(lr)[k]))
+        ranks.append((prefixed, pricer.times(prefixed)[k] if prefixed else 0.0))
 
     def shrunk(prefixed: Pieces, fraction: float) -> tuple[float, Pieces]:
         """(time of the prefixed pieces after shipping, the shipped blocks)."""
@@ -247,28 +229,29 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward
         return (pricer.times(kept)[k] if kept else 0.0), shipped
 
     def sides(fraction: float) -> tuple[float, float, list[Pieces]]:
-        h = l_ = 0.0
+        saved, extra = -float("inf"), 0.0
         blocks = []
-        for full, prefixed, prefixed_s, light_s in ranks:
+        for prefixed, prefixed_s, in ranks:
             kept_s, shipped = shrunk(prefixed, fraction)
-            h = max(h, full - prefixed_s + kept_s)
-            l_ = max(l_, light_s + pricer.block(shipped, backward))
+            saved = max(saved, kept_s - prefixed_s)
+            extra = max(extra, pricer.block(shipped, backward))
             blocks.append(shipped)
-        return h, l_, blocks
+        return heavy_s + nh * saved, light_s + nl * extra, blocks
 
-    h0, l0, _ = sides(0.0)
+    h0, l0 = heavy_s, light_s
     if h0 <= l0:
         return NO_MOVE
     q_bytes = model.q_dim / tp * BF16
     lse_bytes = model.num_heads / tp * FP32
     kv_bytes = kv_bytes_per_token_per_layer(model, tp)
-    # The pair can at best meet in the middle; the query's round trip alone is a lower bound
-    # on the exposed transfer, so pairs that cannot gain skip the search.
+    # The pair can at best meet in the middle, moving (h0 - l0) / 2; the query's round trip
+    # alone is a lower bound on the exposed transfer, so pairs that cannot pass the transfer
+    # share skip the search.
     queries = max(sum(q for q, p in r if p > 0) for r in heavy)
     floor = (comm_time(queries * (2 * q_bytes + lse_bytes)) + comm_time(queries * q_bytes)
              if backward else
              comm_time(queries * q_bytes) + comm_time(queries * (q_bytes + lse_bytes)))
-    if queries == 0 or MAX_TRANSFER_SHARE * (h0 - l0) / 2 < floor:
+    if queries == 0 or MAX_TRANSFER_SHARE * (h0 - l0) / 2 < floor * nh:
         return NO_MOVE
     h1, l1, _ = sides(1.0)
     if h1 >= l1:
@@ -290,7 +273,9 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward
     h, l_, blocks = sides(best)
     if max(h, l_) >= h0:
         return NO_MOVE
-    # Transfers: the busiest CP rank's blocks set the pace (ranks of a stage send in parallel).
+    # Transfers per layer: the busiest CP rank's blocks set the pace (ranks of a stage send in
+    # parallel); the KV block overlaps the light rank's own per-layer pass.
+    light_layer_s = l0 / nl
     exposed = held = 0.0
     for shipped in blocks:
         q = sum(t for t, _ in shipped)
@@ -303,23 +288,26 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, pricer: _Pricer, backward
         else:
             send = comm_time(q * q_bytes)
             back = comm_time(q * (q_bytes + lse_bytes))  # partial output + log-sum-exp
-        kv_wait = max(0.0, comm_time(kv) - l0) if kv else 0.0
+        kv_wait = max(0.0, comm_time(kv) - light_layer_s) if kv else 0.0
         exposed = max(exposed, send + back + kv_wait)
         held = max(held, kv)
-    if max(h, l_) + exposed >= h0:
+    if max(h, l_) + nh * exposed >= h0:
         # Short slices: shipping costs more than it saves, so the pair runs as it is.
         return NO_MOVE
-    if exposed > MAX_TRANSFER_SHARE * (h0 - h):
+    if nh * exposed > MAX_TRANSFER_SHARE * (h0 - h):
         return NO_MOVE
     cp = len(heavy)
-    moved = sum(prefixed_s - shrunk(prefixed, best)[0] for _, prefixed, prefixed_s, _ in ranks)
+    moved = sum(prefixed_s - shrunk(prefixed, best)[0] for prefixed, prefixed_s in ranks)
     added = sum(pricer.block(shipped, backward) for shipped in blocks)
-    return PairMove(heavy_delta_s=max(h, l_) - h0 + exposed, light_delta_s=l_ - l0 + exposed,
-                    moved_s=moved / cp, added_s=added / cp, transfer_s=exposed, fraction=best,
+    return PairMove(heavy_delta_s=max(h, l_) - h0 + nh * exposed,
+                    light_delta_s=l_ - l0 + nl * exposed, moved_s=nh * moved / cp,
+                    added_s=nl * added / cp, transfer_s=nh * exposed, fraction=best,
                     block_bytes=held)
 
 
 def _unit_pieces(group: Group, unit: Unit, slice_cache: dict) -> RankPieces:
+    """Per-CP-rank (tokens, prefix) tuples of a unit; ``slice_cache`` is this module's own
+    (the simulator's pricing keeps its shards in another form)."""
     per_rank: list[list[tuple[int, int]]] = [[] for _ in range(group.cp)]
     for sid in unit.slice_ids:
         key = (group.group_id, sid)
@@ -345,11 +333,10 @@ def _imbalance(sets: list[list[tuple[int, int]]], times: list[list[float]]) -> f
 
 def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
                        model: ModelSpec, cost: CostModel, gpus_per_node: int,
-                       slice_cache: dict | None = None,
                        ) -> tuple[GroupCosts, RedistributionStats]:
     """``costs`` with attention moved between concurrent ops of paired pipeline ranks."""
     pp, tp = group.pp, group.tp
-    slice_cache = slice_cache if slice_cache is not None else {}
+    slice_cache: dict = {}
     ticks = schedule_ticks(ops, pp=pp, vpp=group.vpp)
     fwd_sets: dict[int, list[tuple[int, int]]] = defaultdict(list)
     bwd_sets: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -387,11 +374,15 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
             for a in range(len(order) // 2):
                 (hvs, hu), (lvs, lu) = order[a], order[-1 - a]
                 intra = len(stage_nodes[hvs % pp] | stage_nodes[lvs % pp]) == 1
-                key = (backward, pieces(backward, hu), pieces(backward, lu), intra)
+                times = bwd_s if backward else fwd_s
+                nh, nl = costs.layers[hvs], costs.layers[lvs]
+                key = (backward, pieces(backward, hu), pieces(backward, lu), intra,
+                       times[hvs][hu], times[lvs][lu], nh, nl)
                 move = moves.get(key)
                 if move is None:
                     move = moves[key] = pair_move(
-                        key[1], key[2], pricer=pricer, backward=backward, model=model, tp=tp,
+                        key[1], key[2], heavy_s=key[4], light_s=key[5], heavy_layers=nh,
+                        light_layers=nl, pricer=pricer, backward=backward, model=model, tp=tp,
                         comm_time=lambda b, intra=intra: cost.comm.p2p(b, intra_node=intra))
                 if move is not NO_MOVE:
                     proposed.append((backward, (hvs, hu), (lvs, lu), move))
@@ -404,8 +395,8 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
         new = {}
         for backward, (hvs, hu), (lvs, lu), move in proposed:
             times = bwd_s if backward else fwd_s
-            new[(backward, hvs, hu)] = times[hvs][hu] + move.heavy_delta_s * costs.layers[hvs]
-            new[(backward, lvs, lu)] = times[lvs][lu] + move.light_delta_s * costs.layers[lvs]
+            new[(backward, hvs, hu)] = times[hvs][hu] + move.heavy_delta_s
+            new[(backward, lvs, lu)] = times[lvs][lu] + move.light_delta_s
         slowest = max([fwd_s[vs][u] for vs, u in fwd_sets.get(tick, [])]
                       + [bwd_s[vs][u] for vs, u in bwd_sets.get(tick, [])])
         after = max([new.get((False, vs, u), fwd_s[vs][u]) for vs, u in fwd_sets.get(tick, [])]
@@ -414,12 +405,11 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
             continue
         for (backward, vs, u), t in new.items():
             (bwd_s if backward else fwd_s)[vs][u] = t
-        for _, (hvs, _), _, move in proposed:
-            nh = costs.layers[hvs]
+        for *_, move in proposed:
             pairs += 1
-            moved += move.moved_s * nh
-            added += move.added_s * nh
-            transfer += move.transfer_s * nh
+            moved += move.moved_s
+            added += move.added_s
+            transfer += move.transfer_s
             held = max(held, move.block_bytes)
     f_sets = [m for m in fwd_sets.values() if len(m) > 1]
     b_sets = [m for m in bwd_sets.values() if len(m) > 1]

@@ -23,7 +23,7 @@ from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
 from slimpack.sim.memory import GroupMemory, group_memory
-from slimpack.sim.redistribution import SharedLayerTimes, merge_stats, redistribute_group
+from slimpack.sim.redistribution import merge_stats, redistribute_group
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
@@ -81,16 +81,14 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
             else:
                 ops = build_schedule(group)
             used_schedules[group.group_id] = ops
-            priced = SharedLayerTimes(cost) if redistribute and group.pp > 1 else cost
-            costs = group_costs(group, model=model, cost=priced, gpus_per_node=gpus_per_node,
+            costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
                                 slice_cache=slice_cache)
-            if redistribute and group.pp > 1:
-                costs, stats = redistribute_group(group, ops, costs, model=model, cost=priced,
-                                                  gpus_per_node=gpus_per_node,
-                                                  slice_cache=slice_cache)
-                redistributed.append(stats)
             memory = group_memory(group, model=model, dp=plan.parallel.dp,
                                   training=getattr(cost, "training", None))
+            if redistribute and group.pp > 1:
+                costs, stats = redistribute_group(group, ops, costs, model=model, cost=cost,
+                                                  gpus_per_node=gpus_per_node)
+                redistributed.append(stats)
             costs = with_host_copies(costs, fwd_offload=memory.fwd_offload,
                                      bwd_fetch=memory.bwd_fetch,
                                      host_link_gbps=hardware.host_link_gbps)
