@@ -15,8 +15,8 @@
   prefix (longest with shortest); the heavy rank ships its query and half the difference of
   its cached KV to the light one, which computes that part and returns partial outputs that
   are merged with the log-sum-exp trick. The plan flags it in
-  ``metadata['attention_redistribution']``; :func:`redistribute_attention` is the model the
-  simulator applies to the slices that run concurrently.
+  ``metadata['attention_redistribution']`` and the simulator moves the work between the ops
+  that run concurrently (:mod:`slimpack.sim.redistribution`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from typing import Any
 from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
 from slimpack.batch import Batch
-from slimpack.cost.flops import attention_flops
-from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Phase, Plan, Segment
 from slimpack.planning import (
@@ -134,35 +132,6 @@ def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSp
     return [candidates[-1]], "full"
 
 
-def redistribute_attention(model: ModelSpec, pieces: Sequence[tuple[int, int]], *, tp: int = 1,
-                           ) -> tuple[list[float], list[float]]:
-    """SlimPipe's attention redistribution over ranks running concurrently.
-
-    ``pieces[r] = (query tokens, kv_prefix)`` of the slice on rank r. Ranks are sorted by KV
-    prefix and paired longest with shortest; the heavy rank moves half the attention-FLOP
-    difference to its partner. Returns per-rank attention forward FLOPs of one layer after the
-    move and the bytes each rank sends per layer (its query plus half the difference of the
-    cached KV; the partial outputs come back, counted on the light rank).
-    """
-    flops = [attention_flops(model, q, p) for q, p in pieces]
-    sent = [0.0] * len(pieces)
-    order = sorted(range(len(pieces)), key=lambda r: (-pieces[r][1], r))
-    kv_tok = kv_bytes_per_token_per_layer(model, tp)
-    q_tok = 2 * model.q_dim / tp  # bf16 queries, and as much again for the partial output
-    for a in range(len(order) // 2):
-        heavy, light = order[a], order[-1 - a]
-        move = (flops[heavy] - flops[light]) / 2
-        if move <= 0:
-            continue
-        flops[heavy] -= move
-        flops[light] += move
-        q_tokens = pieces[heavy][0]
-        kv_moved = (pieces[heavy][1] - pieces[light][1]) / 2
-        sent[heavy] += q_tokens * q_tok + kv_moved * kv_tok
-        sent[light] += q_tokens * q_tok
-    return flops, sent
-
-
 def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
          cost: CostModel, **options: Any) -> Plan:
     started = time.perf_counter()
@@ -185,8 +154,10 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                                                               strict=True)) if samples)
 
     def probe(trial: tuple[Group, ...]) -> Plan:
+        # The flag travels with the probe so the simulator times each trial as it will run.
         return Plan(method="slimpipe", model=model.name, parallel=parallel,
-                    sequence_lengths=layout.sequence_lengths, phases=(Phase(groups=trial),))
+                    sequence_lengths=layout.sequence_lengths, phases=(Phase(groups=trial),),
+                    metadata={"attention_redistribution": opts.attention_redistribution})
 
     trials = [(n, recompute, offload) for n in counts]
     if opts.offload is None and recompute != "none":
@@ -194,7 +165,8 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         # activation on host between its forward and backward (the simulator's memory walk).
         from slimpack.sim.memory import plan_fits_memory
 
-        n = max(parallel.pp, 1)
+        # A fixed num_slices stays fixed: only that count is tried with offload.
+        n = opts.num_slices or max(parallel.pp, 1)
         while n <= max(counts[-1], parallel.pp):
             if plan_fits_memory(probe(build(n, "none", 1.0)), model, hardware,
                                 getattr(cost, "training", None)):

@@ -8,6 +8,7 @@ so planners can call this inside a search loop.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
 from slimpack.sim.memory import GroupMemory, group_memory
+from slimpack.sim.redistribution import merge_stats, redistribute_group
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
@@ -85,6 +87,9 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
     runs: list[_GroupRun] = []
     used_schedules: dict[int, list[list[Op]]] = {}
     slice_cache: dict = {}
+    # SlimPipe's attention redistribution between paired pipeline ranks (its plan flags it).
+    redistribute = bool(plan.metadata.get("attention_redistribution"))
+    redistributed = []
     for phase in plan.phases:
         for group in phase.groups:
             if schedules is not None and group.group_id in schedules:
@@ -98,6 +103,10 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
                                 slice_cache=slice_cache, price_cache=price_cache)
             memory = group_memory(group, model=model, dp=plan.parallel.dp,
                                   training=getattr(cost, "training", None))
+            if redistribute and group.pp > 1:
+                costs, stats = redistribute_group(group, ops, costs, model=model, cost=cost,
+                                                  gpus_per_node=gpus_per_node)
+                redistributed.append(stats)
             costs = with_host_copies(costs, fwd_offload=memory.fwd_offload,
                                      bwd_fetch=memory.bwd_fetch,
                                      host_link_gbps=hardware.host_link_gbps)
@@ -117,6 +126,9 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
                    optimizer_step=getattr(cost, "optimizer_step_seconds", None))
     record = _record(plan, runs, sync, model=model, hardware=hardware, trace=trace,
                      wall_s=time.perf_counter() - wall)
+    if redistributed:
+        record = dataclasses.replace(record, extra={
+            **record.extra, "attention_redistribution": merge_stats(redistributed)})
     return SimResult(record=record, plan=plan, ops=record.ops, schedules=used_schedules)
 
 

@@ -1,0 +1,210 @@
+"""SlimPipe's attention redistribution in the simulator (slimpack/sim/redistribution.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from baselines.slimpipe import plan as slimpipe_plan
+from slimpack.batch import Batch
+from slimpack.cost import AnalyticCostModel
+from slimpack.cost.kernel_model import default_cost_model
+from slimpack.cost.memory import kv_bytes_per_token_per_layer
+from slimpack.schedules import build_schedule
+from slimpack.sim import simulate
+from slimpack.sim.costs import group_costs
+from slimpack.sim.redistribution import redistribute_group, schedule_ticks
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+MODEL, HW = model_preset("llama-7b"), hardware_preset("h100")
+COST = AnalyticCostModel(model=MODEL, hardware=HW)
+SLICE = 131072
+NQ = SLICE // 128
+"""Slice length of the hand-computed cases and its query tiles (1024 of 128 tokens): long
+enough that attention, not the transfer, dominates the pair."""
+
+
+def _one_sample(pp: int, n: int, *, redistribute: bool = True, cp: int = 1):
+    plan = slimpipe_plan(Batch.from_lengths([SLICE * n]), MODEL, HW,
+                         ParallelSpec(tp=8, cp=cp, pp=pp, dp=1), COST, num_slices=n,
+                         attention_redistribution=redistribute)
+    return plan, next(plan.groups())
+
+
+def _tile_s() -> float:
+    """Forward seconds of one 128x128 query-key tile of one layer (the analytic model's unit)."""
+    return (COST.layer_times([(128, 128)], tp=8).forward_s
+            - COST.layer_times([(128, 0)], tp=8).forward_s)
+
+
+def test_ticks_follow_slice_level_1f1b():
+    """One sample of 4 slices on pp 4: forward of slice u on stage s at tick u + s; the
+    backward (slices in reverse) starts on the last stage once its last forward is done."""
+    _, group = _one_sample(4, 4)
+    ops = build_schedule(group)
+    ticks = schedule_ticks(ops, pp=4, vpp=1)
+    for s in range(4):
+        fwd = [t for op, t in zip(ops[s], ticks[s], strict=True) if op.kind == "F"]
+        bwd = [t for op, t in zip(ops[s], ticks[s], strict=True) if op.kind == "B"]
+        assert fwd == [u + s for u in range(4)]
+        assert bwd == [7 + (3 - s) + u for u in range(4)]
+
+
+def _expected_transfer(q_tokens: int, kv_tokens: int, own_s: float) -> float:
+    """Forward: query out, partial output and log-sum-exp back (exposed); the KV block only
+    where it outlasts the light rank's own pass. pp stages are whole nodes: inter-node."""
+    q_bytes = MODEL.q_dim / 8 * 2
+    lse = MODEL.num_heads / 8 * 4
+    p2p = COST.comm.p2p
+    kv = p2p(kv_tokens * kv_bytes_per_token_per_layer(MODEL, 8), intra_node=False)
+    return (p2p(q_tokens * q_bytes, intra_node=False)
+            + p2p(q_tokens * (q_bytes + lse), intra_node=False) + max(0.0, kv - own_s))
+
+
+def test_two_ranks_balance_by_hand():
+    """pp 2, one sample of two slices of NQ query tiles. At tick 1 stage 0 runs slice 1
+    (NQ*NQ prefix tiles plus the causal NQ*(NQ+1)/2) and stage 1 runs slice 0 (the causal part
+    alone). Shipping half the prefix (NQ/2 KV tiles, SLICE/2 tokens) leaves both equal."""
+    _, group = _one_sample(2, 2)
+    ops = build_schedule(group)
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    after, stats = redistribute_group(group, ops, before, model=MODEL, cost=COST,
+                                      gpus_per_node=8)
+    tile = _tile_s()
+    moved = NQ * NQ // 2 * tile
+    own = COST.layer_times([(SLICE, 0)], tp=8).forward_s
+    transfer = _expected_transfer(SLICE, SLICE // 2, own)
+    n0, n1 = before.layers
+    assert after.fwd_s[0][1] - before.fwd_s[0][1] == pytest.approx(n0 * (transfer - moved))
+    assert after.fwd_s[1][0] - before.fwd_s[1][0] == pytest.approx(n1 * (transfer + moved))
+    # The two slices' per-layer forward passes are now equal (same tokens, same head share).
+    assert after.fwd_s[0][1] / n0 == pytest.approx(after.fwd_s[1][0] / n1)
+    # Ops alone on their tick (stage 0's slice 0, stage 1's slice 1) are untouched.
+    assert after.fwd_s[0][0] == before.fwd_s[0][0]
+    assert after.fwd_s[1][1] == before.fwd_s[1][1]
+    # Backward pairs the same slices (stage 0 runs slice 1's backward while stage 1 runs slice
+    # 0's) and moves the analytic model's 2.5x backward attention: 3.5x the forward move.
+    ratio = 1 + COST.backward_attention_ratio
+    assert stats.moved_s == pytest.approx(n0 * moved * ratio)
+    assert stats.fwd_imbalance_after == pytest.approx(1.0, abs=0.01)
+    heavy, light = before.fwd_s[0][1], before.fwd_s[1][0]
+    assert stats.fwd_imbalance_before == pytest.approx(heavy / ((heavy + light) / 2))
+
+
+def test_pp4_pairs_longest_with_shortest_by_hand():
+    """pp 4, one sample of four slices: at tick 3 the four stages run slices 3, 2, 1, 0 with
+    prefixes of 3, 2, 1, 0 slices. Pairs (3, 0) and (2, 1) both meet at the mean: slice 3
+    ships 1.5 slices of KV (half the difference), slice 2 ships half a slice."""
+    _, group = _one_sample(4, 4)
+    ops = build_schedule(group)
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    after, _ = redistribute_group(group, ops, before, model=MODEL, cost=COST, gpus_per_node=8)
+    tile = _tile_s()
+    own = COST.layer_times([(SLICE, 0)], tp=8).forward_s
+    own1 = COST.layer_times([(SLICE, SLICE)], tp=8).forward_s
+    layers = before.layers
+    # (virtual stage, unit) at tick 3 -> expected per-layer change
+    far, near = NQ * 3 // 2, NQ // 2  # KV tiles shipped by slices 3 and 2
+    expected = {(0, 3): _expected_transfer(SLICE, far * 128, own) - far * NQ * tile,
+                (3, 0): _expected_transfer(SLICE, far * 128, own) + far * NQ * tile,
+                (1, 2): _expected_transfer(SLICE, near * 128, own1) - near * NQ * tile,
+                (2, 1): _expected_transfer(SLICE, near * 128, own1) + near * NQ * tile}
+    for (vs, u), delta in expected.items():
+        assert after.fwd_s[vs][u] - before.fwd_s[vs][u] == pytest.approx(layers[vs] * delta)
+    compute = {k: after.fwd_s[k[0]][k[1]] / layers[k[0]] for k in expected}
+    assert max(compute.values()) == pytest.approx(min(compute.values()))
+
+
+def test_conservation_and_transfer_with_documents_and_cp():
+    """Several documents per slice, CP 2: attention taken off heavy ranks equals what their
+    partners compute (the tile grid makes it exact), and every moved pair pays a transfer."""
+    lengths = [150000, 60000, 40000, 12000, 200000, 30000, 20000, 12144]
+    plan = slimpipe_plan(Batch.from_lengths(lengths, seed=1), MODEL, HW,
+                         ParallelSpec(tp=8, cp=2, pp=4, dp=1), COST, context=262144,
+                         num_slices=8)
+    group = next(plan.groups())
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    after, stats = redistribute_group(group, build_schedule(group), before, model=MODEL,
+                                      cost=COST, gpus_per_node=8)
+    assert stats.pairs > 0 and stats.moved_s > 0
+    assert stats.added_s == pytest.approx(stats.moved_s, rel=1e-9)
+    assert stats.transfer_s > 0
+    total = sum(map(sum, after.fwd_s)) + sum(map(sum, after.bwd_s))
+    total_before = sum(map(sum, before.fwd_s)) + sum(map(sum, before.bwd_s))
+    # Work is conserved, so the sum of op times grows by no less than the transfers (charged
+    # to both ops of a pair) and the heavy ops' waits for their partners.
+    assert total >= total_before + 2 * stats.transfer_s * (1 - 1e-9)
+    assert stats.fwd_imbalance_after < stats.fwd_imbalance_before
+
+
+def test_off_when_the_flag_is_off():
+    plan_on, _ = _one_sample(4, 8)
+    plan_off = dataclasses.replace(plan_on, metadata={**plan_on.metadata,
+                                                      "attention_redistribution": False})
+    on = simulate(plan_on, model=MODEL, hardware=HW, cost=COST).record
+    off = simulate(plan_off, model=MODEL, hardware=HW, cost=COST).record
+    assert "attention_redistribution" not in off.extra
+    assert on.extra["attention_redistribution"]["pairs"] > 0
+    assert on.step_time_s < off.step_time_s
+    # Off, the ops are priced exactly as group_costs prices them.
+    group = next(plan_off.groups())
+    base = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    assert off.unit_forward_s == tuple(sum(col[u] for col in base.fwd_s)
+                                       for u in range(len(group.forward_units)))
+
+
+def test_short_slices_are_left_alone():
+    """A 128-token slice pair gains less than the query's round trip costs: no move."""
+    plan = slimpipe_plan(Batch.from_lengths([256]), MODEL, HW, ParallelSpec(tp=8, pp=2, dp=1),
+                         COST, num_slices=2, min_slice_tokens=128)
+    group = next(plan.groups())
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    after, stats = redistribute_group(group, build_schedule(group), before, model=MODEL,
+                                      cost=COST, gpus_per_node=8)
+    assert stats.pairs == 0 and after.fwd_s == before.fwd_s and after.bwd_s == before.bwd_s
+
+
+def test_lowers_slimpipe_step_at_512k_pp16():
+    """llama-70b, two 512K samples, tp 8 pp 16, 32 slices (the regime where prefixes differ
+    most between concurrent slices): the step gets shorter and the forward imbalance between
+    concurrent pipeline ranks drops from about 29% to about 6% (measured 52.5 s -> 46.7 s)."""
+    model, hw = model_preset("llama-70b"), hardware_preset("h800-80g")
+    cost = default_cost_model(model, hw)
+    batch = Batch.from_lengths([512 * 1024] * 2)
+    records = {}
+    for on in (False, True):
+        plan = slimpipe_plan(batch, model, hw, ParallelSpec(tp=8, pp=16, dp=1), cost,
+                             num_slices=32, attention_redistribution=on)
+        records[on] = simulate(plan, model=model, hardware=hw, cost=cost).record
+    moved = records[True].extra["attention_redistribution"]
+    assert records[True].step_time_s < 0.93 * records[False].step_time_s
+    assert moved["fwd_imbalance_before"] > 1.25 and moved["fwd_imbalance_after"] < 1.08
+    assert moved["added_s"] == pytest.approx(moved["moved_s"], rel=1e-6)
+
+
+def test_moves_kept_only_where_they_shorten_the_tick():
+    """pp 4, one sample of four slices: at tick 2 stages 0-2 run slices 2, 1, 0 and the pair
+    (2, 0) would meet below slice 1. Make slice 1's op on stage 1 the slowest by far: the
+    tick cannot get shorter, so its pair is left alone; tick 3's pairs still move."""
+    _, group = _one_sample(4, 4)
+    ops = build_schedule(group)
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    fwd = [list(row) for row in before.fwd_s]
+    fwd[1][1] *= 10
+    slow = dataclasses.replace(before, fwd_s=fwd)
+    after, _ = redistribute_group(group, ops, slow, model=MODEL, cost=COST, gpus_per_node=8)
+    assert after.fwd_s[0][2] == slow.fwd_s[0][2] and after.fwd_s[2][0] == slow.fwd_s[2][0]
+    assert after.fwd_s[0][3] < slow.fwd_s[0][3] and after.fwd_s[3][0] > slow.fwd_s[3][0]
+    normal, _ = redistribute_group(group, ops, before, model=MODEL, cost=COST, gpus_per_node=8)
+    assert normal.fwd_s[0][2] < before.fwd_s[0][2]
+
+
+def test_block_bytes_is_the_shipped_kv_of_one_layer():
+    """pp 2 hand case: slice 1 ships half its 32K-token prefix to stage 1, so the light GPU
+    holds 16K tokens of one layer's K and V."""
+    _, group = _one_sample(2, 2)
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    _, stats = redistribute_group(group, build_schedule(group), before, model=MODEL, cost=COST,
+                                  gpus_per_node=8)
+    assert stats.block_bytes == SLICE // 2 * kv_bytes_per_token_per_layer(MODEL, 8)
