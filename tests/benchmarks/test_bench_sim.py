@@ -41,4 +41,5 @@ def test_bench_simulate_llama70b_256gpus(benchmark):
           f"MFU {record.mfu:.1%}")
     assert nodes > 100_000
     assert not record.oom
-    assert best < BUDGET_S, f"simulate took {best:.3f} s (budget {BUDGET_S} s)"
+    if not benchmark.disabled:  # a speed target for `make bench`, never a timed unit test
+        assert best < BUDGET_S, f"simulate took {best:.3f} s (budget {BUDGET_S} s)"
