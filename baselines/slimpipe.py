@@ -58,7 +58,12 @@ class SlimPipeOptions:
     """Share of activations copied to host between forward and backward (0-1). None: when
     memory forces recompute, also try offloading every activation without recompute (as
     SlimPipe's artifact does at 2048K) and keep whichever the simulator finds faster."""
-    time_limit_s: float = 1.0
+    max_trials: int = 3
+    """When several settings fit, how many the simulator times (offload first, then the fewest
+    slices): a count, so the plan is the same on every machine."""
+    time_limit_s: float = 30.0
+    """Wall-clock safety net over those trials (the plan's metadata says when it stopped
+    them)."""
 
     def __post_init__(self) -> None:
         if self.context is not None and self.context < 1:
@@ -69,6 +74,8 @@ class SlimPipeOptions:
             raise ValueError(f"slimpipe: min_slice_tokens must be >= {SLICE_ALIGN}")
         if not self.time_limit_s >= 0:
             raise ValueError(f"slimpipe: time_limit_s must be >= 0, got {self.time_limit_s}")
+        if self.max_trials < 1:
+            raise ValueError(f"slimpipe: max_trials must be >= 1, got {self.max_trials}")
         if self.offload is not None and not 0.0 <= self.offload <= 1.0:
             raise ValueError(f"slimpipe: offload must be in [0, 1] or None (auto), got "
                              f"{self.offload}")
@@ -173,16 +180,19 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                 trials.insert(0, (n, "none", 1.0))
                 break
             n *= 2
+    trials = trials[:opts.max_trials]
     n, recompute, offload = trials[0]
     groups = build(n, recompute, offload)
+    stopped_by = "max_trials"
     if len(trials) > 1:
         # Several settings fit: time each on the simulator (the best configuration, as
-        # SlimPipe's authors tuned theirs), within the time limit.
+        # SlimPipe's authors tuned theirs); the wall clock is only a safety net.
         from slimpack.sim import simulate
 
         best = None
         for trial_n, mode, share in trials:
             if best is not None and time.perf_counter() - started > opts.time_limit_s:
+                stopped_by = "time_limit_s"
                 break
             trial = build(trial_n, mode, share)
             step = simulate(probe(trial), model=model, hardware=hardware, cost=cost,
@@ -197,6 +207,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         started=started,
         metadata={"context": context, "num_slices": n, "slice_tokens": length,
                   "recompute": recompute, "offload": offload, "schedule": "slimpipe",
+                  "trials": len(trials), "stopped_by": stopped_by,
                   "attention_redistribution": opts.attention_redistribution,
                   "vocab_parallel_pp": True,
                   "document_pieces": {str(k): list(v) for k, v in

@@ -22,6 +22,11 @@ SlimPack-over-Megatron claim is shown against both (``Claim.bracket``), judged o
 SLIMPACK_SOURCE = "SlimPack arXiv 2509.26246"
 SLIMPIPE_SOURCE = "SlimPipe arXiv 2504.14519"
 TIMING_COLUMNS = ("plan_seconds", "sim_seconds")
+HARNESS_METHOD_OPTIONS = {"slimpack": {"time_limit_s": 600.0}}
+"""Planner options every harness comparison uses unless an experiment overrides them.
+SlimPack's search is bounded by a count of slice lengths (``search_candidates``), its 30 s
+default time limit is a safety net for interactive use; at 33-134M tokens a loaded machine
+can reach it, and a clock-stopped search is machine-dependent, so the harness lifts the net."""
 SEARCH_TOP_K = 3
 """Layouts simulated per method in a harness configuration search unless an experiment sets
 its own caps (``slimpack.compare.best_parallel``; records say whether a search finished)."""
@@ -69,6 +74,7 @@ def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
     # same records: each method's 3 best-estimated layouts unless the experiment says more.
     extra.setdefault("auto_parallel_top_k", SEARCH_TOP_K)
     extra.setdefault("search_budget_s", None)
+    extra["method_options"] = with_harness_options(methods, extra.get("method_options"))
     parallel = None
     if point.get("parallel"):
         parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
@@ -81,6 +87,19 @@ def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
         row["method"] = str(record["method"])
         rows.append(row)
     return rows
+
+
+def with_harness_options(methods: tuple[str, ...],
+                         given: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """``given`` per-method options over :data:`HARNESS_METHOD_OPTIONS` (entries may be
+    ``"planner:variant"``; the planner's name picks its harness defaults)."""
+    out = {}
+    for entry in methods:
+        defaults = HARNESS_METHOD_OPTIONS.get(entry.split(":")[0], {})
+        options = {**defaults, **(given or {}).get(entry, {})}
+        if options:
+            out[entry] = options
+    return out
 
 
 def simulate_planner(point: Point, method: str, experiment: str, batch: Any = None,
@@ -165,7 +184,7 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
         try:
             found = best_parallel(method, batch, model, hardware, point["num_gpus"], cost,
                                   context=point["context"], top_k=top_k, candidate_filter=keep,
-                                  **(method_options or {}).get(entry, {}))
+                                  **with_harness_options(methods, method_options).get(entry, {}))
         except (ValueError, RuntimeError) as exc:
             rows.append({"method": label, "error": f"{type(exc).__name__}: {exc}"})
             continue
