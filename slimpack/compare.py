@@ -283,8 +283,13 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
             auto_parallel_top_k: int | Mapping[str, int | None] | None = None,
             search_budget_s: float | None = 60.0, progress: bool = False,
             method_options: Mapping[str, Mapping[str, Any]] | None = None,
+            method_costs: Mapping[str, CostModel] | None = None,
             ) -> list[dict[str, Any]]:
     """One record per method (keys ``RECORD_KEYS`` plus ``ideal_step_time_s``).
+
+    ``method_costs`` gives some methods their own cost model, e.g. a ZeRO-3 recipe
+    (``TrainingSpec(zero_stage=3)``) for the sequence-parallel methods whose papers ran them
+    so; the others use ``cost``.
 
     Give ``parallel`` (its world size must equal ``gpus``) or ``auto_parallel=True``. A method
     that fails to plan or simulate gets a record with ``error`` set and NaN numbers, so one
@@ -306,13 +311,20 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
     cost = cost or default_cost_model(model, hardware)
     ctx = settings.context or max(batch.lengths)
     method_options = method_options or {}
-    estimate_cache: dict = {}  # one batch, cost model and context: shared by every method
+    # One batch, cost model and context: the ranking's work and unit prices are shared by
+    # every method that uses the same cost model.
+    caches: dict[int, dict] = {}
+    unknown = sorted(set(method_costs or {}) - set(methods))
+    if unknown:
+        raise ValueError(f"method_costs names methods not compared: {unknown}")
     rows = []
     bar = tqdm(methods, desc="compare", unit="method", disable=not progress, file=sys.stderr,
                leave=False)
     for method in bar:
         bar.set_postfix_str(method)
         options = dict(method_options.get(method, {}))
+        method_cost = (method_costs or {}).get(method, cost)
+        estimate_cache = caches.setdefault(id(method_cost), {})
         # A per-method time limit stands in for the shared one (the harness lifts SlimPack's
         # safety net); given both, plan_method says it was given twice.
         time_limit_s = settings.time_limit_s
@@ -322,7 +334,8 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
         search = "fixed layout"
         try:
             if auto_parallel:
-                found = best_parallel(method, batch, model, hardware, gpus, cost, context=ctx,
+                found = best_parallel(method, batch, model, hardware, gpus, method_cost,
+                                      context=ctx,
                                       top_k=settings.top_k_for(method),
                                       budget_s=settings.search_budget_s,
                                       estimate_cache=estimate_cache,
@@ -332,9 +345,9 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
                           f"{found.pruned} pruned by bound")
             else:
                 assert parallel is not None
-                plan = plan_method(method, batch, model, hardware, parallel, cost, context=ctx,
-                                   time_limit_s=time_limit_s, **options)
-                rec = _simulate(plan, model, hardware, cost)
+                plan = plan_method(method, batch, model, hardware, parallel, method_cost,
+                                   context=ctx, time_limit_s=time_limit_s, **options)
+                rec = _simulate(plan, model, hardware, method_cost)
             rows.append(_record(method, plan, rec, used) | {
                 "search": search,
                 "search_exhaustive": not auto_parallel or found.exhaustive})
@@ -342,6 +355,8 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
             fallback = used or ParallelSpec.for_world(gpus)
             rows.append(_record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}")
                         | {"search": search, "search_exhaustive": None})
+        training = getattr(method_cost, "training", None)
+        rows[-1]["zero_stage"] = training.zero_stage if training is not None else None
     first = rows[0]["step_time_s"]
     for row in rows:
         step = row["step_time_s"]

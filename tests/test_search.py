@@ -96,3 +96,20 @@ def test_unit_prices_shared_between_layouts_change_no_step(method):
         assert cold.step_time_s == warm.step_time_s == again.step_time_s
         assert cold.peak_memory_gib == warm.peak_memory_gib
     assert prices  # something was priced and kept
+
+
+def test_compare_gives_a_method_its_own_cost_model():
+    from slimpack.compare import compare
+    from slimpack.specs.training import TrainingSpec
+
+    batch = sample_batch("wikipedia", num_sequences=48, context=16384, seed=3)
+    zero3 = default_cost_model(MODEL, HW, TrainingSpec(zero_stage=3))
+    rows = compare(["megatron", "flexsp"], batch, MODEL, HW, 16, auto_parallel=True,
+                   context=16384, auto_parallel_top_k=2, method_costs={"flexsp": zero3})
+    assert [r["zero_stage"] for r in rows] == [1, 3]
+    alone = compare(["flexsp"], batch, MODEL, HW, 16, auto_parallel=True, context=16384,
+                    auto_parallel_top_k=2, cost=zero3)
+    assert alone[0]["step_time_s"] == rows[1]["step_time_s"]
+    with pytest.raises(ValueError, match="method_costs names methods not compared"):
+        compare(["megatron"], batch, MODEL, HW, 16, auto_parallel=True, context=16384,
+                method_costs={"flexsp": zero3})
