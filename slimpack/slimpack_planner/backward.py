@@ -27,7 +27,7 @@ import heapq
 from collections.abc import Callable
 
 from slimpack.plan import Segment
-from slimpack.slimpack_planner.estimate import WorkEstimator
+from slimpack.slimpack_planner.estimate import WorkEstimator, first_tile_reaching
 
 TILE = 128
 EVEN_ENOUGH = 0.02
@@ -70,13 +70,7 @@ def backward_cuts(segments: list[Segment], est: WorkEstimator, *, align: int = T
         goal = b_lo + share * (b_hi - b_lo)
         lo = max(cuts[-1] // align + 1, seg.start // align)
         hi = max(min(last // align, -(-seg.end // align)), lo)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if est.backward(mid * align) < goal:
-                lo = mid + 1
-            else:
-                hi = mid
-        x = lo * align
+        x = first_tile_reaching(est.backward, goal, lo, hi, align) * align
         if x >= last:
             break
         cuts.append(x)

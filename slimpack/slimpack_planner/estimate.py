@@ -164,3 +164,17 @@ def _price_probes(cost: CostModel, probes: list[list[tuple[int, int]]], *, tp: i
                         gpus_per_node=cost.hardware.gpus_per_node)
     layers = costs.layers[0]
     return ([t / layers for t in costs.fwd_s[0]], [t / layers for t in costs.bwd_s[0]])
+
+
+def first_tile_reaching(work_at: Callable[[int], float], goal: float, lo: int, hi: int,
+                        align: int) -> int:
+    """The first tile index in ``[lo, hi]`` whose boundary ``index * align`` has cumulative
+    work ``work_at(tokens)`` of at least ``goal`` (``hi`` when none in ``[lo, hi)`` does):
+    where a cost-balanced cut goes. ``work_at`` must not decrease."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if work_at(mid * align) < goal:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from slimpack.plan import Segment, Slice, Unit
 from slimpack.planning.deadline import Deadline
 from slimpack.slimpack_planner import backward
-from slimpack.slimpack_planner.estimate import WorkEstimator
+from slimpack.slimpack_planner.estimate import WorkEstimator, first_tile_reaching
 
 TILE = 128
 MIN_TOKENS_PER_CP_RANK = 512
@@ -112,14 +112,8 @@ def cost_balanced_cuts(length: int, pieces: int, est: WorkEstimator, *, align: i
     cuts = [0]
     for j in range(1, pieces):
         target = total * j / pieces
-        lo, hi = cuts[-1] // align + 1, length // align  # in tiles
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if est.forward(mid * align) < target:
-                lo = mid + 1
-            else:
-                hi = mid
-        x = lo * align
+        x = first_tile_reaching(est.forward, target, cuts[-1] // align + 1,
+                                length // align, align) * align
         if x >= length:
             break
         cuts.append(x)
