@@ -316,3 +316,53 @@ def test_fuzz_random_batches_and_layouts_validate_within_their_time_limit():
     result = run(150, seed=1, slack=1.1, grace_s=0.5)
     assert result.failures == []
     assert result.searched > 10
+
+
+def test_search_skips_only_candidates_the_simulator_finds_out_of_memory():
+    # A 1M-token outlier on llama-7b, tp8 pp2 dp4: merged (DP-Merge) plans fit, unmerged ones
+    # need ~280 GiB. Once a fitting plan is held, the search stops building an over-memory
+    # candidate at its first overflowing group and never simulates it; rebuilt in full and
+    # simulated, every such candidate must be out of memory, and the plan kept must be the
+    # fastest of all candidates.
+    from slimpack.sim import simulate
+    from slimpack.slimpack_planner.assemble import BuildContext, build_plan
+
+    rng = np.random.default_rng(0)
+    lengths = [1_000_000] + [int(x) for x in np.minimum(
+        rng.lognormal(7.5, 1.5, size=400).astype(int) + 1, 65536)]
+    batch, parallel = Batch.from_lengths(lengths), ParallelSpec(tp=8, pp=2, dp=4)
+    result = plan(batch, MODEL, HW, parallel, COST, search=True, time_limit_s=600,
+                  search_candidates=3)
+    tried = result.metadata["search"]
+    skipped = [t for t in tried if t.get("simulated") is False]
+    assert skipped and all(t["oom"] and not t["merge"] for t in skipped)
+    ctx = BuildContext(batch=batch, model=MODEL, hardware=HW, parallel=parallel, cost=COST,
+                       options=SlimPackOptions(search_candidates=3))
+    steps = {}
+    for t in tried:
+        record = simulate(build_plan(ctx, t["slice_tokens"], use_merge=t["merge"]),
+                          model=MODEL, hardware=HW, cost=COST).record
+        assert record.oom == t["oom"]
+        if not record.oom:
+            steps[(t["slice_tokens"], t["merge"])] = record.step_time_s
+    kept = simulate(result, model=MODEL, hardware=HW, cost=COST).record.step_time_s
+    assert kept == min(steps.values())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(1, 300_000), min_size=1, max_size=40),
+       pp=st.sampled_from([1, 2, 4]), vpp=st.sampled_from([1, 2]), cp=st.sampled_from([1, 2]))
+def test_peak_floor_never_exceeds_a_groups_simulated_peak(lengths, pp, vpp, cp):
+    # The floor the search stops over-memory candidates on must be a true lower bound of the
+    # peak the simulator reports for the group holding the longest sequence.
+    from slimpack.sim.memory import schedule_peak_bytes
+    from slimpack.slimpack_planner.assemble import BuildContext, _peak_floor_bytes
+
+    vpp = vpp if pp > 1 else 1
+    parallel = ParallelSpec(tp=8, cp=cp, pp=pp, vpp=vpp, dp=1)
+    result = plan(Batch.from_lengths(lengths), MODEL, HW, parallel, COST, search=False)
+    ctx = BuildContext(batch=Batch.from_lengths(lengths), model=MODEL, hardware=HW,
+                       parallel=parallel, cost=COST, options=SlimPackOptions())
+    (group,) = result.groups()
+    floor = _peak_floor_bytes(ctx, max(lengths), 1, None)
+    assert floor <= max(schedule_peak_bytes(group, MODEL, 1)) * (1 + 1e-12)

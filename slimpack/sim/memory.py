@@ -56,6 +56,27 @@ class GroupMemory:
     """Per backward unit: offloaded activations brought back at B start, per layer."""
 
 
+def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
+                      vocab_parallel_pp: bool,
+                      training: TrainingSpec | None = None) -> list[float]:
+    """Model-state bytes on one device of each pipeline stage: the layers' share, the input
+    embedding on the first stage, an untied LM head on the last (or spread over every stage
+    with ``vocab_parallel_pp``), under ``training``'s ZeRO stage and precision."""
+    zero = {} if training is None else {"zero_stage": training.zero_stage,
+                                        "fp8": training.dtype == "fp8"}
+    states_no_embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp,
+                                            include_embedding=False, **zero)
+    embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, **zero) - states_no_embedding
+    states = [states_no_embedding] * pp
+    states[0] += embedding
+    if not model.tied_embeddings:
+        if vocab_parallel_pp:
+            states = [s + embedding / pp for s in states]
+        else:
+            states[pp - 1] += embedding
+    return states
+
+
 def group_memory(group: Group, *, model: ModelSpec, dp: int,
                  training: TrainingSpec | None = None) -> GroupMemory:
     tp, cp, pp = group.tp, group.cp, group.pp
@@ -94,18 +115,8 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
             kvgrad_alloc[first] += seq_tokens[seq] * kv_per_token
             kvgrad_free[last_unit[seq]] += seq_tokens[seq] * kv_per_token
 
-    zero = {} if training is None else {"zero_stage": training.zero_stage,
-                                        "fp8": training.dtype == "fp8"}
-    states_no_embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp,
-                                            include_embedding=False, **zero)
-    embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, **zero) - states_no_embedding
-    states = [states_no_embedding] * pp
-    states[0] += embedding
-    if not model.tied_embeddings:
-        if group.vocab_parallel_pp:
-            states = [s + embedding / pp for s in states]
-        else:
-            states[pp - 1] += embedding
+    states = stage_state_bytes(model, tp=tp, cp=cp, pp=pp, dp=dp,
+                               vocab_parallel_pp=group.vocab_parallel_pp, training=training)
     max_slice = max(sl.num_tokens for sl in group.slices)
     logits = [0.0] * pp
     shards = pp if group.vocab_parallel_pp else 1

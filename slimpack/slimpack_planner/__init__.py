@@ -28,6 +28,7 @@ from slimpack.planning.gc_pause import gc_paused
 from slimpack.slimpack_planner.assemble import (
     BuildContext,
     OutOfTime,
+    OverMemory,
     build_plan,
     max_tokens_in_flight,
 )
@@ -177,6 +178,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
 
     best: Plan | None = None
     best_key: tuple[bool, float] | None = None
+    budget = ctx.hardware.usable_memory_bytes  # the simulator's out-of-memory line
     tried: list[dict] = []
     sim_seconds = 0.0  # the slowest simulation so far predicts the next one
     build_seconds = 0.0  # the slowest build so far predicts the next one
@@ -196,10 +198,22 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                     # before starting one (its build would stop at the deadline, wasted).
                     return best, tried
             build_started = time.perf_counter()
+            # Once a plan that fits is held, a candidate whose group overflows memory cannot
+            # win (the build's peaks are the simulator's): its build stops at that group and
+            # it is never simulated. The search's choice is the same; only its cost falls.
+            holds_fit = best_key is not None and not best_key[0]
             try:
-                candidate = build_plan(ctx, s, use_merge=use_merge, deadline=build_deadline)
+                candidate = build_plan(ctx, s, use_merge=use_merge, deadline=build_deadline,
+                                       stop_over_bytes=budget if holds_fit else None)
             except OutOfTime:
                 return best, tried
+            except OverMemory as over:
+                if use_merge:
+                    merged_outliers = over.outliers
+                tried.append({"slice_tokens": s, "merge": use_merge, "outliers": over.outliers,
+                              "built_s": deadline.elapsed_s, "oom": True, "simulated": False,
+                              "peak_gib": over.peak_bytes / 2**30})
+                continue
             build_seconds = max(build_seconds, time.perf_counter() - build_started)
             last_slice = s
             # Before any simulation has been timed, its build time predicts it (a simulation

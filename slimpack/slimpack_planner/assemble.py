@@ -14,13 +14,14 @@ from slimpack.plan import Group, Phase, Plan
 from slimpack.planning.deadline import Deadline
 from slimpack.schedules import build_schedule
 from slimpack.sim.costs import layers_per_virtual_stage
-from slimpack.sim.memory import group_memory, peak_bytes_by_stage
+from slimpack.sim.memory import group_memory, peak_bytes_by_stage, stage_state_bytes
 from slimpack.slimpack_planner.assign import bin_loads, lpt_assign, milp_assign, token_assign
 from slimpack.slimpack_planner.estimate import WorkEstimator
 from slimpack.slimpack_planner.merge import MergeDecision, find_outliers
 from slimpack.slimpack_planner.micropacks import OutOfTime, check, pack_replica
 from slimpack.slimpack_planner.options import SlimPackOptions
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.specs.training import TrainingSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,14 +74,26 @@ def max_tokens_in_flight(ctx: BuildContext, cp: int) -> int:
     return max(int(budget / per_token), 0)
 
 
-__all__ = ["BuildContext", "OutOfTime", "build_plan", "max_tokens_in_flight"]
+__all__ = ["BuildContext", "OutOfTime", "OverMemory", "build_plan", "max_tokens_in_flight"]
+
+
+class OverMemory(Exception):
+    """A candidate's group still overflows memory after its repairs: the search, holding a
+    plan that fits already, stops building it (an over-memory plan never beats one that fits,
+    and the peak is the simulator's own: :func:`_schedule_and_peaks`)."""
+
+    def __init__(self, *, outliers: int, peak_bytes: float) -> None:
+        super().__init__(f"a group peaks at {peak_bytes / 2**30:.1f} GiB")
+        self.outliers = outliers
+        self.peak_bytes = peak_bytes
 
 
 def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
-               deadline: Deadline | None = None) -> Plan:
+               deadline: Deadline | None = None, stop_over_bytes: float | None = None) -> Plan:
     """The plan for one slice length. With ``deadline`` the build checks it between groups
     and inside phase 2 and raises :class:`OutOfTime` once it has passed (the search's later
-    candidates); without, it always finishes (the heuristic answer)."""
+    candidates); without, it always finishes (the heuristic answer). With ``stop_over_bytes``
+    it raises :class:`OverMemory` as soon as a group's repaired peak exceeds it."""
     par, opts = ctx.parallel, ctx.options
     ctx.schedules.clear()
     lengths = {s.seq_id: s.length for s in ctx.batch.sequences}
@@ -102,6 +115,15 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     outlier_ids = set(decision.outliers)
     regular = {s: n for s, n in lengths.items() if s not in outlier_ids}
 
+    if stop_over_bytes is not None:
+        # Each phase's longest sequence alone may put it over the limit: check both phases
+        # before packing either (a group's own check would come only after earlier groups).
+        training = getattr(ctx.cost, "training", None)
+        for seqs, merged in ((decision.outliers, decision.merge_factor), (regular, 1)):
+            if seqs:
+                floor_bytes = _peak_floor_bytes(ctx, max(lengths[s] for s in seqs), merged,
+                                                training)
+                _stop_if_over(floor_bytes, stop_over_bytes, len(decision.outliers))
     phases: list[Phase] = []
     peaks: list[float] = []
     info: dict = {"slice_tokens": slice_tokens, "outliers": list(decision.outliers),
@@ -124,7 +146,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
             capacity = max(max_tokens_in_flight(ctx, par.cp * k) - warmup_tokens,
                            slice_tokens or 128)
             group, peak = _group(ctx, next_group, replicas, seqs, m_est, slice_tokens, capacity,
-                                 target, deadline)
+                                 target, deadline, stop_over_bytes=stop_over_bytes,
+                                 outliers=len(decision.outliers))
             groups.append(group)
             peaks.append(peak)
             next_group += 1
@@ -152,7 +175,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
                 continue
             seqs = {ids[i]: regular[ids[i]] for i in members}
             group, peak = _group(ctx, next_group, [r], seqs, est, slice_tokens, fit_tokens, target,
-                                 deadline)
+                                 deadline, stop_over_bytes=stop_over_bytes,
+                                 outliers=len(decision.outliers))
             groups.append(group)
             peaks.append(peak)
             next_group += 1
@@ -161,6 +185,11 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     info["peak_bytes"] = max(peaks)
     return Plan(method="slimpack", model=ctx.model.name, parallel=par,
                 sequence_lengths=lengths, phases=tuple(phases), metadata={"slimpack": info})
+
+
+def _stop_if_over(peak: float, limit: float | None, outliers: int) -> None:
+    if limit is not None and peak > limit:
+        raise OverMemory(outliers=outliers, peak_bytes=peak)
 
 
 def _unit_target(est: WorkEstimator, lengths: dict[int, int], replicas: int,
@@ -185,7 +214,8 @@ IN_FLIGHT_MARGIN = 0.96
 
 def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],
            est: WorkEstimator, slice_tokens: int | None, round_capacity: int,
-           target: float, deadline: Deadline | None) -> tuple[Group, float]:
+           target: float, deadline: Deadline | None, *, stop_over_bytes: float | None = None,
+           outliers: int = 0) -> tuple[Group, float]:
     """Pack one group; shrink its rounds until the schedule's peak memory fits.
 
     The round capacity is a first guess from tokens; MicroPacks balanced on cost can hold
@@ -193,11 +223,16 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
     (an order-only walk, no timing) and rounds shrink until it fits or reach one slice.
     """
     budget = ctx.hardware.usable_memory_bytes * ctx.options.memory_headroom
+    training = getattr(ctx.cost, "training", None)
+    if stop_over_bytes is not None:
+        floor_bytes = _peak_floor_bytes(ctx, max(seqs.values()), len(replicas), training)
+        if floor_bytes > stop_over_bytes:
+            raise OverMemory(outliers=outliers, peak_bytes=floor_bytes)
     group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity, target,
                         deadline)
     floor = slice_tokens or 1
     check(deadline)
-    ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp)
+    ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp, training)
     peak = max(peaks)
     for _ in range(MAX_MEMORY_REPAIRS):
         if peak <= budget or round_capacity <= floor:
@@ -206,19 +241,41 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
         group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity,
                             target, deadline)
         check(deadline)
-        ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp)
+        ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp, training)
         peak = max(peaks)
     ctx.schedules[group.group_id] = ops
+    _stop_if_over(peak, stop_over_bytes, outliers)
     return group, peak
 
 
-def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int) -> list[float]:
+def _peak_floor_bytes(ctx: BuildContext, longest: int, merged: int,
+                      training: TrainingSpec | None) -> float:
+    """A floor under the peak of every packing of a group whose longest sequence has
+    ``longest`` tokens: a sequence sits in one round, and when its last slice starts its
+    backward every slice of it has run forward and none has freed its activations, so its
+    whole activations share some stage with that stage's model states. No repair (smaller
+    rounds) can go below it, so a group above the limit is over memory before it is packed."""
+    par, model = ctx.parallel, ctx.model
+    cp = par.cp * merged
+    states = stage_state_bytes(model, tp=par.tp, cp=cp, pp=par.pp, dp=par.dp,
+                               vocab_parallel_pp=par.pp > 1, training=training)
+    per_layer = longest * activation_bytes_per_token_per_layer(model) / (par.tp * cp)
+    layers = layers_per_virtual_stage(model.num_layers, par.pp, par.vpp)
+    return max(states[s] + per_layer * sum(layers[c * par.pp + s] for c in range(par.vpp))
+               for s in range(par.pp))
+
+
+def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int,
+                        training: TrainingSpec | None = None) -> list[float]:
     """Per-stage peak memory of ``group`` under its own schedule (order only, no timing)."""
-    return _schedule_and_peaks(group, model, dp)[1]
+    return _schedule_and_peaks(group, model, dp, training)[1]
 
 
-def _schedule_and_peaks(group: Group, model: ModelSpec, dp: int) -> tuple[list, list[float]]:
-    memory = group_memory(group, model=model, dp=dp)
+def _schedule_and_peaks(group: Group, model: ModelSpec, dp: int,
+                        training: TrainingSpec | None) -> tuple[list, list[float]]:
+    """The group's schedule and per-stage peaks, under the ZeRO stage of ``training`` (the
+    cost model's, as the simulator takes it), so a plan's peak is the simulator's."""
+    memory = group_memory(group, model=model, dp=dp, training=training)
     layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
     ops = build_schedule(group)
     return ops, peak_bytes_by_stage(ops, memory, layers)
