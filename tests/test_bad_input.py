@@ -281,6 +281,19 @@ def test_compare_exits_1_when_a_method_fails_and_still_prints_table(capsys):
     assert "naive failed: ValueError" in err and "1 of 2 methods failed" in err
 
 
+def test_compare_prices_each_method_under_its_papers_zero_stage(capsys):
+    # FlexSP's paper ran it with ZeRO-3: compare does too unless --zero-stage says otherwise.
+    argv = ["compare", "--methods", "megatron,flexsp", "--model", "tiny", "--hardware", "h100",
+            "--gpus", "2", "--dataset", "wikipedia", "--context", "4096", "--global-batch", "8",
+            "--auto-parallel", "--json"]
+    assert main(argv) == 0
+    stages = {r["method"]: r["zero_stage"] for r in json.loads(capsys.readouterr().out)["records"]}
+    assert stages == {"megatron": 1, "flexsp": 3}
+    assert main([*argv, "--zero-stage", "flexsp=1"]) == 0
+    stages = {r["method"]: r["zero_stage"] for r in json.loads(capsys.readouterr().out)["records"]}
+    assert stages == {"megatron": 1, "flexsp": 1}
+
+
 def test_compare_json_also_exits_1_on_failure(capsys):
     code = main(["compare", "--methods", "naive", *TINY, "--option", "naive:packing=nope",
                  "--json"])
@@ -399,6 +412,9 @@ PLAN_EDITS = {
 }
 W = [a for a in TINY if a not in ("--global-batch", "8")]
 TABLE = [
+    (["compare", "--methods", "megatron", *TINY, "--zero-stage", "2"], "one of 0, 1, 3"),
+    (["compare", "--methods", "megatron", *TINY, "--zero-stage", "flexsp=3"],
+     "'flexsp' is not in --methods"),
     (["plan", "--method", "megatron", *TINY, "-o", "{missing}/p.json"], "does not exist"),
     (["plan", "--method", "megatron", *TINY, "-o", "{tmp}"], "is a directory"),
     (["plan", "--method", "megatron", *TINY, "--time-limit=-1"], "finite number > 0"),

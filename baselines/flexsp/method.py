@@ -32,5 +32,6 @@ def is_sp_pool(parallel: ParallelSpec) -> bool:
 
 METHOD = MethodSpec(
     name="flexsp", planner=plan, options=FlexSPOptions, allows=is_sp_pool, reshape=sp_pool,
+    paper_zero_stage=3,  # FlexSP ran every SP method with ZeRO-3 (arXiv 2412.01523, evaluation)
     summary="heterogeneous Ulysses SP groups per micro-batch chosen by a MILP (HiGHS)",
     source="FlexSP, arXiv 2412.01523")

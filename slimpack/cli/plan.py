@@ -26,6 +26,7 @@ from slimpack.jsonio import check_output_path, strict_json
 from slimpack.methods import get_method, method_names
 from slimpack.planning.options import parse_options
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+from slimpack.specs.training import ZERO_STAGES, TrainingSpec
 
 
 def _add_workload_flags(p: argparse.ArgumentParser) -> None:
@@ -75,6 +76,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp_p.add_argument("--methods", required=True,
                        help="comma-separated method names: " + ", ".join(method_names()))
     _add_workload_flags(cmp_p)
+    cmp_p.add_argument("--zero-stage", action="append", default=[], metavar="[METHOD=]STAGE",
+                       help="ZeRO stage (0, 1 or 3) the memory and step are priced under, for "
+                            "every method or for one (repeatable). Default: each method as its "
+                            "paper ran it (FlexSP and its Ulysses baselines 3), the others 1 "
+                            "(Megatron-LM's distributed optimizer)")
     cmp_p.set_defaults(handler=run_compare)
 
     list_p = subparsers.add_parser("methods", help="list the methods, or one method's options")
@@ -106,6 +112,31 @@ def method_options(methods: list[str], pairs: list[str], *, prefixed: bool
         if shared:
             raise ValueError(f"--option {method}:{shared[0]}: use --context / --time-limit")
     return out
+
+
+DEFAULT_ZERO_STAGE = TrainingSpec().zero_stage
+
+
+def zero_stages(methods: list[str], values: list[str]) -> dict[str, int]:
+    """Each method's ZeRO stage: its paper's (``MethodSpec.paper_zero_stage``) or the suite's
+    default, then ``--zero-stage`` values in order (``STAGE`` for all, ``METHOD=STAGE``)."""
+    stages = {m: get_method(m).paper_zero_stage for m in methods}
+    stages = {m: DEFAULT_ZERO_STAGE if z is None else z for m, z in stages.items()}
+    for value in values:
+        method, sep, text = value.rpartition("=")
+        if sep and method not in stages:
+            raise ValueError(f"--zero-stage {value!r}: method {method!r} is not in --methods "
+                             f"({', '.join(methods)})")
+        try:
+            stage = int(text)
+        except ValueError:
+            stage = -1
+        if stage not in ZERO_STAGES:
+            raise ValueError(f"--zero-stage {value!r}: the stage must be one of "
+                             f"{', '.join(map(str, ZERO_STAGES))}")
+        for m in ([method] if sep else methods):
+            stages[m] = stage
+    return stages
 
 
 def run_methods(args: argparse.Namespace) -> int:
@@ -232,9 +263,13 @@ def run_compare(args: argparse.Namespace) -> int:
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
                        token_budget=args.token_budget,
                        seed=args.seed)
+    stages = zero_stages(methods, args.zero_stage)
+    method_costs = {m: default_cost_model(model, hardware, TrainingSpec(zero_stage=z))
+                    for m, z in stages.items() if z != DEFAULT_ZERO_STAGE}
     rows = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
-                   time_limit_s=args.time_limit, method_options=options, progress=True)
+                   time_limit_s=args.time_limit, method_options=options, progress=True,
+                   method_costs=method_costs)
     if args.json:
         print(strict_json({"records": rows}, indent=1))
     else:
@@ -242,6 +277,7 @@ def run_compare(args: argparse.Namespace) -> int:
               f"{args.context}, {len(batch)} sequences ({batch.num_tokens:,} tokens), "
               f"seed {args.seed}")
         print(format_table(rows))
+        print("ZeRO stage: " + ", ".join(f"{m} {z}" for m, z in stages.items()))
     fallbacks = [r for r in rows if r.get("fallback")]
     for r in fallbacks:
         print(f"slimpack compare: {r['method']} fell back: {r['fallback']}", file=sys.stderr)

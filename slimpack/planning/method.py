@@ -23,6 +23,7 @@ from slimpack.plan import Plan
 from slimpack.planning.auto_parallel import Candidate
 from slimpack.planning.options import build_options, describe_options
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.specs.training import ZERO_STAGES
 
 SCHEDULE_FAMILIES = ("1f1b", "slimpipe")
 """How a method's activation memory grows: whole micro-batches in 1F1B (interleaved when
@@ -66,6 +67,10 @@ class MethodSpec:
     """Largest pipeline degree the configuration search tries for the method."""
     vpp_options: tuple[int, ...] = (1, 2)
     """Virtual pipeline degrees the configuration search tries (vpp > 1 needs pp > 1)."""
+    paper_zero_stage: int | None = None
+    """The ZeRO stage the method's paper ran it with, where that differs from the suite's
+    default (1, Megatron-LM's distributed optimizer): ``slimpack compare`` prices the method
+    under it unless ``--zero-stage`` says otherwise (FlexSP and its Ulysses baselines: 3)."""
 
     def __post_init__(self) -> None:
         if self.schedule_family not in SCHEDULE_FAMILIES:
@@ -76,6 +81,9 @@ class MethodSpec:
         if self.max_pp < 1 or not self.vpp_options or min(self.vpp_options) < 1:
             raise ValueError(f"MethodSpec {self.name}: max_pp and vpp_options must be >= 1, got "
                              f"{self.max_pp}, {self.vpp_options}")
+        if self.paper_zero_stage is not None and self.paper_zero_stage not in ZERO_STAGES:
+            raise ValueError(f"MethodSpec {self.name}: paper_zero_stage must be None or one of "
+                             f"{ZERO_STAGES}, got {self.paper_zero_stage!r}")
         names = {f.name for f in dataclasses.fields(self.options)}
         missing = {"context", "time_limit_s"} - names
         if missing:
