@@ -94,14 +94,16 @@ def sub_slice_cuts(forward: list[int], backward: list[int], min_tokens: int) -> 
     return sorted(kept)
 
 
-def emit_round(long_segments: list[list[Segment]], short_atoms: list[list[tuple[Segment, ...]]],
+def emit_round(long_segments: list[list[Segment]],
+               short_atoms: list[list[tuple[tuple[Segment, ...], float]]],
                est: WorkEstimator, new_slice: Callable[[tuple[Segment, ...]], int], *,
                min_tokens: int, regroup_long: bool = True,
                round_warmup: bool = True) -> tuple[list[list[int]], list[list[int]]]:
     """Slices of one round and its forward and backward MicroPacks (lists of slice ids).
 
     ``long_segments[u]``: the long-sequence segments of forward MicroPack ``u``;
-    ``short_atoms[u]``: its short documents, grouped into atom slices. ``regroup_long``
+    ``short_atoms[u]``: its short documents, grouped into atom slices, each with its
+    backward cost (the sum of its documents' ``est.backward``, in their order). ``regroup_long``
     False: long segments keep their forward cuts backward (mirrored). ``round_warmup``: the
     first backward MicroPack takes an atom of the last forward one (see below). Returns
     ``(forward, backward)``: per MicroPack of the round, its slice ids in run order.
@@ -145,10 +147,10 @@ def emit_round(long_segments: list[list[Segment]], short_atoms: list[list[tuple[
         back[b].sort(key=lambda sid: -starts[sid])
     atoms: list[tuple[float, int]] = []
     for u in range(n):
-        for segs in short_atoms[u]:
+        for segs, cost in short_atoms[u]:
             sid = new_slice(segs)
             forward[u].append(sid)
-            atoms.append((sum(est.backward(s.num_tokens) for s in segs), sid))
+            atoms.append((cost, sid))
     # The round's first backward MicroPack must need its last forward one, as when mirrored:
     # the schedule sizes its warm-up by what the first backward needs (the round's forwards
     # plus 2(p-1)); a first backward of early atoms only would shrink the warm-up to a few

@@ -431,12 +431,24 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
                 round_warmup: bool = False) -> None:
     n_units = rnd.num_units
 
-    def atoms_of(u: int, count: int) -> list[tuple[Segment, ...]]:
-        """Forward MicroPack u's short documents in ``count`` slices balanced on backward cost."""
-        docs = sorted(rnd.short_docs[u], key=lambda s: -lengths[s])
+    whole = out.whole
+
+    def atoms_of(u: int, count: int) -> list[tuple[tuple[Segment, ...], float]]:
+        """Forward MicroPack u's short documents in ``count`` slices balanced on backward
+        cost, each with its backward cost (summed in its documents' order)."""
+        docs = rnd.short_docs[u]
+        if not docs:
+            return []
+        docs = sorted(docs, key=lambda s: -lengths[s])
         bwd = [est.backward(lengths[s]) for s in docs]
-        return [tuple(out.whole(docs[i], lengths[docs[i]]) for i in bucket)
-                for bucket in lpt_buckets(bwd, count) if bucket] if docs else []
+        atoms = []
+        for bucket in lpt_buckets(bwd, count):
+            if bucket:
+                cost = 0
+                for i in bucket:
+                    cost += bwd[i]
+                atoms.append((tuple([whole(docs[i], lengths[docs[i]]) for i in bucket]), cost))
+        return atoms
 
     if asymmetric:
         # Long segments regrouped on backward cost, short atoms re-dealt (backward.py).
@@ -451,7 +463,7 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
     for u in range(n_units):
         for seg in rnd.long_segments[u]:
             unit_slices[u].append(_new_slice(out, (seg,)))
-        for segs in atoms_of(u, 1):
+        for segs, _ in atoms_of(u, 1):
             unit_slices[u].append(_new_slice(out, segs))
     for u in range(n_units):
         if unit_slices[u]:
