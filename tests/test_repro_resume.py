@@ -152,3 +152,24 @@ def test_pool_workers_die_when_the_parent_is_sigkilled(tmp_path: Path) -> None:
         for w in workers:
             if _running(w):
                 os.kill(w, signal.SIGKILL)
+
+
+def test_one_pool_across_experiments_writes_the_sequential_bytes(tmp_path: Path) -> None:
+    """`run all --jobs 2` puts the points of three experiments (one with cost hints, so its
+    points interleave with the others') in one pool: the records are byte-identical to
+    `--jobs 1`, which runs the experiments one after another, and each experiment still gets
+    its own summary line."""
+    from harness_selftest_pool import EXPERIMENTS as POOL_NAMES
+    from harness_selftest_pool import REGISTRY as POOL_REGISTRY
+
+    names = tuple(POOL_NAMES)
+    stderr = {}
+    for jobs in ("1", "2"):
+        done = subprocess.run(repro_cmd(tmp_path / jobs, "--jobs", jobs, registry=POOL_REGISTRY),
+                              cwd=REPO, env=fixture_env(), capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        stderr[jobs] = done.stderr
+    assert csv_bytes(tmp_path / "1", names) == csv_bytes(tmp_path / "2", names)
+    for name in names:
+        assert f"{name}: 24 run, 0 already done, 24 points" in stderr["2"]
