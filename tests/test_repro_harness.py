@@ -183,6 +183,26 @@ def test_pool_queue_is_costliest_first_then_registry_then_sweep_order():
     assert queue[0] == ("a", "a2", {"i": 2})
 
 
+def test_the_long_paper_size_points_start_first():
+    """With the shipped hints, `run all --jobs N` starts SlimPack's paper-scale point, then the
+    other 134M/33.5M-token points, before any point of an experiment without a hint."""
+    from repro.experiment import Experiment
+    from repro.registry import experiment_names
+    from repro.runner import point_costs, pool_order, sweep
+
+    options = RunOptions(progress=False)
+    sweeps = []
+    for name in experiment_names():
+        exp: Experiment = resolve_experiment(name)
+        keyed = sweep(exp, options)
+        sweeps.append((name, keyed, point_costs(exp, [c for _, c in keyed]), {k for k, _ in keyed}))
+    queue = pool_order(sweeps, experiment_names())
+    assert (queue[0][0], queue[0][2]["methods"]) == ("paper-scale", ["slimpack"])
+    hinted = {"paper-scale", "e2e-throughput", "batch-size"}
+    assert {name for name, _, _ in queue[:13]} == hinted
+    assert all(name not in hinted for name, _, _ in queue[13:])
+
+
 def test_point_cost_hints_are_checked():
     from dataclasses import replace
 
