@@ -15,7 +15,14 @@ from pathlib import Path
 
 from repro.drift import DEFAULT_RTOL
 from repro.registry import expand_names, experiment_names, resolve_experiment
-from repro.runner import RESULTS_DIR, RunOptions, make_pool, run_experiment, stop_pool
+from repro.runner import (
+    RESULTS_DIR,
+    RunOptions,
+    RunSummary,
+    make_pool,
+    run_experiments,
+    stop_pool,
+)
 from repro.wandb_log import WANDB_MODES
 
 
@@ -109,25 +116,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     interrupted = False
     status = 0
     started = time.perf_counter()
+
+    def report(summary: RunSummary) -> None:
+        nonlocal status
+        name = summary.experiment
+        if summary.skipped_reason:
+            print(f"{name}: skipped, {summary.skipped_reason}", file=sys.stderr)
+            return
+        print(f"{name}: {summary.ran} run, {summary.already_done} already done, "
+              f"{summary.total} points, {summary.seconds:.1f} s", file=sys.stderr)
+        for failure in summary.failures:
+            print(f"{name}: point failed: {failure}", file=sys.stderr)
+            status = 1
+        if summary.ran:
+            warning = log_to_wandb(
+                mode=args.wandb, results_dir=args.results_dir, experiment=name, job_type="run",
+                config={"backend": args.backend, "quick": args.quick, "jobs": args.jobs,
+                        "points": list(summary.point_configs)},
+                records=load_records(args.results_dir, name))
+            if warning:
+                print(warning, file=sys.stderr)
+
     try:
-        for name in names:
-            summary = run_experiment(name, options, pool)
-            if summary.skipped_reason:
-                print(f"{name}: skipped, {summary.skipped_reason}", file=sys.stderr)
-                continue
-            print(f"{name}: {summary.ran} run, {summary.already_done} already done, "
-                  f"{summary.total} points, {summary.seconds:.1f} s", file=sys.stderr)
-            for failure in summary.failures:
-                print(f"{name}: point failed: {failure}", file=sys.stderr)
-                status = 1
-            if summary.ran:
-                warning = log_to_wandb(
-                    mode=args.wandb, results_dir=args.results_dir, experiment=name, job_type="run",
-                    config={"backend": args.backend, "quick": args.quick, "jobs": args.jobs,
-                            "points": list(summary.point_configs)},
-                    records=load_records(args.results_dir, name))
-                if warning:
-                    print(warning, file=sys.stderr)
+        # --jobs N: one pool over all the experiments' points (costliest first); --jobs 1:
+        # one experiment after another. Either way a summary line as each one completes.
+        run_experiments(names, options, pool, on_summary=report)
     except KeyboardInterrupt:
         interrupted = True
         print("interrupted: finished points are stored; rerun the same command to resume",

@@ -204,6 +204,12 @@ class Experiment:
     tables: Callable[[pd.DataFrame], list[tuple[str, pd.DataFrame]]] | None = None
     """Optional (title, frame) tables computed from the records, shown in REPORT.md under the
     experiment's section (e.g. per-component gains with their spread)."""
+    point_cost: Callable[[Point], float] | None = None
+    """Optional hint: a point's expected cost (roughly seconds of one core; None means 1 for
+    every point). ``repro run --jobs N`` starts the costliest points of all selected
+    experiments first, so a long point does not start last and leave the other cores idle.
+    Called in the parent with the point's config (``backend`` included); it orders work and
+    never enters a record or a point's key."""
 
     def __post_init__(self) -> None:
         if not self.name or self.name != self.name.strip().lower() or " " in self.name:

@@ -9,9 +9,11 @@ alone writes the CSV (see :mod:`repro.store`), and the final CSV is sorted into 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
 import signal
 import time
@@ -24,7 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from repro.experiment import Experiment, Point, Row
-from repro.registry import resolve_experiment
+from repro.registry import experiment_names, resolve_experiment
 from repro.store import RecordStore, locked_dir
 
 REPRO_VERSION = "1"
@@ -266,7 +268,9 @@ def run_experiment(name: str, options: RunOptions,
                     except Exception as exc:  # noqa: BLE001 - reported in the summary
                         on_error(config, exc)
             else:
-                _run_parallel(pool, options.registry, name, todo, on_result, on_error)
+                _run_parallel(pool, options.registry, [(name, k, c) for k, c in todo],
+                              lambda _name, key, rows: on_result(key, rows),
+                              lambda _name, config, exc: on_error(config, exc))
         finally:
             bar.close()
             # Also on interrupt: the stored blocks are complete, so sorting them is safe.
@@ -278,27 +282,186 @@ def run_experiment(name: str, options: RunOptions,
                       point_configs=tuple(c for _, c in points))
 
 
-def _run_parallel(pool: ProcessPoolExecutor, registry: str, name: str,
-                  todo: list[tuple[str, Point]],
-                  on_result: Callable[[str, list[Row]], None],
-                  on_error: Callable[[Point, BaseException], bool]) -> None:
+def point_costs(experiment: Experiment, configs: list[Point]) -> list[float]:
+    """``experiment.point_cost`` of each config (1.0 without a hint), checked."""
+    if experiment.point_cost is None:
+        return [1.0] * len(configs)
+    costs = []
+    for config in configs:
+        cost = experiment.point_cost(config)
+        if isinstance(cost, bool) or not isinstance(cost, int | float) \
+                or not math.isfinite(cost) or cost < 0:
+            raise ValueError(f"experiment {experiment.name!r}: point_cost must return a finite "
+                             f"number >= 0, got {cost!r} for point {canonical_json(config)}")
+        costs.append(float(cost))
+    return costs
+
+
+def pool_order(experiments: list[tuple[str, list[tuple[str, Point]], list[float], set[str]]],
+               registry_order: list[str]) -> list[tuple[str, str, Point]]:
+    """The pooled run's queue: ``(name, key, config)`` of every to-do point, costliest first;
+    ties in registry order, then sweep order (Python's sort is stable).
+
+    ``experiments``: ``(name, sweep points, their costs, to-do keys)`` each. Longest first is
+    the classic LPT rule: the last point to finish is then a short one, so the cores idle
+    little at the end (with one long point, the others run beside it instead of after it).
+    """
+    rank = {n: i for i, n in enumerate(registry_order)}
+    entries = []
+    for name, points, costs, todo in experiments:
+        for index, ((key, config), cost) in enumerate(zip(points, costs, strict=True)):
+            if key in todo:
+                entries.append((-cost, rank.get(name, len(rank)), index, name, key, config))
+    entries.sort(key=lambda e: e[:3])
+    return [(name, key, config) for *_, name, key, config in entries]
+
+
+@dataclass(kw_only=True)
+class _Sweep:
+    """One experiment's share of a pooled run (mutable: filled in as its points finish)."""
+
+    name: str
+    experiment: Experiment
+    points: list[tuple[str, Point]]
+    full_keys: set[str]
+    store: RecordStore
+    todo: list[tuple[str, Point]] = field(default_factory=list)
+    ran: int = 0
+    failures: list[str] = field(default_factory=list)
+    finalized: bool = False
+
+    @property
+    def open_points(self) -> int:
+        return len(self.todo) - self.ran - len(self.failures)
+
+    def finalize(self, options: RunOptions) -> None:
+        self.store.finalize([k for k, _ in self.points], REPRO_VERSION,
+                            valid_keys=self.full_keys, backend=options.backend)
+        self.finalized = True
+
+    def summary(self, seconds: float) -> RunSummary:
+        return RunSummary(experiment=self.name, total=len(self.points),
+                          already_done=len(self.points) - len(self.todo), ran=self.ran,
+                          failures=tuple(self.failures), seconds=seconds,
+                          point_configs=tuple(c for _, c in self.points))
+
+
+def run_experiments(names: list[str], options: RunOptions,
+                    pool: ProcessPoolExecutor | None = None,
+                    on_summary: Callable[[RunSummary], None] | None = None) -> list[RunSummary]:
+    """Run several experiments' to-do points on one pool; return their summaries in
+    ``names`` order, and hand each to ``on_summary`` as soon as its experiment is complete.
+
+    The points of all experiments form one queue, costliest first (``Experiment.point_cost``;
+    ties: registry order, then sweep order), so a long point starts early and short ones fill
+    the other workers meanwhile. Each result goes to its own experiment's store as it arrives;
+    an experiment's CSV is finalized when its last point is in (or on interrupt), so records
+    are byte-identical to a sequential run. ``RunSummary.seconds`` counts from the start of
+    this call to the experiment's last point. Without a pool (``--jobs 1``), or under torchrun
+    (whose ranks must agree on one experiment at a time), experiments run one after another.
+    KeyboardInterrupt propagates after the points already finished are safely stored.
+    """
+    report = on_summary or (lambda summary: None)
+    summaries: dict[str, RunSummary] = {}
+    if pool is None or "RANK" in os.environ:
+        for name in names:
+            summaries[name] = run_experiment(name, options, pool)
+            report(summaries[name])
+        return [summaries[n] for n in names]
+    started = time.perf_counter()
+    sweeps: list[_Sweep] = []
+    for name in names:
+        experiment = resolve_experiment(name, options.registry)
+        if options.backend not in experiment.backends:
+            summaries[name] = RunSummary(
+                experiment=name, total=0, already_done=0, ran=0,
+                skipped_reason=f"backend {options.backend!r} not supported "
+                               f"(supports {', '.join(experiment.backends)})")
+            report(summaries[name])
+            continue
+        points = sweep(experiment, options)
+        full_keys = {k for k, _ in sweep(experiment, replace(options, quick=False))}
+        sweeps.append(_Sweep(name=name, experiment=experiment, points=points,
+                             full_keys=full_keys,
+                             store=RecordStore(records_path(options.results_dir, name))))
+    # Costs first: a bad hint is a ValueError before any lock is taken or point is run.
+    costs = {s.name: point_costs(s.experiment, [c for _, c in s.points]) for s in sweeps}
+    by_name = {s.name: s for s in sweeps}
+
+    def finish(s: _Sweep) -> None:
+        s.finalize(options)
+        summaries[s.name] = s.summary(time.perf_counter() - started)
+        report(summaries[s.name])
+
+    with contextlib.ExitStack() as locks:
+        # Sorted, so two runs over overlapping experiments cannot each hold what the other needs.
+        for s in sorted(sweeps, key=lambda s: str(s.store.path.parent)):
+            locks.enter_context(locked_dir(s.store.path.parent))
+        for s in sweeps:
+            s.store.repair()
+            done = s.store.done_keys()
+            s.todo = [(k, c) for k, c in s.points if k not in done]
+        queue = pool_order([(s.name, s.points, costs[s.name], {k for k, _ in s.todo})
+                            for s in sweeps], experiment_names(options.registry))
+        total = sum(len(s.points) for s in sweeps)
+        bar = tqdm(total=total, initial=total - len(queue), desc="run", unit="pt",
+                   disable=not options.progress, dynamic_ncols=True, leave=True)
+        try:
+            for s in sweeps:
+                if not s.todo:
+                    finish(s)
+
+            def on_result(name: str, key: str, rows: list[Row]) -> None:
+                s = by_name[name]
+                s.store.append_block(rows)
+                s.ran += 1
+                bar.update(1)
+                bar.set_postfix_str(name)
+                if s.open_points == 0:
+                    finish(s)
+
+            def on_error(name: str, config: Point, exc: BaseException) -> bool:
+                s = by_name[name]
+                s.failures.append(f"{type(exc).__name__}: {exc} (point {canonical_json(config)})")
+                bar.update(1)
+                if s.open_points == 0:
+                    finish(s)
+                return True
+
+            _run_parallel(pool, options.registry, queue, on_result, on_error)
+        finally:
+            bar.close()
+            # Also on interrupt: the stored blocks are complete, so sorting them is safe.
+            for s in sweeps:
+                if not s.finalized:
+                    s.finalize(options)
+    return [summaries[n] for n in names]
+
+
+def _run_parallel(pool: ProcessPoolExecutor, registry: str,
+                  tasks: list[tuple[str, str, Point]],
+                  on_result: Callable[[str, str, list[Row]], None],
+                  on_error: Callable[[str, Point, BaseException], bool]) -> None:
+    """Run ``(experiment, key, config)`` tasks on ``pool`` in list order (the pool starts
+    them in submission order); ``on_result(name, key, rows)`` and ``on_error(name, config,
+    exc)`` run in this process as each finishes (``on_error`` returning False stops)."""
     # Keep only a few points in flight beyond the workers, so an early stop (missing API,
     # interrupt) does not leave a long queue behind.
-    queue = list(reversed(todo))
-    in_flight: dict[Future, Point] = {}
+    queue = list(reversed(tasks))
+    in_flight: dict[Future, tuple[str, Point]] = {}
     limit = 2 * max(1, pool._max_workers)  # noqa: SLF001 - the pool's own size
     keep_going = True
     while keep_going and (queue or in_flight):
         while queue and len(in_flight) < limit:
-            key, config = queue.pop()
-            in_flight[pool.submit(compute_point, registry, name, key, config)] = config
+            name, key, config = queue.pop()
+            in_flight[pool.submit(compute_point, registry, name, key, config)] = (name, config)
         finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
         for future in finished:
-            config = in_flight.pop(future)
+            name, config = in_flight.pop(future)
             exc = future.exception()
             if exc is None:
-                on_result(*future.result())
-            elif not on_error(config, exc):
+                on_result(name, *future.result())
+            elif not on_error(name, config, exc):
                 keep_going = False
     for future in in_flight:
         future.cancel()

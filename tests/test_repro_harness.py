@@ -168,6 +168,55 @@ def test_rerun_is_a_no_op_and_jobs_do_not_change_bytes(tmp_path: Path):
     assert (tmp_path / "one" / path).read_bytes() == (tmp_path / "two" / path).read_bytes()
 
 
+def test_pool_queue_is_costliest_first_then_registry_then_sweep_order():
+    from repro.runner import pool_order
+
+    def pts(name: str, n: int) -> list[tuple[str, dict]]:
+        return [(f"{name}{i}", {"i": i}) for i in range(n)]
+
+    queue = pool_order([("b", pts("b", 3), [1.0, 5.0, 1.0], {"b0", "b1", "b2"}),
+                        ("a", pts("a", 3), [1.0, 1.0, 9.0], {"a0", "a2"})],
+                       registry_order=["a", "b"])
+    # a2 (9) and b1 (5) first; the cost-1 ties in registry order (a before b), then sweep
+    # order; a1 is already done and not queued.
+    assert [key for _, key, _ in queue] == ["a2", "b1", "a0", "b0", "b2"]
+    assert queue[0] == ("a", "a2", {"i": 2})
+
+
+def test_the_long_paper_size_points_start_first():
+    """With the shipped hints, `run all --jobs N` starts SlimPack's paper-scale point, then the
+    other 134M/33.5M-token points, before any point of an experiment without a hint."""
+    from repro.experiment import Experiment
+    from repro.registry import experiment_names
+    from repro.runner import point_costs, pool_order, sweep
+
+    options = RunOptions(progress=False)
+    sweeps = []
+    for name in experiment_names():
+        exp: Experiment = resolve_experiment(name)
+        keyed = sweep(exp, options)
+        sweeps.append((name, keyed, point_costs(exp, [c for _, c in keyed]), {k for k, _ in keyed}))
+    queue = pool_order(sweeps, experiment_names())
+    assert (queue[0][0], queue[0][2]["methods"]) == ("paper-scale", ["slimpack"])
+    hinted = {"paper-scale", "e2e-throughput", "batch-size"}
+    assert {name for name, _, _ in queue[:13]} == hinted
+    assert all(name not in hinted for name, _, _ in queue[13:])
+
+
+def test_point_cost_hints_are_checked():
+    from dataclasses import replace
+
+    from repro.runner import point_costs
+
+    exp = resolve_experiment("selftest-a", REGISTRY)
+    assert point_costs(exp, [{"size": 4}]) == [1.0]  # no hint: every point costs 1
+    hinted = replace(exp, point_cost=lambda p: p["size"])
+    assert point_costs(hinted, [{"size": 4}, {"size": 0}]) == [4.0, 0.0]
+    for bad in (-1.0, float("nan"), float("inf"), "3", True):
+        with pytest.raises(ValueError, match="'selftest-a': point_cost must return a finite"):
+            point_costs(replace(exp, point_cost=lambda p, b=bad: b), [{"size": 4}])
+
+
 def test_report_lists_claims_and_marks_missing_runs(tmp_path: Path):
     text = render_report(tmp_path)
     assert ("| claim | source | paper value | reproduced value | rule | why this rule | verdict |"

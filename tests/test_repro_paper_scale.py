@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from repro.experiments import paper_scale
 from repro.experiments.common import draw_batch
@@ -18,7 +19,8 @@ def test_the_batch_is_512_context_length_samples_of_tokens():
 def _records(megatron_step: float, exhaustive: bool) -> pd.DataFrame:
     rows = [("megatron", megatron_step, exhaustive), ("megatron-causal", 1445.0, True),
             ("slimpack", 492.0, False)]
-    return pd.DataFrame([{"point_key": "p", "dataset": "commoncrawl", "seed": 0, "method": m,
+    # One point per method: the rows share dataset and seed, not point_key.
+    return pd.DataFrame([{"point_key": f"p-{m}", "dataset": "commoncrawl", "seed": 0, "method": m,
                           "tokens_per_s": 134217728 / step, "search_exhaustive": done}
                          for m, step, done in rows])
 
@@ -33,3 +35,45 @@ def test_headline_is_bracketed_and_its_rule_can_fail():
     slower = {c.claim_id: c for c in paper_scale.claims(_records(450.0, False))}
     assert slower["paper-scale-speedup"].verdict == "not reproduced"
     assert slower["paper-scale-megatron-search-exhaustive"].verdict == "not reproduced"
+
+
+def test_one_point_per_method_with_the_whole_search_mapping():
+    for quick in (True, False):
+        pts = paper_scale.points(quick)
+        assert [p["methods"] for p in pts] == [[m] for m in paper_scale.METHODS]
+        assert all(p["search_top_k"] == paper_scale.SEARCH_TOP_K for p in pts)
+    # The cost hint starts SlimPack's point (the longest search) first.
+    by_cost = sorted(paper_scale.points(False), key=paper_scale.point_cost, reverse=True)
+    assert by_cost[0]["methods"] == ["slimpack"]
+    assert paper_scale.EXPERIMENT.point_cost is paper_scale.point_cost
+
+
+def test_speedup_pairs_each_method_with_megatron_of_the_same_batch():
+    frame = _records(597.0, True)
+    frame = pd.concat([frame, frame.assign(seed=1, tokens_per_s=frame["tokens_per_s"] * 2,
+                                           point_key=frame["point_key"] + "-s1")])
+    out = paper_scale.with_speedup(frame).set_index(["method", "seed"])["speedup"]
+    assert out[("megatron", 0)] == out[("megatron", 1)] == 1.0
+    assert out[("slimpack", 0)] == pytest.approx(597.0 / 492.0)
+    assert out[("slimpack", 1)] == pytest.approx(597.0 / 492.0)  # not 2x: own seed's baseline
+    assert len(out) == 6
+
+
+def test_a_methods_rows_do_not_depend_on_the_methods_sharing_its_point():
+    """The records of one 5-method point, split into one point per method, are the same numbers:
+    compare's shared estimate and price caches only save work (a small batch stands in for the
+    14-minute 134M-token one; Megatron-LM still searched exhaustively)."""
+    base = {"model": "llama-7b", "dataset": "commoncrawl", "context": 16384, "num_gpus": 8,
+            "token_budget": 32 * 16384, "seed": 0, "hardware": "h800-80g",
+            "search_top_k": {**paper_scale.SEARCH_TOP_K, "wlb-llm": 1, "slimpipe": 1,
+                             "slimpack": 1}}
+    together = paper_scale.run_point({**base, "methods": list(paper_scale.METHODS)})
+    alone = [row for m in paper_scale.METHODS
+             for row in paper_scale.run_point({**base, "methods": [m]})]
+    assert [r["method"] for r in together] == list(paper_scale.METHODS)
+    wall = set(paper_scale.TIMING_COLUMNS)
+    for a, b in zip(together, alone, strict=True):
+        assert {k: v for k, v in a.items() if k not in wall} == \
+            {k: v for k, v in b.items() if k not in wall}
+        assert "speedup_vs_first" not in a  # over the point's first method: meaningless here
+    assert not any(r.get("error") for r in together)

@@ -152,3 +152,71 @@ def test_pool_workers_die_when_the_parent_is_sigkilled(tmp_path: Path) -> None:
         for w in workers:
             if _running(w):
                 os.kill(w, signal.SIGKILL)
+
+
+def test_one_pool_across_experiments_writes_the_sequential_bytes(tmp_path: Path) -> None:
+    """`run all --jobs 2` puts the points of three experiments (one with cost hints, so its
+    points interleave with the others') in one pool: the records are byte-identical to
+    `--jobs 1`, which runs the experiments one after another, and each experiment still gets
+    its own summary line."""
+    from harness_selftest_pool import EXPERIMENTS as POOL_NAMES
+    from harness_selftest_pool import REGISTRY as POOL_REGISTRY
+
+    names = tuple(POOL_NAMES)
+    stderr = {}
+    for jobs in ("1", "2"):
+        done = subprocess.run(repro_cmd(tmp_path / jobs, "--jobs", jobs, registry=POOL_REGISTRY),
+                              cwd=REPO, env=fixture_env(), capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        stderr[jobs] = done.stderr
+    assert csv_bytes(tmp_path / "1", names) == csv_bytes(tmp_path / "2", names)
+    for name in names:
+        assert f"{name}: 24 run, 0 already done, 24 points" in stderr["2"]
+
+
+def test_pooled_failures_are_reported_per_point_and_the_rest_is_stored(tmp_path: Path) -> None:
+    from harness_selftest_fail import FAILING
+    from harness_selftest_fail import REGISTRY as FAIL_REGISTRY
+
+    cmd = repro_cmd(tmp_path, "--jobs", "2", registry=FAIL_REGISTRY)
+    done = subprocess.run(cmd, cwd=REPO, env=fixture_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    failed = [line for line in done.stderr.splitlines()
+              if line.startswith("selftest-flaky: point failed: RuntimeError: flaky point")]
+    assert len(failed) == len(FAILING) == 5
+    assert "selftest-flaky: 19 run, 0 already done, 24 points" in done.stderr
+    assert "selftest-a: 24 run, 0 already done, 24 points" in done.stderr
+    # The failed points are retried by the next run, and only they.
+    again = subprocess.run(cmd, cwd=REPO, env=fixture_env(), capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 1
+    assert "selftest-flaky: 0 run, 19 already done, 24 points" in again.stderr
+    assert "selftest-a: 0 run, 24 already done, 24 points" in again.stderr
+
+
+def test_interrupted_pool_across_experiments_resumes_to_sequential_bytes(tmp_path: Path) -> None:
+    """SIGINT while three experiments' points share the pool (cost hints interleave them),
+    then a rerun: the records equal a `--jobs 1` run's."""
+    from harness_selftest_pool import EXPERIMENTS as POOL_NAMES
+    from harness_selftest_pool import REGISTRY as POOL_REGISTRY
+
+    names = tuple(POOL_NAMES)
+    run_to_end(repro_cmd(tmp_path / "ref", "--jobs", "1", registry=POOL_REGISTRY))
+    cmd = repro_cmd(tmp_path / "pool", "--jobs", "2", registry=POOL_REGISTRY)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=fixture_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None and not any(
+            (tmp_path / "pool" / n / "records.csv").exists() for n in names):
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    stderr = proc.stderr.read().decode()
+    assert proc.returncode in (0, 130), stderr
+    if proc.returncode == 130:
+        assert "finished points are stored" in stderr
+    run_to_end(cmd)
+    assert csv_bytes(tmp_path / "pool", names) == csv_bytes(tmp_path / "ref", names)

@@ -40,6 +40,10 @@ SEARCH_TOP_K = {"megatron": None, "megatron-causal": None, "slimpipe": 3, "slimp
 batch its best layout trades pipeline depth for data parallelism, and a capped search would
 miss that."""
 KEYS = ["samples", "seed"]
+SECONDS_AT_512 = 120.0
+"""Rough core-seconds of the 512-sample point, the pool's cost hint (reconstructed: about
+half an ``e2e-throughput`` point, which runs twice the methods on the same batch); smaller
+batches in proportion. Orders work only; never in a record or a point's key."""
 
 
 def points(quick: bool) -> list[Point]:
@@ -47,6 +51,10 @@ def points(quick: bool) -> list[Point]:
              "token_budget": samples * CONTEXT, "samples": samples, "seed": 0,
              "hardware": HARDWARE, "methods": list(METHODS), "search_top_k": SEARCH_TOP_K}
             for samples in (QUICK_SAMPLES if quick else SAMPLES)]
+
+
+def point_cost(point: Point) -> float:
+    return SECONDS_AT_512 * point["samples"] / 512
 
 
 def run_point(point: Point) -> list[Row]:
@@ -123,4 +131,5 @@ EXPERIMENT = Experiment(
                  "comparison depends on the batch size."),
     points=points, run_point=run_point, plot=plot, claims=claims, tables=table,
     needs=("slimpack.compare", "slimpack.data"), timing_columns=TIMING_COLUMNS,
+    point_cost=point_cost,
 )
