@@ -192,6 +192,42 @@ class KernelCostModel:
                 self._flash_layer_times(int(t), int(a), int(q), tp, recompute)
                 for t, a, q in zip(*(x.tolist() for x in sums), strict=True)]
 
+    def layer_times_of_work(self, tokens: np.ndarray, tiles: np.ndarray, queries: np.ndarray,
+                            *, tp: int = 1, recompute: str = "none"
+                            ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(forward, backward) seconds of :meth:`layer_times` for many pieces lists at once,
+        each given by its sums: ``tokens``, causal key ``tiles`` visited and query tiles
+        (:func:`~slimpack.cost.kernels.attention_work`), as integer arrays of one shape.
+        Element for element equal to :meth:`layer_times` of the pieces (the same float
+        operations in the same order; the token-only part comes from the same per token
+        count cache). ``None`` when this model needs the pieces themselves (unfused
+        attention prices each document's s x s scores)."""
+        check_recompute("layer_times", recompute)
+        if self.training.attention_kernel != "flash":
+            return None
+        mdl, hw = self.model, self.hardware
+        heads = mdl.num_heads / tp
+        tokens = np.asarray(tokens, dtype=np.int64)
+        attn_f = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
+                                             head_dim=mdl.head_dim, backward=False) \
+            / self.attention_fwd_scale
+        attn_b = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
+                                             head_dim=mdl.head_dim, backward=True) \
+            / self.attention_bwd_scale
+        # The token-only part: one cached price per distinct token count.
+        counts, where = np.unique(tokens, return_inverse=True)
+        parts = [self._token_part(int(n), tp) if n > 0 else ZERO_TIMES for n in counts.tolist()]
+        token_f = np.array([p.forward_s for p in parts], dtype=np.float64)[where]
+        token_b = np.array([p.backward_s for p in parts], dtype=np.float64)[where]
+        fwd = token_f.reshape(tokens.shape) + attn_f
+        bwd = token_b.reshape(tokens.shape) + attn_b
+        if recompute == "full":
+            bwd = bwd + fwd
+        elif recompute == "selective":
+            bwd = bwd + attn_f
+        empty = tokens <= 0  # layer_times of no pieces: ZERO_TIMES
+        return np.where(empty, 0.0, fwd), np.where(empty, 0.0, bwd)
+
     def ulysses_layer_times(self, pieces: Sequence[Piece] | np.ndarray, *, tp: int = 1,
                             sp: int = 1, recompute: str = "none") -> PassTimes:
         """One layer on one GPU of a Ulysses sequence-parallel group of ``sp`` tensor groups
@@ -228,10 +264,7 @@ class KernelCostModel:
     def _combine(self, tokens: int, attn: PassTimes, tp: int, recompute: str) -> PassTimes:
         """A layer: the token-proportional kernels (cached by token count) plus attention,
         with the recompute mode's extra forward work in backward."""
-        token_part = self._token_cache.get((tokens, tp))
-        if token_part is None:
-            token_part = self._token_times(tokens, tp)
-            self._token_cache[(tokens, tp)] = token_part
+        token_part = self._token_part(tokens, tp)
         fwd = token_part.forward_s + attn.forward_s
         bwd = token_part.backward_s + attn.backward_s
         if recompute == "full":
@@ -240,6 +273,13 @@ class KernelCostModel:
             # Korthikanti et al. 2022 section 4.2: the attention core is recomputed.
             bwd += attn.forward_s
         return PassTimes(forward_s=fwd, backward_s=bwd)
+
+    def _token_part(self, tokens: int, tp: int) -> PassTimes:
+        token_part = self._token_cache.get((tokens, tp))
+        if token_part is None:
+            token_part = self._token_times(tokens, tp)
+            self._token_cache[(tokens, tp)] = token_part
+        return token_part
 
     def _token_times(self, tokens: int, tp: int) -> PassTimes:
         """GEMMs, elementwise work and (exposed) TP communication of one layer."""
