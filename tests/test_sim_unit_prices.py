@@ -15,6 +15,7 @@ from slimpack.cost.kernel_model import default_cost_model
 from slimpack.plan import Group, Segment, Slice, Unit
 from slimpack.sim.costs import group_costs, unit_layer_seconds, unit_prices
 from slimpack.specs import hardware_preset, model_preset
+from slimpack.specs.training import TrainingSpec
 
 MODEL, HW = model_preset("llama-7b"), hardware_preset("h800")
 COSTS = {"kernel": default_cost_model(MODEL, HW),
@@ -34,6 +35,12 @@ class PiecesOnly:
 
     def head_times(self, tokens, *, tp=1, vocab_shards=1):
         return self.inner.head_times(tokens, tp=tp, vocab_shards=vocab_shards)
+
+    def __getattr__(self, name):
+        # Ulysses pricing where the inner model has it, but none of the batched methods.
+        if name == "ulysses_layer_times" and hasattr(self.inner, name):
+            return self.inner.ulysses_layer_times
+        raise AttributeError(name)
 
 
 @st.composite
@@ -62,6 +69,7 @@ def groups(draw):
     return Group(group_id=0, ranks=tuple(range(tp * cp * pp)), tp=tp, cp=cp, pp=pp,
                  slices=tuple(slices), forward_units=forward, backward_units=backward,
                  cp_sharding=draw(st.sampled_from(["per-sequence", "per-document"])),
+                 cp_kind=draw(st.sampled_from(["ring", "ulysses"])),
                  recompute=draw(st.sampled_from(["none", "selective", "full"])))
 
 
@@ -71,7 +79,8 @@ def one_by_one(group, unit, cost, cp_intra):
                                  group.cp, group.cp_sharding) for sid in unit.slice_ids]
     per_rank = [np.concatenate([sh[r] for sh in shards]) for r in range(group.cp)]
     return unit_layer_seconds(per_rank, model=MODEL, cost=cost, tp=group.tp, cp=group.cp,
-                              recompute=group.recompute, cp_intra=cp_intra)
+                              cp_kind=group.cp_kind, recompute=group.recompute,
+                              cp_intra=cp_intra)
 
 
 @settings(max_examples=150, deadline=None)
@@ -101,19 +110,24 @@ def test_group_costs_are_the_same_through_the_per_unit_path(group, kind, gpus_pe
     assert dataclasses.asdict(cold) == dataclasses.asdict(warm) == dataclasses.asdict(fast)
 
 
-def test_ulysses_and_pieces_only_models_take_the_per_unit_path():
+def test_pieces_only_models_and_unfused_attention_take_the_per_unit_path():
     seg = Segment(seq_id=0, start=0, end=8192)
     group = Group(group_id=0, ranks=tuple(range(4)), cp=4, slices=(Slice(slice_id=0,
                   segments=(seg,)),), forward_units=(Unit(slice_ids=(0,)),),
-                  backward_units=(Unit(slice_ids=(0,)),), cp_kind="ulysses")
+                  backward_units=(Unit(slice_ids=(0,)),))
     units = list(group.forward_units)
     cost = COSTS["kernel"]
-    assert unit_prices(group, units, model=MODEL, cost=cost) is None
-    ring = dataclasses.replace(group, cp_kind="ring")
-    assert unit_prices(ring, units, model=MODEL, cost=PiecesOnly(cost)) is None
-    assert unit_prices(ring, [], model=MODEL, cost=cost) is None
-    # One 8K document over 4 ranks, per-sequence: 1K-token chunks, rank r holds chunks r and
-    # 7-r, so every rank holds 2048 tokens.
-    (priced,) = unit_prices(ring, units, model=MODEL, cost=cost)
+    unfused = default_cost_model(MODEL, HW, TrainingSpec(attention_kernel="unfused"))
+    for kind in ("ring", "ulysses"):
+        shaped = dataclasses.replace(group, cp_kind=kind)
+        assert unit_prices(shaped, units, model=MODEL, cost=PiecesOnly(cost)) is None
+        assert unit_prices(shaped, units, model=MODEL, cost=unfused) is None
+        assert unit_prices(shaped, [], model=MODEL, cost=cost) is None
+        # Through group_costs the per-unit path gives what unit_layer_seconds gives.
+        costs = group_costs(shaped, model=MODEL, cost=unfused, gpus_per_node=8)
+        expected = one_by_one(shaped, units[0], unfused, True)
+        assert costs.fwd_s == [[expected[0] * MODEL.num_layers
+                                + unfused.head_times(2048, tp=1).forward_s]]
+    (priced,) = unit_prices(group, units, model=MODEL, cost=cost)
+    assert priced == one_by_one(group, units[0], cost, True)
     assert priced[4] == 8192
-    assert priced == one_by_one(ring, units[0], cost, True)

@@ -205,9 +205,29 @@ class KernelCostModel:
         check_recompute("layer_times", recompute)
         if self.training.attention_kernel != "flash":
             return None
-        mdl, hw = self.model, self.hardware
-        heads = mdl.num_heads / tp
         tokens = np.asarray(tokens, dtype=np.int64)
+        return self._work_times(tokens, tokens, tiles, queries, tp, recompute,
+                                self.model.num_heads / tp)
+
+    def ulysses_layer_times_of_work(self, tokens: np.ndarray, tiles: np.ndarray,
+                                    queries: np.ndarray, *, tp: int = 1, sp: int = 1,
+                                    recompute: str = "none"
+                                    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`ulysses_layer_times` of many units at once from their sums over all their
+        pieces (:meth:`layer_times_of_work`'s arguments); element for element equal."""
+        check_recompute("layer_times", recompute)
+        if self.training.attention_kernel != "flash":
+            return None
+        tokens = np.asarray(tokens, dtype=np.int64)
+        return self._work_times(tokens, -(-tokens // sp), tiles, queries, tp, recompute,
+                                self.model.num_heads / (tp * sp))
+
+    def _work_times(self, tokens: np.ndarray, linear_tokens: np.ndarray, tiles: np.ndarray,
+                    queries: np.ndarray, tp: int, recompute: str,
+                    heads: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_flash_layer_times` over arrays: ``linear_tokens`` through the token-only
+        kernels, attention from the sums; zero where ``tokens`` is (no pieces)."""
+        mdl, hw = self.model, self.hardware
         attn_f = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
                                              head_dim=mdl.head_dim, backward=False) \
             / self.attention_fwd_scale
@@ -215,7 +235,7 @@ class KernelCostModel:
                                              head_dim=mdl.head_dim, backward=True) \
             / self.attention_bwd_scale
         # The token-only part: one cached price per distinct token count.
-        counts, where = np.unique(tokens, return_inverse=True)
+        counts, where = np.unique(linear_tokens, return_inverse=True)
         parts = [self._token_part(int(n), tp) if n > 0 else ZERO_TIMES for n in counts.tolist()]
         token_f = np.array([p.forward_s for p in parts], dtype=np.float64)[where]
         token_b = np.array([p.backward_s for p in parts], dtype=np.float64)[where]

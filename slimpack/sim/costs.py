@@ -139,7 +139,7 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
     if todo:
         fresh = unit_prices(group, [units[i] for i in todo], model=model, cost=cost,
                             cp_intra=cp_intra)
-        if fresh is None:  # a cost model that prices pieces only, or Ulysses
+        if fresh is None:  # a cost model that prices pieces only
             fresh = [price(units[i]) for i in todo]
         for i, p in zip(todo, fresh, strict=True):
             priced[i] = p
@@ -203,15 +203,19 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
     """:func:`unit_layer_seconds` of every unit in ``units`` in one numpy pass, element for
     element equal to pricing them one by one (integer sums exact, the same float operations
     in the same order), or ``None`` where that is not available: a cost model without
-    ``layer_times_of_work`` (or one that declines it) and Ulysses CP are priced unit by unit.
+    ``layer_times_of_work`` (or one that declines it; for Ulysses CP, a model with
+    ``ulysses_layer_times`` but no ``ulysses_layer_times_of_work``) is priced unit by unit.
 
     Every slice is sharded once (:func:`~slimpack.cost.cp_sharding.shard_buffers`); a unit's
     pieces on a CP rank are its slices' pieces on that rank, so its tokens, key tiles and
     query tiles per rank are sums of per-(slice, rank) sums.
     """
     tp, cp = group.tp, group.cp
+    ulysses = cp > 1 and group.cp_kind == "ulysses"
     batched = getattr(cost, "layer_times_of_work", None)
-    if batched is None or not units or (cp > 1 and group.cp_kind == "ulysses"):
+    if ulysses and getattr(cost, "ulysses_layer_times", None) is not None:
+        batched = getattr(cost, "ulysses_layer_times_of_work", None)
+    if batched is None or not units:
         return None
     index: dict[int, int] = {}
     rows: list[tuple[int, int]] = []
@@ -240,6 +244,9 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
     unit_start = np.cumsum([0] + [len(unit.slice_ids) for unit in units[:-1]])
     per_unit = np.add.reduceat(per_slice[:, members, :], unit_start, axis=1)  # (3, unit, rank)
     rank_tokens, rank_tiles, rank_queries = (x.T for x in per_unit)  # each (rank, unit)
+    if ulysses:
+        return _ulysses_prices(per_unit.sum(axis=2), batched, model=model, cost=cost, tp=tp,
+                               cp=cp, recompute=group.recompute, cp_intra=cp_intra)
     times = batched(rank_tokens, rank_tiles, rank_queries, tp=tp, recompute=group.recompute)
     if times is None:
         return None
@@ -260,6 +267,27 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
         bwd = np.maximum(bwd, 2 * (cp - 1) * step)
     return list(zip(fwd.tolist(), bwd.tolist(), (fwd_sum / cp).tolist(),
                     (bwd_sum / cp).tolist(), rank_tokens.sum(axis=0).tolist(), strict=True))
+
+
+def _ulysses_prices(sums: np.ndarray, batched, *, model: ModelSpec, cost: CostModel, tp: int,
+                    cp: int, recompute: str, cp_intra: bool
+                    ) -> list[tuple[float, float, float, float, int]] | None:
+    """:func:`unit_layer_seconds`'s Ulysses rule from each unit's (tokens, tiles, queries)
+    summed over all its CP chunks: ``ulysses_layer_times`` where the cost model has it, else
+    the heads split as a tp*cp TP group; plus the all-to-alls."""
+    tokens, tiles, queries = sums
+    if getattr(cost, "ulysses_layer_times", None) is not None:
+        times = batched(tokens, tiles, queries, tp=tp, sp=cp, recompute=recompute)
+    else:
+        times = batched(tokens, tiles, queries, tp=tp * cp, recompute=recompute)
+    if times is None:
+        return None
+    fwd, bwd = times
+    counts, where = np.unique(tokens, return_inverse=True)
+    comm = np.array([_ulysses_comm(model, cost, n / cp, tp, cp, cp_intra)
+                     for n in counts.tolist()], dtype=np.float64)[where.reshape(-1)]
+    return list(zip((fwd + comm).tolist(), (bwd + comm).tolist(), fwd.tolist(), bwd.tolist(),
+                    tokens.tolist(), strict=True))
 
 
 def unit_layer_seconds(per_rank: list[list[tuple[int, int]]], *, model: ModelSpec,
