@@ -53,9 +53,13 @@ class KernelCostModel:
     _token_cache: dict = field(init=False, repr=False, compare=False)
     """(tokens, tp) -> the token-only part of a layer (GEMMs, elementwise, TP comm): planners
     price the same unit sizes many times."""
+    _head_cache: dict = field(init=False, repr=False, compare=False)
+    """(tokens, tp, vocab_shards) -> :meth:`head_times`: the simulator prices the head of
+    every unit, and units repeat token counts across groups and layouts."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_token_cache", {})
+        object.__setattr__(self, "_head_cache", {})
         for name in ("gemm_scale", "attention_fwd_scale", "attention_bwd_scale",
                      "network_scale"):
             if not getattr(self, name) > 0:
@@ -317,6 +321,13 @@ class KernelCostModel:
     def head_times(self, tokens: int, *, tp: int = 1, vocab_shards: int = 1) -> PassTimes:
         if tokens <= 0:
             return ZERO_TIMES
+        key = (tokens, tp, vocab_shards)
+        hit = self._head_cache.get(key)
+        if hit is None:
+            hit = self._head_cache[key] = self._head_times(tokens, tp, vocab_shards)
+        return hit
+
+    def _head_times(self, tokens: int, tp: int, vocab_shards: int) -> PassTimes:
         v = -(-self.model.vocab_size // (tp * vocab_shards))
         h = self.model.hidden
         # Logits and cross entropy in fp32: write logits, read them for softmax, write grads.

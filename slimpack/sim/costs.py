@@ -10,6 +10,8 @@ here too but scheduled on the comm lanes by the engine.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +25,7 @@ from slimpack.plan import Group, Unit
 from slimpack.specs.model import ModelSpec
 
 BF16 = 2
+_START_END = operator.attrgetter("start", "end")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,16 +127,14 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
     priced: list[tuple[float, float, float, float, int] | None] = [None] * len(units)
     keys: list = []
     if price_cache is not None:
-        segments: dict[int, tuple] = {}
-
-        def slice_key(sid: int) -> tuple:
-            got = segments.get(sid)
-            if got is None:
-                got = segments[sid] = tuple((seg.num_tokens, seg.start)
-                                            for seg in group.slice(sid).segments)
-            return got
-
-        keys = [(setting, tuple(slice_key(sid) for sid in u.slice_ids)) for u in units]
+        # A slice's key is its segments' (tokens, start) pairs as bytes: bytes cache their
+        # hash, so a unit's key hashes in O(its slices), not O(its documents).
+        index, rows, first = _slice_rows(group, units)
+        bounds = np.append(first, len(rows)) * rows.itemsize * 2
+        raw = rows.tobytes()
+        slice_key = [raw[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(),
+                                               strict=True)]
+        keys = [(setting, tuple(slice_key[index[sid]] for sid in u.slice_ids)) for u in units]
         priced = [price_cache.get(k) for k in keys]
     todo = [i for i, p in enumerate(priced) if p is None]
     if todo:
@@ -217,17 +218,8 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
         batched = getattr(cost, "ulysses_layer_times_of_work", None)
     if batched is None or not units:
         return None
-    index: dict[int, int] = {}
-    rows: list[tuple[int, int]] = []
-    first: list[int] = []
-    for unit in units:
-        for sid in unit.slice_ids:
-            if sid not in index:
-                index[sid] = len(first)
-                first.append(len(rows))
-                rows.extend((seg.num_tokens, seg.start) for seg in group.slice(sid).segments)
-    buffer, rank, chunks = shard_buffers(np.array(rows, dtype=np.int64).reshape(-1, 2),
-                                         np.array(first, dtype=np.int64), cp, group.cp_sharding)
+    index, rows, first = _slice_rows(group, units)
+    buffer, rank, chunks = shard_buffers(rows, first, cp, group.cp_sharding)
     tokens, prefix = chunks[:, 0], chunks[:, 1]
     nq = -(-tokens // ATTN_TILE)
     tiles = nq * -(-prefix // ATTN_TILE) + nq * (nq + 1) // 2
@@ -267,6 +259,25 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
         bwd = np.maximum(bwd, 2 * (cp - 1) * step)
     return list(zip(fwd.tolist(), bwd.tolist(), (fwd_sum / cp).tolist(),
                     (bwd_sum / cp).tolist(), rank_tokens.sum(axis=0).tolist(), strict=True))
+
+
+def _slice_rows(group: Group, units: Sequence[Unit]
+                ) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
+    """The distinct slices of ``units``: slice id -> its position, the ``(tokens, start)``
+    rows of their segments one slice after another, and the row where each slice starts."""
+    index: dict[int, int] = {}
+    slices = []
+    for unit in units:
+        for sid in unit.slice_ids:
+            if sid not in index:
+                index[sid] = len(slices)
+                slices.append(group.slice(sid).segments)
+    counts = np.fromiter(map(len, slices), dtype=np.int64, count=len(slices))
+    pairs = map(_START_END, itertools.chain.from_iterable(slices))
+    bounds = np.fromiter(itertools.chain.from_iterable(pairs), dtype=np.int64,
+                         count=2 * int(counts.sum())).reshape(-1, 2)
+    rows = np.stack([bounds[:, 1] - bounds[:, 0], bounds[:, 0]], axis=1)
+    return index, rows, np.cumsum(counts) - counts
 
 
 def _ulysses_prices(sums: np.ndarray, batched, *, model: ModelSpec, cost: CostModel, tp: int,
