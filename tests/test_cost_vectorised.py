@@ -7,10 +7,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slimpack.cost import kernels
+from slimpack.cost import AnalyticCostModel, kernels
 from slimpack.cost.cp_sharding import shard_piece_arrays, shard_pieces
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.specs import hardware_preset, model_preset
+from slimpack.specs.training import TrainingSpec
 
 pieces_strategy = st.lists(st.tuples(st.integers(0, 40_000), st.integers(0, 300_000)),
                            max_size=150)
@@ -105,3 +106,37 @@ def test_batched_rank_layer_times_equal_one_call_per_rank(per_rank, recompute):
     arrays = [np.array(r, dtype=np.int64).reshape(-1, 2) for r in per_rank]
     batched = cost.rank_layer_times(arrays, tp=2, recompute=recompute)
     assert batched == [cost.layer_times(r, tp=2, recompute=recompute) for r in per_rank]
+
+
+def _work_sums(pieces):
+    kept = [(t, p) for t, p in pieces if t > 0]
+    tiles, queries = kernels.attention_work(kept) if kept else (0, 0)
+    return sum(t for t, _ in kept), tiles, queries
+
+
+@settings(max_examples=150, deadline=None)
+@given(lists=st.lists(pieces_strategy, min_size=1, max_size=12),
+       tp=st.sampled_from([1, 2, 4, 8]),
+       recompute=st.sampled_from(["none", "selective", "full"]),
+       kind=st.sampled_from(["kernel", "analytic", "analytic-no-tp-comm"]))
+def test_layer_times_of_work_equal_layer_times_to_the_last_bit(lists, tp, recompute, kind):
+    model, hw = model_preset("llama-70b"), hardware_preset("h800")
+    if kind == "kernel":
+        cost = default_cost_model(model, hw)
+    else:
+        cost = AnalyticCostModel(model=model, hardware=hw, tp_comm=kind == "analytic")
+    sums = np.array([_work_sums(pieces) for pieces in lists], dtype=np.int64)
+    # A 2-D layout, as the simulator passes it: (rank, unit).
+    shaped = sums.T.reshape(3, 1, -1)
+    fwd, bwd = cost.layer_times_of_work(*shaped, tp=tp, recompute=recompute)
+    expected = [cost.layer_times(pieces, tp=tp, recompute=recompute) for pieces in lists]
+    assert fwd.shape == bwd.shape == (1, len(lists))
+    assert fwd[0].tolist() == [t.forward_s for t in expected]
+    assert bwd[0].tolist() == [t.backward_s for t in expected]
+
+
+def test_unfused_attention_has_no_pricing_from_sums():
+    cost = default_cost_model(model_preset("llama-7b"), hardware_preset("h800"),
+                              TrainingSpec(attention_kernel="unfused"))
+    one = np.ones(3, dtype=np.int64)
+    assert cost.layer_times_of_work(one, one, one) is None

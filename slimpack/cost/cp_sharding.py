@@ -118,3 +118,88 @@ def _per_sequence(pieces: np.ndarray, cp: int) -> list[np.ndarray]:
         parts[_owner(cp, chunk)].append(
             np.stack([(b - a)[keep], (prefix[first:last] + a - starts[first:last])[keep]], axis=1))
     return [np.concatenate(p).reshape(-1, 2) for p in parts]
+
+
+def shard_buffers(pieces: np.ndarray, first: np.ndarray, cp: int,
+                  sharding: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`shard_piece_arrays` of many buffers in one numpy pass.
+
+    ``pieces`` is an ``(n, 2)`` array of ``(tokens, kv_prefix)``, the buffers' pieces one
+    buffer after another; ``first[b]`` is the row where buffer ``b`` starts (increasing,
+    ``first[0] == 0``; every buffer holds at least one row). Returns ``(buffer, rank,
+    chunks)``: for each output piece its buffer, its CP rank and its ``(tokens, kv_prefix)``
+    row, sorted by ``(buffer, rank)`` and, inside each, in the order
+    ``shard_piece_arrays(buffer's pieces, cp, sharding)[rank]`` gives them (so the simulator
+    prices every slice of a group at once, exactly as slice by slice).
+    """
+    if cp < 1:
+        raise ValueError(f"cp must be >= 1, got {cp}")
+    if sharding not in CP_SHARDINGS:
+        raise ValueError(f"cp sharding must be one of {CP_SHARDINGS}, got {sharding!r}")
+    arr = np.asarray(pieces, dtype=np.int64).reshape(-1, 2)
+    first = np.asarray(first, dtype=np.int64)
+    if len(first) and (first[0] != 0 or (np.diff(first) <= 0).any() or first[-1] >= len(arr)):
+        raise ValueError("first must start at 0 and increase strictly, every buffer non-empty")
+    owner_buffer = np.repeat(np.arange(len(first)), np.diff(np.append(first, len(arr))))
+    if cp == 1 or not len(arr):
+        keep = arr[:, 0] > 0
+        return owner_buffer[keep], np.zeros(int(keep.sum()), dtype=np.int64), arr[keep]
+    if sharding == "per-document":
+        buffer, rank, out = _per_document_buffers(arr, first, owner_buffer, cp)
+    else:
+        buffer, rank, out = _per_sequence_buffers(arr, first, owner_buffer, cp)
+    keep = out[:, 0] > 0
+    buffer, rank, out = buffer[keep], rank[keep], out[keep]
+    # Stable: inside one (buffer, rank) the pieces keep the order they were generated in.
+    order = np.argsort(buffer * cp + rank, kind="stable")
+    return buffer[order], rank[order], out[order]
+
+
+def _per_document_buffers(pieces: np.ndarray, first: np.ndarray, owner_buffer: np.ndarray,
+                          cp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_per_document` of every buffer at once: the same rule, with the round-robin
+    pointer restarting at each buffer (each buffer is sharded on its own)."""
+    chunks = 2 * cp
+    tokens, prefix = pieces[:, 0], pieces[:, 1]
+    base, remainder = np.divmod(tokens, chunks)
+    before = np.cumsum(remainder) - remainder  # remainders of earlier pieces, all buffers
+    pointer = (before - before[first][owner_buffer]) % cp
+    ranks = np.arange(cp)
+    distance = (ranks[None, :] - pointer[:, None]) % cp
+    extra = (distance < remainder[:, None]).astype(np.int64) + \
+        (distance + cp < remainder[:, None]).astype(np.int64)
+    owner, early = _chunk_owners(cp)
+    bonus = np.where(early[None, :], extra[:, owner] >= 1, extra[:, owner] == 2)
+    lengths = base[:, None] + bonus.astype(np.int64)
+    offsets = prefix[:, None] + np.cumsum(lengths, axis=1) - lengths
+    # Per piece: rank r's early chunk r, then its late chunk 2cp-1-r (piece, rank, 2).
+    columns = np.stack([ranks, chunks - 1 - ranks], axis=1)
+    out = np.stack([lengths[:, columns].reshape(-1), offsets[:, columns].reshape(-1)], axis=1)
+    n = len(pieces)
+    rank = np.broadcast_to(ranks[None, :, None], (n, cp, 2)).reshape(-1)
+    buffer = np.repeat(owner_buffer, chunks)
+    return buffer, rank, out
+
+
+def _per_sequence_buffers(pieces: np.ndarray, first: np.ndarray, owner_buffer: np.ndarray,
+                          cp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_per_sequence` of every buffer at once. All buffers are laid end to end; every
+    piece boundary and every chunk boundary is a cut, and each stretch between two
+    consecutive cuts lies in exactly one piece and one chunk: it is one output piece."""
+    chunks = 2 * cp
+    tokens, prefix = pieces[:, 0], pieces[:, 1]
+    ends = np.cumsum(tokens)
+    starts = ends - tokens
+    buffer_start = starts[first]
+    buffer_total = np.append(buffer_start[1:], ends[-1]) - buffer_start
+    # Chunk k of buffer b: [start + total*k//2cp, start + total*(k+1)//2cp), buffer-major.
+    k = np.arange(chunks + 1)
+    bounds = buffer_start[:, None] + buffer_total[:, None] * k[None, :] // chunks
+    chunk_end = bounds[:, 1:].reshape(-1)
+    cuts = np.unique(np.concatenate([starts, ends, bounds.reshape(-1)]))
+    lo, hi = cuts[:-1], cuts[1:]
+    piece = np.searchsorted(ends, lo, side="right")  # the piece holding position lo
+    chunk = np.searchsorted(chunk_end, lo, side="right")  # the non-empty chunk holding it
+    owner, _ = _chunk_owners(cp)
+    out = np.stack([hi - lo, prefix[piece] + lo - starts[piece]], axis=1)
+    return chunk // chunks, owner[chunk % chunks], out

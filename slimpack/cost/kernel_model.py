@@ -53,9 +53,13 @@ class KernelCostModel:
     _token_cache: dict = field(init=False, repr=False, compare=False)
     """(tokens, tp) -> the token-only part of a layer (GEMMs, elementwise, TP comm): planners
     price the same unit sizes many times."""
+    _head_cache: dict = field(init=False, repr=False, compare=False)
+    """(tokens, tp, vocab_shards) -> :meth:`head_times`: the simulator prices the head of
+    every unit, and units repeat token counts across groups and layouts."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_token_cache", {})
+        object.__setattr__(self, "_head_cache", {})
         for name in ("gemm_scale", "attention_fwd_scale", "attention_bwd_scale",
                      "network_scale"):
             if not getattr(self, name) > 0:
@@ -192,6 +196,62 @@ class KernelCostModel:
                 self._flash_layer_times(int(t), int(a), int(q), tp, recompute)
                 for t, a, q in zip(*(x.tolist() for x in sums), strict=True)]
 
+    def layer_times_of_work(self, tokens: np.ndarray, tiles: np.ndarray, queries: np.ndarray,
+                            *, tp: int = 1, recompute: str = "none"
+                            ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(forward, backward) seconds of :meth:`layer_times` for many pieces lists at once,
+        each given by its sums: ``tokens``, causal key ``tiles`` visited and query tiles
+        (:func:`~slimpack.cost.kernels.attention_work`), as integer arrays of one shape.
+        Element for element equal to :meth:`layer_times` of the pieces (the same float
+        operations in the same order; the token-only part comes from the same per token
+        count cache). ``None`` when this model needs the pieces themselves (unfused
+        attention prices each document's s x s scores)."""
+        check_recompute("layer_times", recompute)
+        if self.training.attention_kernel != "flash":
+            return None
+        tokens = np.asarray(tokens, dtype=np.int64)
+        return self._work_times(tokens, tokens, tiles, queries, tp, recompute,
+                                self.model.num_heads / tp)
+
+    def ulysses_layer_times_of_work(self, tokens: np.ndarray, tiles: np.ndarray,
+                                    queries: np.ndarray, *, tp: int = 1, sp: int = 1,
+                                    recompute: str = "none"
+                                    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`ulysses_layer_times` of many units at once from their sums over all their
+        pieces (:meth:`layer_times_of_work`'s arguments); element for element equal."""
+        check_recompute("layer_times", recompute)
+        if self.training.attention_kernel != "flash":
+            return None
+        tokens = np.asarray(tokens, dtype=np.int64)
+        return self._work_times(tokens, -(-tokens // sp), tiles, queries, tp, recompute,
+                                self.model.num_heads / (tp * sp))
+
+    def _work_times(self, tokens: np.ndarray, linear_tokens: np.ndarray, tiles: np.ndarray,
+                    queries: np.ndarray, tp: int, recompute: str,
+                    heads: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_flash_layer_times` over arrays: ``linear_tokens`` through the token-only
+        kernels, attention from the sums; zero where ``tokens`` is (no pieces)."""
+        mdl, hw = self.model, self.hardware
+        attn_f = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
+                                             head_dim=mdl.head_dim, backward=False) \
+            / self.attention_fwd_scale
+        attn_b = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
+                                             head_dim=mdl.head_dim, backward=True) \
+            / self.attention_bwd_scale
+        # The token-only part: one cached price per distinct token count.
+        counts, where = np.unique(linear_tokens, return_inverse=True)
+        parts = [self._token_part(int(n), tp) if n > 0 else ZERO_TIMES for n in counts.tolist()]
+        token_f = np.array([p.forward_s for p in parts], dtype=np.float64)[where]
+        token_b = np.array([p.backward_s for p in parts], dtype=np.float64)[where]
+        fwd = token_f.reshape(tokens.shape) + attn_f
+        bwd = token_b.reshape(tokens.shape) + attn_b
+        if recompute == "full":
+            bwd = bwd + fwd
+        elif recompute == "selective":
+            bwd = bwd + attn_f
+        empty = tokens <= 0  # layer_times of no pieces: ZERO_TIMES
+        return np.where(empty, 0.0, fwd), np.where(empty, 0.0, bwd)
+
     def ulysses_layer_times(self, pieces: Sequence[Piece] | np.ndarray, *, tp: int = 1,
                             sp: int = 1, recompute: str = "none") -> PassTimes:
         """One layer on one GPU of a Ulysses sequence-parallel group of ``sp`` tensor groups
@@ -228,10 +288,7 @@ class KernelCostModel:
     def _combine(self, tokens: int, attn: PassTimes, tp: int, recompute: str) -> PassTimes:
         """A layer: the token-proportional kernels (cached by token count) plus attention,
         with the recompute mode's extra forward work in backward."""
-        token_part = self._token_cache.get((tokens, tp))
-        if token_part is None:
-            token_part = self._token_times(tokens, tp)
-            self._token_cache[(tokens, tp)] = token_part
+        token_part = self._token_part(tokens, tp)
         fwd = token_part.forward_s + attn.forward_s
         bwd = token_part.backward_s + attn.backward_s
         if recompute == "full":
@@ -240,6 +297,13 @@ class KernelCostModel:
             # Korthikanti et al. 2022 section 4.2: the attention core is recomputed.
             bwd += attn.forward_s
         return PassTimes(forward_s=fwd, backward_s=bwd)
+
+    def _token_part(self, tokens: int, tp: int) -> PassTimes:
+        token_part = self._token_cache.get((tokens, tp))
+        if token_part is None:
+            token_part = self._token_times(tokens, tp)
+            self._token_cache[(tokens, tp)] = token_part
+        return token_part
 
     def _token_times(self, tokens: int, tp: int) -> PassTimes:
         """GEMMs, elementwise work and (exposed) TP communication of one layer."""
@@ -257,6 +321,13 @@ class KernelCostModel:
     def head_times(self, tokens: int, *, tp: int = 1, vocab_shards: int = 1) -> PassTimes:
         if tokens <= 0:
             return ZERO_TIMES
+        key = (tokens, tp, vocab_shards)
+        hit = self._head_cache.get(key)
+        if hit is None:
+            hit = self._head_cache[key] = self._head_times(tokens, tp, vocab_shards)
+        return hit
+
+    def _head_times(self, tokens: int, tp: int, vocab_shards: int) -> PassTimes:
         v = -(-self.model.vocab_size // (tp * vocab_shards))
         h = self.model.hidden
         # Logits and cross entropy in fp32: write logits, read them for softmax, write grads.

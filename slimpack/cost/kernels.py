@@ -184,10 +184,12 @@ def attention_seconds_of_work(hw: HardwareSpec, tiles: int, queries: int, *, hea
                               head_dim: int, backward: bool,
                               consts: AttentionConstants | None = None) -> float:
     """:func:`attention_seconds` from :func:`attention_work`'s sums: each query tile pays
-    its row overhead on top of the key tiles it visits."""
+    its row overhead on top of the key tiles it visits. ``tiles`` and ``queries`` may be
+    integer arrays (the simulator prices all units of a group at once): the same operations
+    in the same order, so each element equals the scalar call's result."""
     c = consts or ATTENTION_CONSTANTS[hw.kernel_family]
     work = tiles + (c.row_bwd if backward else c.row_fwd) * queries
-    if work == 0.0:
+    if not isinstance(work, np.ndarray) and work == 0.0:
         return 0.0
     scale = (head_dim / (head_dim + c.d0)) / (128 / (128 + c.d0))
     eta = (c.eta_bwd if backward else c.eta_fwd) * scale

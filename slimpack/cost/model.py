@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from slimpack.cost.comm import CommModel
 from slimpack.cost.flops import Piece, as_piece_list, head_flops, linear_flops_per_token
 from slimpack.specs.hardware import HardwareSpec
@@ -155,6 +157,49 @@ class AnalyticCostModel:
             fwd += 4 * one
             bwd += 4 * one
         return PassTimes(forward_s=fwd, backward_s=bwd)
+
+    def layer_times_of_work(self, tokens: np.ndarray, tiles: np.ndarray, queries: np.ndarray,
+                            *, tp: int = 1, recompute: str = "none"
+                            ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(forward, backward) seconds of :meth:`layer_times` for many pieces lists at once,
+        each given by its sums (integer arrays of one shape): ``tokens``, causal key
+        ``tiles`` (``sum nq*ceil(p/128) + nq*(nq+1)/2``, the float sum of
+        :meth:`attention_seconds` held exactly) and query tiles (unused here). Element for
+        element equal to :meth:`layer_times`: the same float operations in the same order.
+        ``None`` (price piece by piece) where an integer product would pass 2^53 and numpy's
+        float conversion could round where Python's integer arithmetic does not."""
+        check_recompute("layer_times", recompute)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        tiles = np.asarray(tiles, dtype=np.int64)
+        mdl, hw = self.model, self.hardware
+        selective_bytes = mdl.ffn_hidden * mdl.moe_top_k * 2 * 3
+        largest = int(tokens.max()) if tokens.size else 0
+        if max(largest * max(selective_bytes, mdl.hidden * 2), int(tiles.max(initial=0)),
+               largest + hw.half_efficiency_tokens) >= 2**53:
+            return None
+        linear_flops = linear_flops_per_token(mdl) * tokens / tp
+        saturation = tokens / (tokens + hw.half_efficiency_tokens)
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 where empty, masked below
+            fwd_linear = linear_flops / (hw.peak_flops * hw.gemm_efficiency * saturation)
+        fwd_attention = 4.0 * mdl.q_dim * tiles * TILE * TILE / tp / self._attention_rate
+        fwd = fwd_linear + fwd_attention
+        bwd = (self.backward_linear_ratio * fwd_linear
+               + self.backward_attention_ratio * fwd_attention)
+        if recompute == "full":
+            bwd = bwd + fwd
+        elif recompute == "selective":
+            bwd = bwd + tokens * selective_bytes / tp / (hw.hbm_tbps * 1e12)
+        fwd = fwd + self.kernel_overhead_s
+        bwd = bwd + 2 * self.kernel_overhead_s
+        if self.tp_comm and tp > 1:
+            counts, where = np.unique(tokens, return_inverse=True)
+            one = np.array([self.comm.all_gather(n * mdl.hidden * 2, tp, intra_node=True)
+                            for n in counts.tolist()], dtype=np.float64)[where]
+            one = one.reshape(tokens.shape)
+            fwd = fwd + 4 * one
+            bwd = bwd + 4 * one
+        empty = tokens <= 0  # layer_times of no pieces: ZERO_TIMES
+        return np.where(empty, 0.0, fwd), np.where(empty, 0.0, bwd)
 
     def head_times(self, tokens: int, *, tp: int = 1, vocab_shards: int = 1) -> PassTimes:
         if tokens <= 0:

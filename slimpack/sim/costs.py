@@ -10,18 +10,22 @@ here too but scheduled on the comm lanes by the engine.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from slimpack.cost.cp_sharding import shard_piece_arrays
+from slimpack.cost.cp_sharding import shard_buffers, shard_piece_arrays
+from slimpack.cost.kernels import ATTN_TILE
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
-from slimpack.cost.model import CostModel, rank_layer_times
+from slimpack.cost.model import CostModel, PassTimes, rank_layer_times
 from slimpack.plan import Group, Unit
 from slimpack.specs.model import ModelSpec
 
 BF16 = 2
+_START_END = operator.attrgetter("start", "end")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,62 +118,187 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
     setting = (tp, cp, group.cp_sharding, group.cp_kind, group.recompute, cp_intra)
 
     def price(unit: Unit) -> tuple[float, float, float, float, int]:
-        key = None
-        if price_cache is not None:
-            key = (setting, tuple(tuple((seg.num_tokens, seg.start)
-                                        for seg in group.slice(sid).segments)
-                                  for sid in unit.slice_ids))
-            hit = price_cache.get(key)
-            if hit is not None:
-                return hit
-        priced = unit_layer_seconds(rank_pieces(unit), model=model, cost=cost, tp=tp, cp=cp,
-                                    cp_kind=group.cp_kind, recompute=group.recompute,
-                                    cp_intra=cp_intra)
-        if key is not None:
-            price_cache[key] = priced
-        return priced
+        return unit_layer_seconds(rank_pieces(unit), model=model, cost=cost, tp=tp, cp=cp,
+                                  cp_kind=group.cp_kind, recompute=group.recompute,
+                                  cp_intra=cp_intra)
 
-    fwd_priced = [price(u) for u in group.forward_units]
-    bwd_priced = (fwd_priced if group.backward_units == group.forward_units
-                  else [price(u) for u in group.backward_units])
-    fwd = [(f[0], f[2], f[4]) for f in fwd_priced]
-    bwd = [(b[1], b[3], b[4]) for b in bwd_priced]
-    fwd_tokens = [f[2] for f in fwd]
-    bwd_tokens = [b[2] for b in bwd]
+    same = group.backward_units == group.forward_units
+    units = list(group.forward_units) + ([] if same else list(group.backward_units))
+    priced: list[tuple[float, float, float, float, int] | None] = [None] * len(units)
+    keys: list = []
+    if price_cache is not None:
+        # A slice's key is its segments' (tokens, start) pairs as bytes: bytes cache their
+        # hash, so a unit's key hashes in O(its slices), not O(its documents).
+        index, rows, first = _slice_rows(group, units)
+        bounds = np.append(first, len(rows)) * rows.itemsize * 2
+        raw = rows.tobytes()
+        slice_key = [raw[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(),
+                                               strict=True)]
+        keys = [(setting, tuple(slice_key[index[sid]] for sid in u.slice_ids)) for u in units]
+        priced = [price_cache.get(k) for k in keys]
+    todo = [i for i, p in enumerate(priced) if p is None]
+    if todo:
+        fresh = unit_prices(group, [units[i] for i in todo], model=model, cost=cost,
+                            cp_intra=cp_intra)
+        if fresh is None:  # a cost model that prices pieces only
+            fresh = [price(units[i]) for i in todo]
+        for i, p in zip(todo, fresh, strict=True):
+            priced[i] = p
+            if keys:
+                price_cache[keys[i]] = p
+    fwd_priced = priced[:len(group.forward_units)]
+    bwd_priced = fwd_priced if same else priced[len(group.forward_units):]
+    fwd_tokens = [f[4] for f in fwd_priced]
+    bwd_tokens = [b[4] for b in bwd_priced]
 
     head_vs = set(head_virtual_stages(group))
     shards = pp if group.vocab_parallel_pp else 1
+    head_of: dict[int, PassTimes] = {}
 
-    def head(tokens: int, backward: bool) -> float:
-        t = cost.head_times(-(-tokens // cp), tp=tp, vocab_shards=shards)
-        return t.backward_s if backward else t.forward_s
+    def head(tokens: list[int], backward: bool) -> np.ndarray:
+        out = []
+        for t in tokens:  # units repeat token counts: one cost-model call per count
+            h = head_of.get(t)
+            if h is None:
+                h = head_of[t] = cost.head_times(-(-t // cp), tp=tp, vocab_shards=shards)
+            out.append(h.backward_s if backward else h.forward_s)
+        return np.array(out, dtype=np.float64)
 
-    fwd_head = [head(t, False) for t in fwd_tokens] if head_vs else []
-    bwd_head = [head(t, True) for t in bwd_tokens] if head_vs else []
+    fwd_head = head(fwd_tokens, False) if head_vs else 0.0
+    bwd_head = head(bwd_tokens, True) if head_vs else 0.0
+    columns = [np.array([p[k] for p in rows], dtype=np.float64).reshape(-1)
+               for rows, k in ((fwd_priced, 0), (bwd_priced, 1), (fwd_priced, 2),
+                               (bwd_priced, 3))]
     fwd_s, bwd_s, fwd_ideal, bwd_ideal = [], [], [], []
     for vs, n in enumerate(layers):
         with_head = vs in head_vs
-        fwd_s.append([f[0] * n + (fwd_head[u] if with_head else 0.0) for u, f in enumerate(fwd)])
-        bwd_s.append([b[0] * n + (bwd_head[u] if with_head else 0.0) for u, b in enumerate(bwd)])
-        fwd_ideal.append([f[1] * n + (fwd_head[u] if with_head else 0.0)
-                          for u, f in enumerate(fwd)])
-        bwd_ideal.append([b[1] * n + (bwd_head[u] if with_head else 0.0)
-                          for u, b in enumerate(bwd)])
+        # Elementwise the per-unit rule: seconds per layer * layers + the head (or + 0.0).
+        for out, column, extra in ((fwd_s, columns[0], fwd_head), (bwd_s, columns[1], bwd_head),
+                                   (fwd_ideal, columns[2], fwd_head),
+                                   (bwd_ideal, columns[3], bwd_head)):
+            out.append((column * n + (extra if with_head else 0.0)).tolist())
 
     def sends(tokens: list[int], step: int) -> list[list[float]]:
+        counts, where = np.unique(np.array(tokens, dtype=np.int64), return_inverse=True)
+        by_link = {}
+        for intra in (True, False):
+            # Sequence parallelism: each TP rank sends its 1/tp share of the hidden states.
+            by_link[intra] = np.array(
+                [cost.comm.p2p(t / (tp * cp) * model.hidden * BF16, intra_node=intra)
+                 for t in counts.tolist()], dtype=np.float64)[where.reshape(-1)]
         out = []
         for s in range(pp):
             peer = (s + step) % pp
             intra = len(stage_nodes[s] | stage_nodes[peer]) == 1
-            # Sequence parallelism: each TP rank sends its 1/tp share of the hidden states.
-            out.append([cost.comm.p2p(t / (tp * cp) * model.hidden * BF16, intra_node=intra)
-                        for t in tokens])
+            out.append(by_link[intra].tolist())
         return out
 
     return GroupCosts(layers=layers, fwd_s=fwd_s, bwd_s=bwd_s, fwd_ideal_s=fwd_ideal,
                       bwd_ideal_s=bwd_ideal, fwd_send_s=sends(fwd_tokens, 1),
                       bwd_send_s=sends(bwd_tokens, -1), fwd_unit_tokens=fwd_tokens,
                       bwd_unit_tokens=bwd_tokens)
+
+
+def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: CostModel,
+                cp_intra: bool = True) -> list[tuple[float, float, float, float, int]] | None:
+    """:func:`unit_layer_seconds` of every unit in ``units`` in one numpy pass, element for
+    element equal to pricing them one by one (integer sums exact, the same float operations
+    in the same order), or ``None`` where that is not available: a cost model without
+    ``layer_times_of_work`` (or one that declines it; for Ulysses CP, a model with
+    ``ulysses_layer_times`` but no ``ulysses_layer_times_of_work``) is priced unit by unit.
+
+    Every slice is sharded once (:func:`~slimpack.cost.cp_sharding.shard_buffers`); a unit's
+    pieces on a CP rank are its slices' pieces on that rank, so its tokens, key tiles and
+    query tiles per rank are sums of per-(slice, rank) sums.
+    """
+    tp, cp = group.tp, group.cp
+    ulysses = cp > 1 and group.cp_kind == "ulysses"
+    batched = getattr(cost, "layer_times_of_work", None)
+    if ulysses and getattr(cost, "ulysses_layer_times", None) is not None:
+        batched = getattr(cost, "ulysses_layer_times_of_work", None)
+    if batched is None or not units:
+        return None
+    index, rows, first = _slice_rows(group, units)
+    buffer, rank, chunks = shard_buffers(rows, first, cp, group.cp_sharding)
+    tokens, prefix = chunks[:, 0], chunks[:, 1]
+    nq = -(-tokens // ATTN_TILE)
+    tiles = nq * -(-prefix // ATTN_TILE) + nq * (nq + 1) // 2
+    # Per (slice, rank) integer sums; shard_buffers sorts pieces by (slice, rank).
+    key = buffer * cp + rank
+    per_slice = np.zeros((3, len(first) * cp), dtype=np.int64)
+    if len(key):
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        for row, values in enumerate((tokens, tiles, nq)):
+            per_slice[row, key[starts]] = np.add.reduceat(values, starts)
+    per_slice = per_slice.reshape(3, len(first), cp)
+    # Per (unit, rank): the sums of the unit's slices.
+    members = np.array([index[sid] for unit in units for sid in unit.slice_ids], dtype=np.int64)
+    unit_start = np.cumsum([0] + [len(unit.slice_ids) for unit in units[:-1]])
+    per_unit = np.add.reduceat(per_slice[:, members, :], unit_start, axis=1)  # (3, unit, rank)
+    rank_tokens, rank_tiles, rank_queries = (x.T for x in per_unit)  # each (rank, unit)
+    if ulysses:
+        return _ulysses_prices(per_unit.sum(axis=2), batched, model=model, cost=cost, tp=tp,
+                               cp=cp, recompute=group.recompute, cp_intra=cp_intra)
+    times = batched(rank_tokens, rank_tiles, rank_queries, tp=tp, recompute=group.recompute)
+    if times is None:
+        return None
+    fwd_rank, bwd_rank = times
+    fwd, bwd = fwd_rank.max(axis=0), bwd_rank.max(axis=0)
+    # The balanced price: the ranks summed in order, as Python's sum() does, then / cp.
+    fwd_sum, bwd_sum = fwd_rank[0].copy(), bwd_rank[0].copy()
+    for r in range(1, cp):
+        fwd_sum += fwd_rank[r]
+        bwd_sum += bwd_rank[r]
+    if cp > 1:
+        # Ring attention's K,V steps (see unit_layer_seconds), one price per token count.
+        largest, where = np.unique(rank_tokens.max(axis=0), return_inverse=True)
+        kv = kv_bytes_per_token_per_layer(model, tp)
+        step = np.array([cost.comm.p2p(n * kv, intra_node=cp_intra) for n in largest.tolist()],
+                        dtype=np.float64)[where.reshape(-1)]
+        fwd = np.maximum(fwd, (cp - 1) * step)
+        bwd = np.maximum(bwd, 2 * (cp - 1) * step)
+    return list(zip(fwd.tolist(), bwd.tolist(), (fwd_sum / cp).tolist(),
+                    (bwd_sum / cp).tolist(), rank_tokens.sum(axis=0).tolist(), strict=True))
+
+
+def _slice_rows(group: Group, units: Sequence[Unit]
+                ) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
+    """The distinct slices of ``units``: slice id -> its position, the ``(tokens, start)``
+    rows of their segments one slice after another, and the row where each slice starts."""
+    index: dict[int, int] = {}
+    slices = []
+    for unit in units:
+        for sid in unit.slice_ids:
+            if sid not in index:
+                index[sid] = len(slices)
+                slices.append(group.slice(sid).segments)
+    counts = np.fromiter(map(len, slices), dtype=np.int64, count=len(slices))
+    pairs = map(_START_END, itertools.chain.from_iterable(slices))
+    bounds = np.fromiter(itertools.chain.from_iterable(pairs), dtype=np.int64,
+                         count=2 * int(counts.sum())).reshape(-1, 2)
+    rows = np.stack([bounds[:, 1] - bounds[:, 0], bounds[:, 0]], axis=1)
+    return index, rows, np.cumsum(counts) - counts
+
+
+def _ulysses_prices(sums: np.ndarray, batched, *, model: ModelSpec, cost: CostModel, tp: int,
+                    cp: int, recompute: str, cp_intra: bool
+                    ) -> list[tuple[float, float, float, float, int]] | None:
+    """:func:`unit_layer_seconds`'s Ulysses rule from each unit's (tokens, tiles, queries)
+    summed over all its CP chunks: ``ulysses_layer_times`` where the cost model has it, else
+    the heads split as a tp*cp TP group; plus the all-to-alls."""
+    tokens, tiles, queries = sums
+    if getattr(cost, "ulysses_layer_times", None) is not None:
+        times = batched(tokens, tiles, queries, tp=tp, sp=cp, recompute=recompute)
+    else:
+        times = batched(tokens, tiles, queries, tp=tp * cp, recompute=recompute)
+    if times is None:
+        return None
+    fwd, bwd = times
+    counts, where = np.unique(tokens, return_inverse=True)
+    comm = np.array([_ulysses_comm(model, cost, n / cp, tp, cp, cp_intra)
+                     for n in counts.tolist()], dtype=np.float64)[where.reshape(-1)]
+    return list(zip((fwd + comm).tolist(), (bwd + comm).tolist(), fwd.tolist(), bwd.tolist(),
+                    tokens.tolist(), strict=True))
 
 
 def unit_layer_seconds(per_rank: list[list[tuple[int, int]]], *, model: ModelSpec,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from slimpack.data.sampler import sample_batch
 from slimpack.sim import simulate
 from slimpack.sim.synthetic import sliced_plan
@@ -43,3 +45,50 @@ def test_bench_simulate_llama70b_256gpus(benchmark):
     assert not record.oom
     if not benchmark.disabled:  # a speed target for `make bench`, never a timed unit test
         assert best < BUDGET_S, f"simulate took {best:.3f} s (budget {BUDGET_S} s)"
+
+
+GROUP_COSTS_BUDGET_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def paper_scale_plan():
+    """One paper-scale SlimPack plan (issue 12): llama-70b, 256 H800 (tp 8, pp 8, dp 4), 512
+    Common Crawl samples of 256K tokens (134M tokens, about 65K documents), heuristic
+    planning; about 37K units, one group at cp 4."""
+    from slimpack import data
+    from slimpack.cost import AnalyticCostModel
+    from slimpack.slimpack_planner import plan
+
+    model, hardware = model_preset("llama-70b"), hardware_preset("h800")
+    batch = data.sample_batch("commoncrawl", token_budget=512 * 262144, context=262144, seed=0)
+    cost = AnalyticCostModel(model=model, hardware=hardware)
+    return plan(batch, model, hardware, ParallelSpec(tp=8, pp=8, dp=4), cost, search=False)
+
+
+@pytest.mark.parametrize("kind", ["analytic", "kernel"])
+def test_bench_group_costs_paper_scale(benchmark, paper_scale_plan, kind):
+    """Every forward and backward unit of every group priced (``sim.costs.group_costs``).
+    Before the one-pass pricing (``unit_prices``) this was ~5 s of a ~6 s simulation."""
+    from slimpack.cost import AnalyticCostModel
+    from slimpack.cost.kernel_model import default_cost_model
+    from slimpack.sim.costs import group_costs
+
+    model, hardware = model_preset("llama-70b"), hardware_preset("h800")
+    groups = list(paper_scale_plan.groups())
+
+    def price_all():
+        # A fresh cost model each time: the kernel model caches token-only prices.
+        cost = (AnalyticCostModel(model=model, hardware=hardware) if kind == "analytic"
+                else default_cost_model(model, hardware))
+        return [group_costs(g, model=model, cost=cost, gpus_per_node=8) for g in groups]
+
+    costs = benchmark(price_all)
+    start = time.perf_counter()
+    price_all()
+    took = time.perf_counter() - start
+    units = sum(len(c.fwd_unit_tokens) + len(c.bwd_unit_tokens) for c in costs)
+    print(f"\ngroup_costs ({kind}): {units} units in {took:.3f} s")
+    assert units > 30_000
+    assert sum(sum(c.fwd_unit_tokens) for c in costs) == paper_scale_plan.num_tokens
+    if not benchmark.disabled:
+        assert took < GROUP_COSTS_BUDGET_S, f"group_costs took {took:.3f} s"
