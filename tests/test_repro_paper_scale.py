@@ -10,10 +10,15 @@ from repro.experiments.common import draw_batch
 
 
 def test_the_batch_is_512_context_length_samples_of_tokens():
-    point = paper_scale.points(quick=True)[0]
+    point = paper_scale.points(quick=False)[0]
     batch = draw_batch(point, "paper-scale")
     assert sum(batch.lengths) == 512 * 262144 == point["token_budget"]
     assert max(batch.lengths) <= point["context"]
+    # The quick run's smoke batch (16 samples) is in the full sweep too.
+    quick = paper_scale.points(quick=True)
+    assert {p["token_budget"] for p in quick} == {16 * 262144}
+    full_keys = [sorted(p.items(), key=str) for p in paper_scale.points(quick=False)]
+    assert all(sorted(p.items(), key=str) in full_keys for p in quick)
 
 
 def _records(megatron_step: float, exhaustive: bool) -> pd.DataFrame:
@@ -21,8 +26,22 @@ def _records(megatron_step: float, exhaustive: bool) -> pd.DataFrame:
             ("slimpack", 492.0, False)]
     # One point per method: the rows share dataset and seed, not point_key.
     return pd.DataFrame([{"point_key": f"p-{m}", "dataset": "commoncrawl", "seed": 0, "method": m,
+                          "token_budget": 134217728,
                           "tokens_per_s": 134217728 / step, "search_exhaustive": done}
                          for m, step, done in rows])
+
+
+def test_claims_read_the_largest_batch_only():
+    # The smoke batch's rows (here: SlimPack 3x slower) must not move the 512-sample headline.
+    full = _records(597.0, True)
+    smoke = full.assign(token_budget=16 * 262144, point_key=full["point_key"] + "-smoke",
+                        tokens_per_s=[1.0, 1.0, 0.3])
+    claims = {c.claim_id: c for c in paper_scale.claims(pd.concat([full, smoke]))}
+    assert claims["paper-scale-speedup"].reproduced == pytest.approx(597.0 / 492.0)
+    assert "512 x 256K samples" in claims["paper-scale-speedup"].text
+    only_smoke = {c.claim_id: c for c in paper_scale.claims(smoke)}
+    assert only_smoke["paper-scale-speedup"].reproduced == pytest.approx(0.3)
+    assert "16 x 256K samples" in only_smoke["paper-scale-speedup"].text
 
 
 def test_headline_is_bracketed_and_its_rule_can_fail():
@@ -40,7 +59,8 @@ def test_headline_is_bracketed_and_its_rule_can_fail():
 def test_one_point_per_method_with_the_whole_search_mapping():
     for quick in (True, False):
         pts = paper_scale.points(quick)
-        assert [p["methods"] for p in pts] == [[m] for m in paper_scale.METHODS]
+        batches = 1 if quick else 2
+        assert [p["methods"] for p in pts] == [[m] for m in paper_scale.METHODS] * batches
         assert all(p["search_top_k"] == paper_scale.SEARCH_TOP_K for p in pts)
     # The cost hint starts SlimPack's point (the longest search) first.
     by_cost = sorted(paper_scale.points(False), key=paper_scale.point_cost, reverse=True)
