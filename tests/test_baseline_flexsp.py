@@ -465,3 +465,23 @@ def test_flexsp_work_limit_options_fail_clearly(field, value):
     with pytest.raises(ValueError, match=field):
         flexsp_plan(Batch.from_lengths([1000, 2000]), model, hw, ParallelSpec(dp=2),
                     AnalyticCostModel(model=model, hardware=hw), **{field: value})
+
+
+def test_counts_grow_until_the_longest_sequences_fit_instead_of_one_sequence_each():
+    # 100 sequences of 0.4x what the largest SP group holds: at the memory minimum (40
+    # micro-batches) and the next 4 counts, a token-balanced run holds three of them (1.2x):
+    # none fits. FlexSP grows the count until two per run fit, instead of running every
+    # sequence alone on the whole pool (what the CLI once printed at 1.2% MFU).
+    model, hw = model_preset("llama-7b"), hardware_preset("h800")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    parallel = ParallelSpec(tp=8, dp=4)
+    k = from_cost_model(cost, tp=8, pp=1, num_gpus=4, state_shards=4, recompute="none",
+                        zero_stage=1)
+    length = int(0.4 * k.max_tokens(4))
+    result = flexsp_plan(Batch.from_lengths([length] * 100), model, hw, parallel, cost,
+                         recompute="none", milp_counts=0)
+    meta = result.metadata
+    assert "fallback" not in meta
+    # Counts 40-44 fail; growth by a quarter tries 55 (one or two sequences per run) next.
+    assert meta["m_min"] == 40 and meta["num_microbatches"] == 55
+    assert all(sum(d) <= 4 for d in meta["sp_degrees"])

@@ -157,6 +157,30 @@ def _fallback_reason(lengths: list[int], k: FlexSPConstants, top: int, slots: in
             f"{top} slots")
 
 
+GROWTH = 1.25
+"""Factor by which a failed micro-batch count grows (at least by one) when no count in the
+search's own range fits."""
+
+
+def _grow_until_fit(lengths: list[int], last: int,
+                    solve: Callable[[list[int]], Assignment | None]) -> Search | None:
+    """The first count after ``last``, growing by :data:`GROWTH`, whose token-balanced runs
+    of ``lengths`` (sorted) all fit; None when not even one sequence per micro-batch does."""
+    m = last
+    while m < len(lengths):
+        m = min(len(lengths), max(m + 1, int(m * GROWTH)))
+        runs = [r for r in contiguous_partition(lengths, m) if r]
+        answers = []
+        for run in runs:
+            answer = solve([lengths[i] for i in run])
+            if answer is None:
+                break
+            answers.append(answer)
+        else:
+            return sum(a.seconds for a in answers), m, runs, answers
+    return None
+
+
 def _units(seqs: list, pp: int) -> list[list]:
     """A group's sequences as one packed micro-batch; with pp > 1 (not in FlexSP, which runs
     without pipelining) split into up to pp token-balanced packs so the pipeline can fill."""
@@ -294,6 +318,13 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     # Read right after the search: expired now means the safety net cut it (a skipped MILP or
     # an untried M happens only once it has expired).
     net_reached = deadline.expired
+    if best is None:
+        # No count near the memory minimum cuts the sorted batch into micro-batches that all
+        # fit (a token-balanced run of the longest sequences can hold one sequence too many:
+        # three 256K sequences where a group holds 743K tokens). Grow the count by a quarter
+        # at a time, greedy only, as FlexSP grows M until its chunks fit; deterministic.
+        best = _grow_until_fit(lengths, tries[-1] if tries else m_min,
+                               lambda run: greedy(run, slots, k))
     fallback = None
     if best is None:
         fallback = _fallback_reason(lengths, k, top, slots, recompute, capacity)
