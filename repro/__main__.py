@@ -85,6 +85,10 @@ def _interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    # A blocked signal mask is inherited across exec: a parent that blocks SIGTERM (some
+    # launchers and test runners do) would leave it pending forever and the run would not
+    # stop. Unblock both interrupts so they are delivered.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
 
 def cmd_list(args: argparse.Namespace) -> int:

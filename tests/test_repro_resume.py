@@ -91,6 +91,22 @@ def test_killed_sweep_resumes_to_identical_records(tmp_path: Path, reference: di
     assert interrupted_mid_sweep >= 1, "no kill landed mid-sweep; the test proved nothing"
 
 
+def test_sigterm_stops_a_run_whose_parent_blocked_it(tmp_path: Path) -> None:
+    """A blocked signal mask survives exec: a parent that blocks SIGTERM (the full test
+    suite's process did, once some test had run) must not make `repro run` deaf to it."""
+    cmd = repro_cmd(tmp_path / "blocked", "--jobs", "2")
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=fixture_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    wait_for_first_record(tmp_path / "blocked", proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode in (130, -signal.SIGTERM), proc.stderr.read().decode()
+
+
 def test_real_experiments_resume_after_sigkill(tmp_path: Path) -> None:
     """Same promise on real analytic experiments, killed by SIGKILL and resumed with --jobs 1."""
     names = ("slimpipe-max-context", "slimpipe-memory-vs-pp")
