@@ -24,7 +24,9 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType({
     "selftest-a": "harness_selftest",
     "selftest-b": "harness_selftest_b",
 })
-SLEEP_S = 0.1
+SLEEP_S = float(os.environ.get("SELFTEST_SLEEP_S", "0.1"))
+"""Seconds each point sleeps; the kill tests raise it (through the environment of the run
+they kill) to widen the window a kill must land in. Records do not depend on it."""
 REGISTRY = "harness_selftest"
 TESTS_DIR = Path(__file__).resolve().parent
 

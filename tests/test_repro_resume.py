@@ -57,6 +57,7 @@ def test_killed_sweep_resumes_to_identical_records(tmp_path: Path, reference: di
                                                    sig: signal.Signals) -> None:
     rng = random.Random(f"{sig}-{os.getpid()}")
     interrupted_mid_sweep = 0
+    seen: list = []
     # At least 3 attempts; up to 6 until one kill has landed mid-sweep (on a loaded machine
     # a pooled sweep's last 2 s can pass before the random moment comes).
     for attempt in range(6):
@@ -65,8 +66,11 @@ def test_killed_sweep_resumes_to_identical_records(tmp_path: Path, reference: di
         results = tmp_path / f"attempt{attempt}"
         cmd = repro_cmd(results, "--jobs", "2")
         # Python start-up plus pool start is ~1 s here; the sweeps take ~2 s after that.
-        proc = subprocess.Popen(cmd, cwd=REPO, env=fixture_env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        # Slower points (0.25 s each, about 6 s of sweep) so the kill lands inside it even
+        # when the first record shows up late on a loaded machine.
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**fixture_env(), "SELFTEST_SLEEP_S": "0.25"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
         # Wait for the first finished point, then a random moment inside the sweep: a fixed
         # sleep raced machine load (too early on a busy machine, too late on an idle one).
         wait_for_first_record(results, proc)
@@ -81,6 +85,7 @@ def test_killed_sweep_resumes_to_identical_records(tmp_path: Path, reference: di
                   if (results / n / "records.csv").exists() else b"" for n in NAMES}
         if stored != reference:
             interrupted_mid_sweep += 1
+        seen.append((proc.returncode, {n: len(b) for n, b in stored.items()}))
         # 130: the harness caught the interrupt; -sig: it arrived before the handler existed.
         assert proc.returncode in (0, 130, -sig), proc.stderr.read().decode()
         run_to_end(cmd)
@@ -88,7 +93,9 @@ def test_killed_sweep_resumes_to_identical_records(tmp_path: Path, reference: di
         # A third run finds everything done and changes nothing.
         run_to_end(cmd)
         assert csv_bytes(results) == reference
-    assert interrupted_mid_sweep >= 1, "no kill landed mid-sweep; the test proved nothing"
+    assert interrupted_mid_sweep >= 1, (
+        f"no kill landed mid-sweep; the test proved nothing (return code and stored bytes per "
+        f"attempt: {seen}; reference {[len(b) for b in reference.values()]})")
 
 
 def test_sigterm_stops_a_run_whose_parent_blocked_it(tmp_path: Path) -> None:
