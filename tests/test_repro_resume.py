@@ -44,6 +44,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     return csv_bytes(results)
 
 
+def clean_env() -> dict[str, str]:
+    """What a shell would hand the run: PATH, HOME and the registry's PYTHONPATH, not the test
+    process's whole environment (the full suite's process, once other tests had run, left the
+    SIGTERM case's runs uninterruptible, return code 0 on all six attempts)."""
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    return {**keep, "PYTHONPATH": fixture_env()["PYTHONPATH"]}
+
+
+def default_signals() -> None:
+    """In the child before exec: default dispositions and an empty mask, as a fresh login."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def wait_for_first_record(results: Path, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
@@ -68,9 +83,9 @@ def test_killed_sweep_resumes_to_identical_records(tmp_path: Path, reference: di
         # Python start-up plus pool start is ~1 s here; the sweeps take ~2 s after that.
         # Slower points (0.25 s each, about 6 s of sweep) so the kill lands inside it even
         # when the first record shows up late on a loaded machine.
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**fixture_env(), "SELFTEST_SLEEP_S": "0.25"},
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**clean_env(), "SELFTEST_SLEEP_S": "0.25"},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=default_signals)
         # Wait for the first finished point, then a random moment inside the sweep: a fixed
         # sleep raced machine load (too early on a busy machine, too late on an idle one).
         wait_for_first_record(results, proc)
