@@ -73,12 +73,13 @@ def _chunk_owners(cp: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array([_owner(cp, c) for c in range(chunks)]), np.arange(chunks) < cp
 
 
-def _per_document(pieces: np.ndarray, cp: int) -> list[np.ndarray]:
+def _document_chunks(pieces: np.ndarray, pointer: np.ndarray,
+                     cp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(length, offset) of each document's 2cp chunks, shape (documents, 2cp), given where
+    each document's remainder starts in the round-robin (``pointer``)."""
     chunks = 2 * cp
     tokens, prefix = pieces[:, 0], pieces[:, 1]
     base, remainder = np.divmod(tokens, chunks)
-    # The round-robin pointer where each document's remainder starts.
-    pointer = (np.cumsum(remainder) - remainder) % cp
     ranks = np.arange(cp)
     # extra[i, r]: leftover tokens rank r gets from document i (0, 1 or 2): remainder j goes
     # to rank (pointer + j) % cp for j < remainder < 2cp.
@@ -90,6 +91,15 @@ def _per_document(pieces: np.ndarray, cp: int) -> list[np.ndarray]:
     bonus = np.where(early[None, :], extra[:, owner] >= 1, extra[:, owner] == 2)
     lengths = base[:, None] + bonus.astype(np.int64)
     offsets = prefix[:, None] + np.cumsum(lengths, axis=1) - lengths
+    return lengths, offsets
+
+
+def _per_document(pieces: np.ndarray, cp: int) -> list[np.ndarray]:
+    chunks = 2 * cp
+    remainder = pieces[:, 0] % chunks
+    # The round-robin pointer where each document's remainder starts.
+    pointer = (np.cumsum(remainder) - remainder) % cp
+    lengths, offsets = _document_chunks(pieces, pointer, cp)
     # Rank-major: rank r's early chunk r, then its late chunk 2cp-1-r, document by document.
     columns = np.stack([np.arange(cp), chunks - 1 - np.arange(cp)], axis=1)
     pairs = np.stack([lengths[:, columns].transpose(1, 0, 2).reshape(cp, -1),
@@ -160,18 +170,11 @@ def _per_document_buffers(pieces: np.ndarray, first: np.ndarray, owner_buffer: n
     """:func:`_per_document` of every buffer at once: the same rule, with the round-robin
     pointer restarting at each buffer (each buffer is sharded on its own)."""
     chunks = 2 * cp
-    tokens, prefix = pieces[:, 0], pieces[:, 1]
-    base, remainder = np.divmod(tokens, chunks)
+    remainder = pieces[:, 0] % chunks
     before = np.cumsum(remainder) - remainder  # remainders of earlier pieces, all buffers
     pointer = (before - before[first][owner_buffer]) % cp
+    lengths, offsets = _document_chunks(pieces, pointer, cp)
     ranks = np.arange(cp)
-    distance = (ranks[None, :] - pointer[:, None]) % cp
-    extra = (distance < remainder[:, None]).astype(np.int64) + \
-        (distance + cp < remainder[:, None]).astype(np.int64)
-    owner, early = _chunk_owners(cp)
-    bonus = np.where(early[None, :], extra[:, owner] >= 1, extra[:, owner] == 2)
-    lengths = base[:, None] + bonus.astype(np.int64)
-    offsets = prefix[:, None] + np.cumsum(lengths, axis=1) - lengths
     # Per piece: rank r's early chunk r, then its late chunk 2cp-1-r (piece, rank, 2).
     columns = np.stack([ranks, chunks - 1 - ranks], axis=1)
     out = np.stack([lengths[:, columns].reshape(-1), offsets[:, columns].reshape(-1)], axis=1)
