@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -218,23 +218,11 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
         batched = getattr(cost, "ulysses_layer_times_of_work", None)
     if batched is None or not units:
         return None
-    index, rows, first = _slice_rows(group, units)
-    buffer, rank, chunks = shard_buffers(rows, first, cp, group.cp_sharding)
-    tokens, prefix = chunks[:, 0], chunks[:, 1]
-    nq = -(-tokens // ATTN_TILE)
-    tiles = nq * -(-prefix // ATTN_TILE) + nq * (nq + 1) // 2
-    # Per (slice, rank) integer sums; shard_buffers sorts pieces by (slice, rank).
-    key = buffer * cp + rank
-    per_slice = np.zeros((3, len(first) * cp), dtype=np.int64)
-    if len(key):
-        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-        for row, values in enumerate((tokens, tiles, nq)):
-            per_slice[row, key[starts]] = np.add.reduceat(values, starts)
-    per_slice = per_slice.reshape(3, len(first), cp)
-    # Per (unit, rank): the sums of the unit's slices.
-    members = np.array([index[sid] for unit in units for sid in unit.slice_ids], dtype=np.int64)
-    unit_start = np.cumsum([0] + [len(unit.slice_ids) for unit in units[:-1]])
-    per_unit = np.add.reduceat(per_slice[:, members, :], unit_start, axis=1)  # (3, unit, rank)
+    def work(tokens: np.ndarray, prefix: np.ndarray) -> list[np.ndarray]:
+        nq = -(-tokens // ATTN_TILE)
+        return [tokens, nq * -(-prefix // ATTN_TILE) + nq * (nq + 1) // 2, nq]
+
+    per_unit = unit_rank_sums(group, units, work)  # (3, unit, rank)
     rank_tokens, rank_tiles, rank_queries = (x.T for x in per_unit)  # each (rank, unit)
     if ulysses:
         return _ulysses_prices(per_unit.sum(axis=2), batched, model=model, cost=cost, tp=tp,
@@ -259,6 +247,31 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
         bwd = np.maximum(bwd, 2 * (cp - 1) * step)
     return list(zip(fwd.tolist(), bwd.tolist(), (fwd_sum / cp).tolist(),
                     (bwd_sum / cp).tolist(), rank_tokens.sum(axis=0).tolist(), strict=True))
+
+
+def unit_rank_sums(group: Group, units: Sequence[Unit],
+                   columns: Callable[[np.ndarray, np.ndarray], list[np.ndarray]]) -> np.ndarray:
+    """Integer sums per (unit, CP rank) over the unit's CP-sharded pieces, shape
+    ``(len(columns(...)), len(units), cp)``; ``columns(tokens, kv_prefix)`` maps the pieces'
+    two int64 columns to the per-piece values to sum. Exact: every slice is sharded once
+    (:func:`~slimpack.cost.cp_sharding.shard_buffers`, equal to sharding it alone), and a
+    unit's pieces on a rank are its slices' pieces on that rank. Every unit holds a slice."""
+    cp = group.cp
+    index, rows, first = _slice_rows(group, units)
+    buffer, rank, chunks = shard_buffers(rows, first, cp, group.cp_sharding)
+    values = columns(chunks[:, 0], chunks[:, 1])
+    # Per (slice, rank) sums; shard_buffers sorts pieces by (slice, rank).
+    key = buffer * cp + rank
+    per_slice = np.zeros((len(values), len(first) * cp), dtype=np.int64)
+    if len(key):
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        for row, column in enumerate(values):
+            per_slice[row, key[starts]] = np.add.reduceat(column, starts)
+    per_slice = per_slice.reshape(len(values), len(first), cp)
+    # Per (unit, rank): the sums of the unit's slices.
+    members = np.array([index[sid] for unit in units for sid in unit.slice_ids], dtype=np.int64)
+    unit_start = np.cumsum([0] + [len(unit.slice_ids) for unit in units[:-1]])
+    return np.add.reduceat(per_slice[:, members, :], unit_start, axis=1)
 
 
 def _slice_rows(group: Group, units: Sequence[Unit]

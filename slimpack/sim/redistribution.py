@@ -46,16 +46,19 @@ fit the 73.6 GiB usable) and 0.50 GiB at 2048K (peak 50.1 GiB).
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
 
 from slimpack.cost.cp_sharding import shard_pieces
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Unit
 from slimpack.schedules import Op
-from slimpack.sim.costs import BF16, GroupCosts
+from slimpack.sim.costs import BF16, GroupCosts, unit_rank_sums
 from slimpack.specs.model import ModelSpec
 
 TILE = 128
@@ -126,37 +129,47 @@ def schedule_ticks(ops: Sequence[Sequence[Op]], *, pp: int, vpp: int) -> list[li
     The same dependencies as the timing walk (:mod:`slimpack.sim.engine`): list order on a
     stage, F on virtual stage ``vs`` after F on ``vs - 1``, B on ``vs`` after B on ``vs + 1``.
     """
-    last_vs = pp * vpp - 1
-    done: dict[tuple[bool, int, int], int] = {}
+    num_vs = pp * vpp
+    last_vs = num_vs - 1
+    # (kind, unit, virtual stage) as one int, (unit * num_vs + vs) * 2 + is_backward, as in
+    # schedules.validate.progress: int keys are several times cheaper than tuples on the
+    # ~10^6 ops of a paper-size SlimPipe group.
+    done: dict[int, int] = {}
     ticks = [[0] * len(stage_ops) for stage_ops in ops]
     pos = [0] * pp
     free = [0] * pp
-    waiting: dict[tuple[bool, int, int], int] = {}
+    waiting: dict[int, int] = {}
     work = list(range(pp - 1, -1, -1))
     while work:
         s = work.pop()
-        stage_ops = ops[s]
-        while pos[s] < len(stage_ops):
-            op = stage_ops[pos[s]]
-            is_f = op.kind == "F"
+        stage_ops, stage_ticks = ops[s], ticks[s]
+        i, n, start_free = pos[s], len(stage_ops), free[s]
+        while i < n:
+            op = stage_ops[i]
             vs = op.chunk * pp + s
-            start = free[s]
-            need = ((True, vs - 1, op.unit) if is_f and vs > 0 else
-                    (False, vs + 1, op.unit) if not is_f and vs < last_vs else None)
-            if need is not None:
+            base = op.unit * num_vs
+            start = start_free
+            if op.kind == "F":
+                key = (base + vs) * 2
+                need = key - 2 if vs > 0 else -1
+            else:
+                key = (base + vs) * 2 + 1
+                need = key + 2 if vs < last_vs else -1
+            if need >= 0:
                 ready = done.get(need)
                 if ready is None:
                     waiting[need] = s
                     break
-                start = max(start, ready)
-            ticks[s][pos[s]] = start
-            free[s] = start + 1
-            key = (is_f, vs, op.unit)
-            done[key] = start + 1
+                if ready > start:
+                    start = ready
+            stage_ticks[i] = start
+            start_free = start + 1
+            done[key] = start_free
+            i += 1
             waiter = waiting.pop(key, None)
             if waiter is not None:
                 work.append(waiter)
-            pos[s] += 1
+        pos[s], free[s] = i, start_free
     if any(pos[s] < len(ops[s]) for s in range(pp)):
         raise ValueError("schedule_ticks: the op lists cannot complete (deadlock)")
     return ticks
@@ -213,15 +226,6 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, heavy_s: float, light_s: 
     ``comm_time(bytes)`` prices one transfer. The returned changes are whole-op seconds."""
     k = 1 if backward else 0
     nh, nl = heavy_layers, light_layers
-    # Only pieces with a KV prefix change. Attention adds over the pieces of a varlen launch
-    # (both cost models sum tile work), so each rank's change is priced on those few pieces
-    # alone and added to the op's current duration. With CP the op changes by its CP ranks'
-    # least favourable change (the smallest saving, the largest addition): exact for cp = 1,
-    # conservative otherwise.
-    ranks = []
-    for hr in heavy:
-        prefixed = tuple(p for p in hr if p[1] > 0)
-        ranks.append((prefixed, pricer.times(prefixed)[k] if prefixed else 0.0))
 
     def shrunk(prefixed: Pieces, fraction: float) -> tuple[float, Pieces]:
         """(time of the prefixed pieces after shipping, the shipped blocks)."""
@@ -248,11 +252,19 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, heavy_s: float, light_s: 
     # alone is a lower bound on the exposed transfer, so pairs that cannot pass the transfer
     # share skip the search.
     queries = max(sum(q for q, p in r if p > 0) for r in heavy)
-    floor = (comm_time(queries * (2 * q_bytes + lse_bytes)) + comm_time(queries * q_bytes)
-             if backward else
-             comm_time(queries * q_bytes) + comm_time(queries * (q_bytes + lse_bytes)))
+    floor = _transfer_floor(queries, backward=backward, q_bytes=q_bytes, lse_bytes=lse_bytes,
+                            comm_time=comm_time)
     if queries == 0 or MAX_TRANSFER_SHARE * (h0 - l0) / 2 < floor * nh:
         return NO_MOVE
+    # Only pieces with a KV prefix change. Attention adds over the pieces of a varlen launch
+    # (both cost models sum tile work), so each rank's change is priced on those few pieces
+    # alone and added to the op's current duration. With CP the op changes by its CP ranks'
+    # least favourable change (the smallest saving, the largest addition): exact for cp = 1,
+    # conservative otherwise.
+    ranks = []
+    for hr in heavy:
+        prefixed = tuple(p for p in hr if p[1] > 0)
+        ranks.append((prefixed, pricer.times(prefixed)[k] if prefixed else 0.0))
     h1, l1, _ = sides(1.0)
     if h1 >= l1:
         best = 1.0
@@ -322,103 +334,270 @@ def _unit_pieces(group: Group, unit: Unit, slice_cache: dict) -> RankPieces:
     return tuple(tuple(r) for r in per_rank)
 
 
-def _imbalance(sets: list[list[tuple[int, int]]], times: list[list[float]]) -> float:
+def _transfer_floor(queries: int, *, backward: bool, q_bytes: float, lse_bytes: float,
+                    comm_time) -> float:  # noqa: ANN001 - bytes -> s
+    """Per layer, the query's round trip alone (forward: query out, partial output and
+    log-sum-exp back; backward: query, output gradient and log-sum-exp out, dQ back): a lower
+    bound on a pair's exposed transfer whatever share of the prefix it ships."""
+    if backward:
+        return comm_time(queries * (2 * q_bytes + lse_bytes)) + comm_time(queries * q_bytes)
+    return comm_time(queries * q_bytes) + comm_time(queries * (q_bytes + lse_bytes))
+
+
+@dataclass(frozen=True, slots=True)
+class _OpTable:
+    """Every op of a group's schedule as parallel arrays, sorted by (tick, backward, pairing
+    key descending, virtual stage, unit): each concurrent set is one contiguous run, its ops
+    in pairing order."""
+
+    tick: np.ndarray
+    backward: np.ndarray
+    vs: np.ndarray
+    unit: np.ndarray
+    flat: np.ndarray
+    """Position of each op in the stage-major listing of the schedule."""
+    set_start: np.ndarray
+    """Index where each (tick, backward) set starts."""
+
+
+def _op_table(ops: Sequence[Sequence[Op]], ticks: list[list[int]], *, pp: int,
+              fwd_weight: np.ndarray, bwd_weight: np.ndarray) -> _OpTable:
+    total = sum(map(len, ops))
+    flat_ops = list(chain.from_iterable(ops))
+    tick = np.fromiter(chain.from_iterable(ticks), dtype=np.int64, count=total)
+    backward = np.fromiter(map("F".__ne__, map(attrgetter("kind"), flat_ops)), dtype=bool,
+                           count=total)
+    unit = np.fromiter(map(attrgetter("unit"), flat_ops), dtype=np.int64, count=total)
+    stage = np.repeat(np.arange(pp, dtype=np.int64), [len(o) for o in ops])
+    vs = np.fromiter(map(attrgetter("chunk"), flat_ops), dtype=np.int64, count=total) * pp + stage
+    weight = _by_kind(backward, unit, fwd_weight, bwd_weight)
+    order = np.lexsort((unit, vs, -weight, backward, tick))
+    tick, backward, vs, unit = tick[order], backward[order], vs[order], unit[order]
+    new_set = np.r_[True, (tick[1:] != tick[:-1]) | (backward[1:] != backward[:-1])]
+    return _OpTable(tick=tick, backward=backward, vs=vs, unit=unit, flat=order,
+                    set_start=np.flatnonzero(new_set))
+
+
+def _by_kind(backward: np.ndarray, unit: np.ndarray, fwd_values: np.ndarray,
+             bwd_values: np.ndarray) -> np.ndarray:
+    """Per op, the value of its unit: forward units index ``fwd_values``, backward units
+    ``bwd_values``."""
+    out = np.empty(len(unit), dtype=fwd_values.dtype)
+    out[~backward] = fwd_values[unit[~backward]]
+    out[backward] = bwd_values[unit[backward]]
+    return out
+
+
+def _imbalance(table: _OpTable, times: np.ndarray, backward: bool) -> float:
+    """Over the concurrent sets of one kind with more than one op: the sum of each set's
+    slowest op / the sum of its mean op (the sets in the order they first appear in the
+    stage-major listing, each set's ops in listing order, as Python sums them)."""
+    sizes = np.diff(np.append(table.set_start, len(table.tick)))
+    keep = (sizes > 1) & (table.backward[table.set_start] == backward)
+    starts, sizes = table.set_start[keep], sizes[keep]
+    if not len(starts):
+        return 1.0
+    member = np.repeat(starts, sizes) + _ranks_within(sizes)
+    # Listing order inside each set and between sets (by the set's first op).
+    first_flat = np.minimum.reduceat(table.flat[member], np.cumsum(sizes) - sizes)
+    set_rank = np.empty(len(starts), dtype=np.int64)
+    set_rank[np.argsort(first_flat, kind="stable")] = np.arange(len(starts))
+    order = np.lexsort((table.flat[member], np.repeat(set_rank, sizes)))
+    member_times = times[member[order]].tolist()
+    bounds = np.cumsum(np.append(0, sizes[np.argsort(first_flat, kind="stable")])).tolist()
     slowest = mean = 0.0
-    for members in sets:
-        ts = [times[vs][u] for vs, u in members]
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        ts = member_times[a:b]
         slowest += max(ts)
         mean += sum(ts) / len(ts)
     return slowest / mean if mean > 0 else 1.0
 
 
+def _max_per_run(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The largest of ``values`` in each run beginning at ``starts`` (non-empty runs)."""
+    if not len(starts):
+        return np.zeros(0, dtype=values.dtype)
+    return np.maximum.reduceat(values, starts)
+
+
+def _ranks_within(sizes: np.ndarray) -> np.ndarray:
+    """0, 1, ..., size-1 for each run of ``sizes``, concatenated."""
+    total = int(sizes.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+
+
 def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
                        model: ModelSpec, cost: CostModel, gpus_per_node: int,
                        ) -> tuple[GroupCosts, RedistributionStats]:
-    """``costs`` with attention moved between concurrent ops of paired pipeline ranks."""
+    """``costs`` with attention moved between concurrent ops of paired pipeline ranks.
+
+    Every op of the schedule lies in exactly one tick, so each tick's moves read prices no
+    other tick changes: the pairing and the cheap necessary conditions of :func:`pair_move`
+    (the heavy op slower, its query round trip within the transfer share) run on arrays over
+    all ops at once, and only the pairs that pass are balanced one by one.
+    """
     pp, tp = group.pp, group.tp
     slice_cache: dict = {}
     ticks = schedule_ticks(ops, pp=pp, vpp=group.vpp)
-    fwd_sets: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    bwd_sets: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for s, stage_ops in enumerate(ops):
-        for op, tick in zip(stage_ops, ticks[s], strict=True):
-            (fwd_sets if op.kind == "F" else bwd_sets)[tick].append((op.chunk * pp + s, op.unit))
+
+    def keys(units: Sequence[Unit]) -> tuple[np.ndarray, np.ndarray]:
+        """Per unit: :func:`prefix_weight` of its pieces, and its busiest CP rank's query
+        tokens that have a KV prefix."""
+        if not units:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        sums = unit_rank_sums(group, units, lambda q, p: [q * p, np.where(p > 0, q, 0)])
+        return sums[0].sum(axis=1), sums[1].max(axis=1)
+
+    fwd_weight, fwd_queries = keys(group.forward_units)
+    same = group.backward_units == group.forward_units
+    bwd_weight, bwd_queries = ((fwd_weight, fwd_queries) if same
+                               else keys(group.backward_units))
+    table = _op_table(ops, ticks, pp=pp, fwd_weight=fwd_weight, bwd_weight=bwd_weight)
+    fwd_before = np.array(costs.fwd_s, dtype=np.float64).reshape(pp * group.vpp, -1)
+    bwd_before = np.array(costs.bwd_s, dtype=np.float64).reshape(pp * group.vpp, -1)
+
+    def op_times(fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
+        out = np.empty(len(table.tick), dtype=np.float64)
+        b = table.backward
+        out[~b] = fwd[table.vs[~b], table.unit[~b]] if fwd.size else 0.0
+        out[b] = bwd[table.vs[b], table.unit[b]] if bwd.size else 0.0
+        return out
+
+    times = op_times(fwd_before, bwd_before)
+    # Pairs: in each set, the a-th heaviest with the a-th lightest.
+    sizes = np.diff(np.append(table.set_start, len(table.tick)))
+    within = _ranks_within(sizes)
+    set_of = np.repeat(np.arange(len(sizes)), sizes)
+    heavy = np.flatnonzero(within < sizes[set_of] // 2)
+    light = table.set_start[set_of[heavy]] + sizes[set_of[heavy]] - 1 - within[heavy]
+    layers = np.array(costs.layers, dtype=np.int64)
+    h0, l0 = times[heavy], times[light]
+    nh = layers[table.vs[heavy]]
+    is_b = table.backward[heavy]
+    queries = _by_kind(is_b, table.unit[heavy], fwd_queries, bwd_queries)
     stage_nodes = [{r // gpus_per_node for r in group.stage_ranks(s)} for s in range(pp)]
+    intra_of = np.array([[len(stage_nodes[a] | stage_nodes[b]) == 1 for b in range(pp)]
+                         for a in range(pp)], dtype=bool)
+    intra = intra_of[table.vs[heavy] % pp, table.vs[light] % pp]
+    q_bytes = model.q_dim / tp * BF16
+    lse_bytes = model.num_heads / tp * FP32
+
+    def comm(intra_node: bool):  # noqa: ANN202
+        return lambda b: cost.comm.p2p(b, intra_node=intra_node)
+
+    # pair_move's first two refusals, on every pair at once (the same float operations).
+    floors: dict[tuple[int, bool, bool], float] = {}
+    floor = np.zeros(len(heavy), dtype=np.float64)
+    for i in np.flatnonzero(h0 > l0).tolist():
+        k = (int(queries[i]), bool(is_b[i]), bool(intra[i]))
+        got = floors.get(k)
+        if got is None:
+            got = floors[k] = _transfer_floor(k[0], backward=k[1], q_bytes=q_bytes,
+                                              lse_bytes=lse_bytes, comm_time=comm(k[2]))
+        floor[i] = got
+    viable = (h0 > l0) & (queries > 0) & ~(MAX_TRANSFER_SHARE * (h0 - l0) / 2 < floor * nh)
+    # A tick keeps its moves only if its slowest op gets faster, and only viable heavy ops
+    # can get faster (light ops only slow down): a tick whose slowest viable heavy op is no
+    # slower than every other op's current time keeps nothing, so its pairs are not priced.
+    may_shrink = np.zeros(len(times), dtype=bool)
+    may_shrink[heavy[viable]] = True
+    tick_start = table.set_start[np.r_[True, table.tick[table.set_start[1:]]
+                                       != table.tick[table.set_start[:-1]]]]
+    tick_of = np.repeat(np.arange(len(tick_start)),
+                        np.diff(np.append(tick_start, len(times))))
+    fixed_max = _max_per_run(np.where(may_shrink, -np.inf, times), tick_start)
+    shrink_max = _max_per_run(np.where(may_shrink, times, -np.inf), tick_start)
+    viable &= (shrink_max > fixed_max)[tick_of[heavy]]
+
+    pieces_of: dict[tuple[bool, int], tuple[int, RankPieces]] = {}
+    interned: dict[RankPieces, int] = {}
+
+    def pieces(backward: bool, u: int) -> tuple[int, RankPieces]:
+        """(an id equal for equal pieces, the unit's pieces): samples repeat slices, and a
+        small int hashes faster than the pieces in the moves cache's keys."""
+        got = pieces_of.get((backward, u))
+        if got is None:
+            units = group.backward_units if backward else group.forward_units
+            ranks = _unit_pieces(group, units[u], slice_cache)
+            got = pieces_of[(backward, u)] = (interned.setdefault(ranks, len(interned)), ranks)
+        return got
+
     pricer = _Pricer(cost, tp=tp, recompute=group.recompute)
-    pieces_of: dict[tuple[bool, int], RankPieces] = {}
-    work_of: dict[tuple[bool, int], int] = {}
-    moves: dict[tuple[bool, RankPieces, RankPieces, bool], PairMove] = {}
+    moves: dict[tuple, PairMove] = {}
+
+    def move_of(backward: bool, heavy_op: tuple[int, int, float], light_op: tuple[int, int, float],
+                intra_node: bool) -> PairMove:
+        (hvs, hu, h_s), (lvs, lu, l_s) = heavy_op, light_op
+        n_h, n_l = costs.layers[hvs], costs.layers[lvs]
+        (h_id, h_pieces), (l_id, l_pieces) = pieces(backward, hu), pieces(backward, lu)
+        key = (backward, h_id, l_id, intra_node, h_s, l_s, n_h, n_l)
+        move = moves.get(key)
+        if move is None:
+            move = moves[key] = pair_move(
+                h_pieces, l_pieces, heavy_s=h_s, light_s=l_s, heavy_layers=n_h,
+                light_layers=n_l, pricer=pricer, backward=backward, model=model, tp=tp,
+                comm_time=comm(intra_node))
+        return move
+
     fwd_s = [list(row) for row in costs.fwd_s]
     bwd_s = [list(row) for row in costs.bwd_s]
     pairs = 0
     moved = added = transfer = held = 0.0
-
-    def pieces(backward: bool, u: int) -> RankPieces:
-        got = pieces_of.get((backward, u))
-        if got is None:
-            units = group.backward_units if backward else group.forward_units
-            got = pieces_of[(backward, u)] = _unit_pieces(group, units[u], slice_cache)
-        return got
-
-    def work(backward: bool, u: int) -> int:
-        got = work_of.get((backward, u))
-        if got is None:
-            got = work_of[(backward, u)] = prefix_weight(pieces(backward, u))
-        return got
-
-    for tick in sorted(set(fwd_sets) | set(bwd_sets)):
-        proposed = []  # (backward, heavy (vs, u), light (vs, u), move)
-        for backward, sets in ((False, fwd_sets), (True, bwd_sets)):
-            members = sets.get(tick, [])
-            order = sorted(members, key=lambda m, b=backward: (-work(b, m[1]), m[0], m[1]))
-            for a in range(len(order) // 2):
-                (hvs, hu), (lvs, lu) = order[a], order[-1 - a]
-                intra = len(stage_nodes[hvs % pp] | stage_nodes[lvs % pp]) == 1
-                times = bwd_s if backward else fwd_s
-                nh, nl = costs.layers[hvs], costs.layers[lvs]
-                key = (backward, pieces(backward, hu), pieces(backward, lu), intra,
-                       times[hvs][hu], times[lvs][lu], nh, nl)
-                move = moves.get(key)
-                if move is None:
-                    move = moves[key] = pair_move(
-                        key[1], key[2], heavy_s=key[4], light_s=key[5], heavy_layers=nh,
-                        light_layers=nl, pricer=pricer, backward=backward, model=model, tp=tp,
-                        comm_time=lambda b, intra=intra: cost.comm.p2p(b, intra_node=intra))
-                if move is not NO_MOVE:
-                    proposed.append((backward, (hvs, hu), (lvs, lu), move))
-        if not proposed:
+    # The ops of a tick run side by side, so the tick lasts as long as its slowest op
+    # (forward or backward). Moves that do not shorten it only add transfers: keep the tick's
+    # moves only if its slowest op gets faster (*reconstructed* rule: a runtime would decide
+    # from a profile which pairs to exchange). Pairs are priced slowest heavy op first, and
+    # a tick is given up as soon as some op is sure to stay at least as slow as the slowest.
+    cand = np.flatnonzero(viable)
+    cand_tick = tick_of[heavy[cand]]
+    cand = cand[np.lexsort((cand, -h0[cand], cand_tick))]
+    cand_tick = tick_of[heavy[cand]]
+    run_start = np.flatnonzero(np.r_[True, cand_tick[1:] != cand_tick[:-1]])[:len(cand)]
+    run_end = np.append(run_start[1:], len(cand))[:len(run_start)]
+    # Plain lists per candidate pair: the loop below reads them one by one.
+    order = cand.tolist()
+    backward_of = is_b[cand].tolist()
+    intra_of_pair = intra[cand].tolist()
+    heavy_ops = list(zip(table.vs[heavy[cand]].tolist(), table.unit[heavy[cand]].tolist(),
+                         h0[cand].tolist(), strict=True))
+    light_ops = list(zip(table.vs[light[cand]].tolist(), table.unit[light[cand]].tolist(),
+                         l0[cand].tolist(), strict=True))
+    for a, b, k in zip(run_start.tolist(), run_end.tolist(), cand_tick[run_start].tolist(),
+                       strict=True):
+        slowest = float(shrink_max[k])
+        bound = float(fixed_max[k])
+        proposed = []
+        for j in range(a, b):
+            move = move_of(backward_of[j], heavy_ops[j], light_ops[j], intra_of_pair[j])
+            if move is NO_MOVE:
+                bound = max(bound, heavy_ops[j][2])
+            else:
+                new_h = heavy_ops[j][2] + move.heavy_delta_s
+                new_l = light_ops[j][2] + move.light_delta_s
+                bound = max(bound, new_h, new_l)
+                proposed.append((order[j], j, move, new_h, new_l))
+            if bound >= slowest:
+                break
+        if bound >= slowest:
             continue
-        # The ops of a tick run side by side, so the tick lasts as long as its slowest op
-        # (forward or backward). Moves that do not shorten it only add transfers: keep the
-        # tick's moves only if its slowest op gets faster (*reconstructed* rule: a runtime
-        # would decide from a profile which pairs to exchange).
-        new = {}
-        for backward, (hvs, hu), (lvs, lu), move in proposed:
-            times = bwd_s if backward else fwd_s
-            new[(backward, hvs, hu)] = times[hvs][hu] + move.heavy_delta_s
-            new[(backward, lvs, lu)] = times[lvs][lu] + move.light_delta_s
-        slowest = max([fwd_s[vs][u] for vs, u in fwd_sets.get(tick, [])]
-                      + [bwd_s[vs][u] for vs, u in bwd_sets.get(tick, [])])
-        after = max([new.get((False, vs, u), fwd_s[vs][u]) for vs, u in fwd_sets.get(tick, [])]
-                    + [new.get((True, vs, u), bwd_s[vs][u]) for vs, u in bwd_sets.get(tick, [])])
-        if after >= slowest:
-            continue
-        for (backward, vs, u), t in new.items():
-            (bwd_s if backward else fwd_s)[vs][u] = t
-        for *_, move in proposed:
+        proposed.sort(key=lambda p: p[0])  # the pairs' own order, for the sums below
+        for _, j, move, new_h, new_l in proposed:
+            times_of = bwd_s if backward_of[j] else fwd_s
+            for (vs, u, _), t in ((heavy_ops[j], new_h), (light_ops[j], new_l)):
+                times_of[vs][u] = t
             pairs += 1
             moved += move.moved_s
             added += move.added_s
             transfer += move.transfer_s
             held = max(held, move.block_bytes)
-    f_sets = [m for m in fwd_sets.values() if len(m) > 1]
-    b_sets = [m for m in bwd_sets.values() if len(m) > 1]
+    after_times = op_times(np.array(fwd_s, dtype=np.float64).reshape(pp * group.vpp, -1),
+                           np.array(bwd_s, dtype=np.float64).reshape(pp * group.vpp, -1))
     stats = RedistributionStats(
         pairs=pairs, block_bytes=held, moved_s=moved, added_s=added, transfer_s=transfer,
-        fwd_imbalance_before=_imbalance(f_sets, costs.fwd_s),
-        fwd_imbalance_after=_imbalance(f_sets, fwd_s),
-        bwd_imbalance_before=_imbalance(b_sets, costs.bwd_s),
-        bwd_imbalance_after=_imbalance(b_sets, bwd_s))
+        fwd_imbalance_before=_imbalance(table, times, False),
+        fwd_imbalance_after=_imbalance(table, after_times, False),
+        bwd_imbalance_before=_imbalance(table, times, True),
+        bwd_imbalance_after=_imbalance(table, after_times, True))
     return dataclasses.replace(costs, fwd_s=fwd_s, bwd_s=bwd_s), stats
 
 
