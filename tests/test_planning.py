@@ -6,6 +6,8 @@ import itertools
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slimpack.cost import AnalyticCostModel
 from slimpack.cost.cp_sharding import document_pieces
@@ -38,6 +40,29 @@ def test_bin_packers_cover_each_index_once_under_capacity(packer):
     assert all(sum(LENGTHS[i] for i in b) <= 1024 for b in bins)
     # FFD/BFD use at most 11/9 OPT + 6/9 bins; OPT >= ceil(sum / capacity) = 5 here.
     assert len(bins) <= 11 / 9 * 5 + 6 / 9 + 1
+
+
+def _first_fit_by_scan(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First fit decreasing by its definition: scan the bins in opening order."""
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        b = next((b for b, room in enumerate(free) if lengths[i] <= room), len(bins))
+        if b == len(bins):
+            bins.append([])
+            free.append(capacity)
+        bins[b].append(i)
+        free[b] -= lengths[i]
+    return bins
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 1000).flatmap(lambda cap: st.tuples(
+    st.just(cap), st.lists(st.integers(0, cap), max_size=80))))
+def test_first_fit_decreasing_is_the_first_bin_that_fits(case):
+    """The tree search picks exactly the bin a scan in opening order picks."""
+    capacity, lengths = case
+    assert first_fit_decreasing(lengths, capacity) == _first_fit_by_scan(lengths, capacity)
 
 
 def test_bin_packer_rejects_too_long_sequence_naming_capacity():

@@ -26,21 +26,40 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     """Pack lengths into bins of ``capacity`` tokens: longest first, into the first bin it fits.
 
     The classic 11/9 OPT + 6/9 heuristic used by packed SFT pipelines (e.g. the naive packing
-    baseline of WLB-LLM, arXiv 2503.17924).
+    baseline of WLB-LLM, arXiv 2503.17924). O(n log n): "the first bin it fits" is found in a
+    tree holding each subtree's largest free room (a paper-size batch has ~65K documents
+    and ~500 bins, which a scan of the bins per document makes quadratic).
     """
     _check_capacity(lengths, capacity)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    # First fit never holds two bins at most half full, so it opens fewer than
+    # 2 * total / capacity + 1 bins; unopened leaves have the whole capacity free.
+    most_bins = min(len(lengths), 2 * -(-sum(lengths) // capacity) + 1)
+    size = 1
+    while size < most_bins:
+        size *= 2
+    room = [capacity] * (2 * size)  # room[node]: largest free room below node; leaves at size..
     bins: list[list[int]] = []
-    free: list[int] = []
     for i in order:
-        for b, room in enumerate(free):
-            if lengths[i] <= room:
-                bins[b].append(i)
-                free[b] -= lengths[i]
-                break
-        else:
+        n = lengths[i]
+        node = 1
+        while node < size:  # the leftmost leaf with room >= n
+            node *= 2
+            if room[node] < n:
+                node += 1
+        b = node - size
+        if b == len(bins):
             bins.append([i])
-            free.append(capacity - lengths[i])
+        else:
+            bins[b].append(i)
+        room[node] -= n
+        node //= 2
+        while node:
+            best = max(room[2 * node], room[2 * node + 1])
+            if room[node] == best:
+                break  # the ancestors' maxima are unchanged too
+            room[node] = best
+            node //= 2
     return bins
 
 
