@@ -40,6 +40,7 @@ from slimpack.planning import (
     sliced_group,
 )
 from slimpack.planning.method import MethodSpec
+from slimpack.schedules import Op, build_schedule
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 SLICE_ALIGN = 128
@@ -160,6 +161,20 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                      for d, (ranks, samples) in enumerate(zip(replica_groups(parallel), per_replica,
                                                               strict=True)) if samples)
 
+    # The op lists depend on the slices alone (not on recompute or offload): build each
+    # slice count's once for its memory probes, its trial simulation and the final check.
+    # Only the counts still in play are kept (a paper-size group has ~10^6 ops).
+    built: dict[int, dict[int, list[list[Op]]]] = {}
+
+    def schedules(n: int, groups: tuple[Group, ...]) -> dict[int, list[list[Op]]]:
+        if n not in built:
+            built[n] = {g.group_id: build_schedule(g) for g in groups}
+        return built[n]
+
+    def keep_only(*counts: int) -> None:
+        for n in [n for n in built if n not in counts]:
+            del built[n]
+
     def probe(trial: tuple[Group, ...]) -> Plan:
         # The flag travels with the probe so the simulator times each trial as it will run.
         return Plan(method="slimpipe", model=model.name, parallel=parallel,
@@ -175,8 +190,11 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         # A fixed num_slices stays fixed: only that count is tried with offload.
         n = opts.num_slices or max(parallel.pp, 1)
         while n <= max(counts[-1], parallel.pp):
-            if plan_fits_memory(probe(build(n, "none", 1.0)), model, hardware,
-                                getattr(cost, "training", None)):
+            trial = build(n, "none", 1.0)
+            fits = plan_fits_memory(probe(trial), model, hardware,
+                                    getattr(cost, "training", None), schedules(n, trial))
+            keep_only(*(trial_n for trial_n, _, _ in trials), *([n] if fits else []))
+            if fits:
                 trials.insert(0, (n, "none", 1.0))
                 break
             n *= 2
@@ -190,16 +208,18 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         from slimpack.sim import simulate
 
         best = None
-        for trial_n, mode, share in trials:
+        for position, (trial_n, mode, share) in enumerate(trials):
             if best is not None and time.perf_counter() - started > opts.time_limit_s:
                 stopped_by = "time_limit_s"
                 break
             trial = build(trial_n, mode, share)
             step = simulate(probe(trial), model=model, hardware=hardware, cost=cost,
-                            validate=False).record.step_time_s
+                            validate=False, schedules=schedules(trial_n, trial),
+                            schedules_built=True).record.step_time_s
             if best is None or step < best:
                 best, groups = step, trial
                 n, recompute, offload = trial_n, mode, share
+            keep_only(n, *(later for later, _, _ in trials[position + 1:]))
     length = slice_length(longest, n)
     return finish_plan(
         method="slimpipe", model=model, hardware=hardware, parallel=parallel,
@@ -212,7 +232,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                   "vocab_parallel_pp": True,
                   "document_pieces": {str(k): list(v) for k, v in
                                       layout.document_pieces.items()}},
-        escalate_recompute=True,
+        escalate_recompute=True, schedules=schedules(n, groups),
     )
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from slimpack.plan import Phase, Plan
+from slimpack.schedules import Op
 from slimpack.sim.memory import plan_fits_memory
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.recompute import RECOMPUTE_MODES
@@ -16,7 +18,8 @@ from slimpack.specs.training import TrainingSpec
 def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
                 sequence_lengths: dict[int, int], phases: list[Phase], started: float,
                 metadata: dict[str, Any], escalate_recompute: bool = False,
-                training: TrainingSpec | None = None) -> Plan:
+                training: TrainingSpec | None = None,
+                schedules: Mapping[int, list[list[Op]]] | None = None) -> Plan:
     """Build and validate the plan, then check memory with the simulator's own walk.
 
     ``metadata['memory_fits']`` is :func:`slimpack.sim.memory.plan_fits_memory` of the final
@@ -25,19 +28,21 @@ def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parall
     fit move to the next costlier recompute mode until the plan fits or full recompute is
     reached; ``metadata['recompute']`` then names the mode(s) the plan runs. ``training``: the
     cost model's TrainingSpec, whose ZeRO stage the simulator will charge (None: ZeRO-1).
+    ``schedules``: op lists the planner already built for some group ids (recompute does not
+    change them, so they hold for the escalated plans too).
     ``metadata['plan_seconds']`` is the wall time since ``started`` (``time.perf_counter``).
     """
     plan = Plan(method=method, model=model.name, parallel=parallel,
                 sequence_lengths=dict(sequence_lengths), phases=tuple(phases),
                 metadata=dict(metadata))
     plan.validate()
-    fits = plan_fits_memory(plan, model, hardware, training)
+    fits = plan_fits_memory(plan, model, hardware, training, schedules)
     while not fits and escalate_recompute:
         escalated = _with_costlier_recompute(plan)
         if escalated is None:
             break
         plan = escalated
-        fits = plan_fits_memory(plan, model, hardware, training)
+        fits = plan_fits_memory(plan, model, hardware, training, schedules)
     modes = sorted({g.recompute for g in plan.groups()}, key=RECOMPUTE_MODES.index)
     if escalate_recompute or "recompute" in plan.metadata:
         plan.metadata["recompute"] = modes[0] if len(modes) == 1 else ",".join(modes)

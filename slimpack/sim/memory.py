@@ -15,6 +15,7 @@ for the schedule that ran. Per rank of a stage (one of its tp*cp devices):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slimpack.cost.memory import (
@@ -24,7 +25,7 @@ from slimpack.cost.memory import (
     model_state_bytes,
 )
 from slimpack.plan import Group, Plan
-from slimpack.schedules import build_schedule
+from slimpack.schedules import Op, build_schedule
 from slimpack.sim.costs import head_virtual_stages, layers_per_virtual_stage
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
@@ -168,26 +169,36 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
 
 
 def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int,
-                        training: TrainingSpec | None = None) -> list[float]:
+                        training: TrainingSpec | None = None,
+                        ops: list[list[Op]] | None = None) -> list[float]:
     """Per-stage peak bytes of ``group`` under its own schedule (order-only walk, no timing):
     the same numbers the timed simulator reports for that group (under ``training``'s ZeRO
-    stage, as the simulator takes it from a cost model that carries one)."""
+    stage, as the simulator takes it from a cost model that carries one). ``ops``: the
+    group's :func:`build_schedule` op lists when the caller already built them."""
     memory = group_memory(group, model=model, dp=dp, training=training)
     layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
-    return peak_bytes_by_stage(build_schedule(group), memory, layers)
+    return peak_bytes_by_stage(ops if ops is not None else build_schedule(group), memory,
+                               layers)
 
 
-def plan_peak_bytes(plan: Plan, model: ModelSpec, training: TrainingSpec | None = None) -> float:
-    """The largest per-device peak over every group of every phase of ``plan``."""
-    return max(max(schedule_peak_bytes(g, model, plan.parallel.dp, training))
+def plan_peak_bytes(plan: Plan, model: ModelSpec, training: TrainingSpec | None = None,
+                    schedules: Mapping[int, list[list[Op]]] | None = None) -> float:
+    """The largest per-device peak over every group of every phase of ``plan``;
+    ``schedules``: :func:`build_schedule`'s op lists of some groups (by group id), already
+    built by the caller (the others are built here)."""
+    schedules = schedules or {}
+    return max(max(schedule_peak_bytes(g, model, plan.parallel.dp, training,
+                                       schedules.get(g.group_id)))
                for g in plan.groups())
 
 
 def plan_fits_memory(plan: Plan, model: ModelSpec, hardware: HardwareSpec,
-                     training: TrainingSpec | None = None) -> bool:
+                     training: TrainingSpec | None = None,
+                     schedules: Mapping[int, list[list[Op]]] | None = None) -> bool:
     """The one memory check: True exactly when :func:`slimpack.sim.simulate` reports no OOM.
 
     Planners call this on their finished plan, so a plan's ``memory_fits`` and the
-    simulator's verdict are the same function of the same op order.
+    simulator's verdict are the same function of the same op order (``schedules`` as in
+    :func:`plan_peak_bytes`).
     """
-    return plan_peak_bytes(plan, model, training) <= hardware.usable_memory_bytes
+    return plan_peak_bytes(plan, model, training, schedules) <= hardware.usable_memory_bytes
