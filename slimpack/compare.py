@@ -13,6 +13,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,6 +277,41 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
                         exhaustive=exhaustive)
 
 
+def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
+                   gpus: int, parallel: ParallelSpec | None, auto_parallel: bool,
+                   cost: CostModel, context: int, time_limit_s: float | None,
+                   top_k: int | None, budget_s: float | None, options: Mapping[str, Any],
+                   estimate_cache: dict | None = None) -> dict[str, Any]:
+    """One method's record of :func:`compare` (``speedup_vs_first`` left NaN): its planner on
+    ``parallel`` or, with ``auto_parallel``, its :func:`best_parallel`; a method that fails
+    gets ``error`` set and NaN numbers."""
+    plan, rec, used = None, None, parallel
+    search = "fixed layout"
+    found = None
+    try:
+        if auto_parallel:
+            found = best_parallel(method, batch, model, hardware, gpus, cost, context=context,
+                                  top_k=top_k, budget_s=budget_s, estimate_cache=estimate_cache,
+                                  time_limit_s=time_limit_s, **options)
+            plan, rec, used = found.plan, found.record, found.parallel
+            search = (f"{found.simulated} of {found.candidates} layouts simulated, "
+                      f"{found.pruned} pruned by bound")
+        else:
+            assert parallel is not None
+            plan = plan_method(method, batch, model, hardware, parallel, cost, context=context,
+                               time_limit_s=time_limit_s, **options)
+            rec = _simulate(plan, model, hardware, cost)
+        row = _record(method, plan, rec, used) | {
+            "search": search, "search_exhaustive": found.exhaustive if found else True}
+    except (ValueError, RuntimeError) as exc:
+        fallback = used or ParallelSpec.for_world(gpus)
+        row = _record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}") | {
+            "search": search, "search_exhaustive": None}
+    training = getattr(cost, "training", None)
+    row["zero_stage"] = training.zero_stage if training is not None else None
+    return row
+
+
 def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: HardwareSpec,
             gpus: int, parallel: ParallelSpec | None = None, auto_parallel: bool = False, *,
             cost: CostModel | None = None, context: int | None = None,
@@ -283,7 +319,7 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
             auto_parallel_top_k: int | Mapping[str, int | None] | None = None,
             search_budget_s: float | None = 60.0, progress: bool = False,
             method_options: Mapping[str, Mapping[str, Any]] | None = None,
-            method_costs: Mapping[str, CostModel] | None = None,
+            method_costs: Mapping[str, CostModel] | None = None, jobs: int = 1,
             ) -> list[dict[str, Any]]:
     """One record per method (keys ``RECORD_KEYS`` plus ``ideal_step_time_s``).
 
@@ -294,7 +330,8 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
     Give ``parallel`` (its world size must equal ``gpus``) or ``auto_parallel=True``. A method
     that fails to plan or simulate gets a record with ``error`` set and NaN numbers, so one
     broken method never hides the others. ``speedup_vs_first`` is the first method's step time
-    over this one's.
+    over this one's. ``jobs`` > 1 runs that many methods at once, each in its own process
+    (the records are the same as with one job).
     """
     if not methods:
         raise ValueError("methods must name at least one planner")
@@ -311,52 +348,48 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
     cost = cost or default_cost_model(model, hardware)
     ctx = settings.context or max(batch.lengths)
     method_options = method_options or {}
-    # One batch, cost model and context: the ranking's work and unit prices are shared by
-    # every method that uses the same cost model.
-    caches: dict[int, dict] = {}
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     unknown = sorted(set(method_costs or {}) - set(methods))
     if unknown:
         raise ValueError(f"method_costs names methods not compared: {unknown}")
-    rows = []
-    bar = tqdm(methods, desc="compare", unit="method", disable=not progress, file=sys.stderr,
-               leave=False)
-    for method in bar:
-        bar.set_postfix_str(method)
+    jobs = min(jobs, len(methods))
+    tasks = []
+    for method in methods:
         options = dict(method_options.get(method, {}))
-        method_cost = (method_costs or {}).get(method, cost)
-        estimate_cache = caches.setdefault(id(method_cost), {})
         # A per-method time limit stands in for the shared one (the harness lifts SlimPack's
         # safety net); given both, plan_method says it was given twice.
-        time_limit_s = settings.time_limit_s
-        if time_limit_s is None and "time_limit_s" in options:
-            time_limit_s = options.pop("time_limit_s")
-        plan, rec, used = None, None, parallel
-        search = "fixed layout"
-        try:
-            if auto_parallel:
-                found = best_parallel(method, batch, model, hardware, gpus, method_cost,
-                                      context=ctx,
-                                      top_k=settings.top_k_for(method),
-                                      budget_s=settings.search_budget_s,
-                                      estimate_cache=estimate_cache,
-                                      time_limit_s=time_limit_s, **options)
-                plan, rec, used = found.plan, found.record, found.parallel
-                search = (f"{found.simulated} of {found.candidates} layouts simulated, "
-                          f"{found.pruned} pruned by bound")
-            else:
-                assert parallel is not None
-                plan = plan_method(method, batch, model, hardware, parallel, method_cost,
-                                   context=ctx, time_limit_s=time_limit_s, **options)
-                rec = _simulate(plan, model, hardware, method_cost)
-            rows.append(_record(method, plan, rec, used) | {
-                "search": search,
-                "search_exhaustive": not auto_parallel or found.exhaustive})
-        except (ValueError, RuntimeError) as exc:
-            fallback = used or ParallelSpec.for_world(gpus)
-            rows.append(_record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}")
-                        | {"search": search, "search_exhaustive": None})
-        training = getattr(method_cost, "training", None)
-        rows[-1]["zero_stage"] = training.zero_stage if training is not None else None
+        time_limit = settings.time_limit_s
+        if time_limit is None and "time_limit_s" in options:
+            time_limit = options.pop("time_limit_s")
+        tasks.append(dict(method=method, batch=batch, model=model, hardware=hardware, gpus=gpus,
+                          parallel=parallel, auto_parallel=auto_parallel,
+                          cost=(method_costs or {}).get(method, cost), context=ctx,
+                          time_limit_s=time_limit, top_k=settings.top_k_for(method),
+                          budget_s=settings.search_budget_s, options=options))
+    bar = tqdm(total=len(methods), desc="compare", unit="method", disable=not progress,
+               file=sys.stderr, leave=False)
+    if jobs <= 1:
+        # One batch, cost model and context: the ranking's work and unit prices are shared
+        # by every method that uses the same cost model.
+        caches: dict[int, dict] = {}
+        rows = []
+        for task in tasks:
+            bar.set_postfix_str(task["method"])
+            rows.append(compare_method(**task,
+                                       estimate_cache=caches.setdefault(id(task["cost"]), {})))
+            bar.update()
+    else:
+        # Methods are independent: each runs in its own process (its own caches).
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(compare_method, **task): i for i, task in enumerate(tasks)}
+            rows_at: dict[int, dict[str, Any]] = {}
+            for future in as_completed(futures):
+                rows_at[futures[future]] = future.result()
+                bar.set_postfix_str(rows_at[futures[future]]["method"])
+                bar.update()
+        rows = [rows_at[i] for i in range(len(tasks))]
+    bar.close()
     first = rows[0]["step_time_s"]
     for row in rows:
         step = row["step_time_s"]

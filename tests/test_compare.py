@@ -32,6 +32,22 @@ def test_compare_library_records_every_key_and_sane_numbers():
     assert rows[0]["speedup_vs_first"] == pytest.approx(1.0)
 
 
+def test_compare_in_worker_processes_gives_the_same_records():
+    """``jobs`` runs methods in their own processes; only the wall-clock fields may differ."""
+    model, hw = model_preset("llama-7b"), hardware_preset("h100")
+    batch = Batch.from_lengths([60000, 30000, 9000, 7000, 5000, 3000, 1000, 800] * 4)
+    methods = ["megatron", "slimpipe", "megatron-dcp"]
+
+    def records(jobs: int) -> str:
+        rows = compare(methods, batch, model, hw, 16, auto_parallel=True, context=65536,
+                       search_budget_s=None, jobs=jobs)
+        return json.dumps([{k: v for k, v in r.items() if k != "plan_seconds"} for r in rows])
+
+    assert records(2) == records(1)
+    with pytest.raises(ValueError, match="jobs"):
+        compare(methods, batch, model, hw, 16, auto_parallel=True, jobs=0)
+
+
 def test_compare_rejects_mismatched_world_size():
     model, hw = model_preset("llama-7b"), hardware_preset("h100")
     with pytest.raises(ValueError, match="gpus"):

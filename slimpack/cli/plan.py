@@ -19,7 +19,9 @@ from slimpack.cli.types import (
     MAX_TOKEN_BUDGET,
     int_range,
     positive_float,
+    positive_int,
     preset_help,
+    usable_cpus,
 )
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.jsonio import check_output_path, strict_json
@@ -81,6 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "every method or for one (repeatable). Default: each method as its "
                             "paper ran it (FlexSP and its Ulysses baselines 3), the others 1 "
                             "(Megatron-LM's distributed optimizer)")
+    cmp_p.add_argument("--jobs", type=positive_int, default=None,
+                       help="methods run at once, each in its own process (default: the CPUs "
+                            "this process may use; the table is the same for any count)")
     cmp_p.set_defaults(handler=run_compare)
 
     list_p = subparsers.add_parser("methods", help="list the methods, or one method's options")
@@ -269,7 +274,7 @@ def run_compare(args: argparse.Namespace) -> int:
     rows = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
                    time_limit_s=args.time_limit, method_options=options, progress=True,
-                   method_costs=method_costs)
+                   method_costs=method_costs, jobs=args.jobs or usable_cpus())
     if args.json:
         print(strict_json({"records": rows}, indent=1))
     else:

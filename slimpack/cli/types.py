@@ -66,3 +66,12 @@ def preset_help(kind: str) -> str:
 
     names = MODEL_PRESETS if kind == "model" else HARDWARE_PRESETS
     return f"{kind} preset: {', '.join(names)}"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
