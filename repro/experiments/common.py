@@ -22,11 +22,13 @@ SlimPack-over-Megatron claim is shown against both (``Claim.bracket``), judged o
 SLIMPACK_SOURCE = "SlimPack arXiv 2509.26246"
 SLIMPIPE_SOURCE = "SlimPipe arXiv 2504.14519"
 TIMING_COLUMNS = ("plan_seconds", "sim_seconds")
-HARNESS_METHOD_OPTIONS = {"slimpack": {"time_limit_s": 600.0}}
+HARNESS_METHOD_OPTIONS = {"slimpack": {"time_limit_s": 600.0},
+                          "slimpipe": {"time_limit_s": 600.0}}
 """Planner options every harness comparison uses unless an experiment overrides them.
-SlimPack's search is bounded by a count of slice lengths (``search_candidates``), its 30 s
-default time limit is a safety net for interactive use; at 33-134M tokens a loaded machine
-can reach it, and a clock-stopped search is machine-dependent, so the harness lifts the net."""
+SlimPack's search is bounded by a count of slice lengths (``search_candidates``) and
+SlimPipe's by a count of trials (``max_trials``); their 30 s default time limits are safety
+nets for interactive use. At 33-134M tokens a loaded machine can reach them, and a
+clock-stopped search is machine-dependent, so the harness lifts the nets."""
 SEARCH_TOP_K = 3
 """Layouts simulated per method in a harness configuration search unless an experiment sets
 its own caps (``slimpack.compare.best_parallel``; records say whether a search finished)."""
