@@ -213,11 +213,15 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                 stopped_by = "time_limit_s"
                 break
             trial = build(trial_n, mode, share)
-            step = simulate(probe(trial), model=model, hardware=hardware, cost=cost,
-                            validate=False, schedules=schedules(trial_n, trial),
-                            schedules_built=True).record.step_time_s
-            if best is None or step < best:
-                best, groups = step, trial
+            record = simulate(probe(trial), model=model, hardware=hardware, cost=cost,
+                              validate=False, schedules=schedules(trial_n, trial),
+                              schedules_built=True).record
+            # A trial that runs out of memory loses to any that fits, however fast: the
+            # analytic estimate that admitted it can be optimistic, and finish_plan would
+            # escalate its recompute (a slower plan than the one the trial timed).
+            key = (record.oom, record.step_time_s)
+            if best is None or key < best:
+                best, groups = key, trial
                 n, recompute, offload = trial_n, mode, share
             keep_only(n, *(later for later, _, _ in trials[position + 1:]))
     length = slice_length(longest, n)
