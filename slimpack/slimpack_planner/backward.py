@@ -118,11 +118,22 @@ def emit_round(long_segments: list[list[Segment]],
         for seg in long_segments[u]:
             per_seq.setdefault(seg.seq_id, []).append((u, seg))
     starts: dict[int, int] = {}  # sub-slice id -> its first token
+    backward_of = est.backward
     for seq_id, segs in per_seq.items():
         segs.sort(key=lambda x: x[1].start)
+        if not regroup_long:
+            # Mirrored: the sub-slices are the forward segments (the general path below gives
+            # the same slices, and backward segment j in the mirror of forward step u).
+            for u, seg in segs:
+                sid = new_slice((seg,))
+                forward[u].append(sid)
+                starts[sid] = seg.start
+                back[n - 1 - u].append(sid)
+                bwd_load[n - 1 - u] += backward_of(seg.end - seg.start, seg.start)
+            continue
         fwd_cuts = [s.start for _, s in segs] + [segs[-1][1].end]
         k = len(segs)
-        bwd_cuts = backward_cuts([s for _, s in segs], est) if regroup_long else fwd_cuts
+        bwd_cuts = backward_cuts([s for _, s in segs], est)
         cuts = sub_slice_cuts(fwd_cuts, bwd_cuts, max(min_tokens, MIN_SUB_SLICE))
         # A backward cut that was dropped moves to the nearest kept cut (a backward segment
         # may then be empty: its MicroPack gets none of this sequence).

@@ -434,31 +434,14 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
                 out: ReplicaPacks, *, min_tokens: int = TILE, regroup_long: bool = False,
                 round_warmup: bool = False) -> None:
     n_units = rnd.num_units
-
-    whole = out.whole
-
-    def atoms_of(u: int, count: int) -> list[tuple[tuple[Segment, ...], float]]:
-        """Forward MicroPack u's short documents in ``count`` slices balanced on backward
-        cost, each with its backward cost (summed in its documents' order)."""
-        docs = rnd.short_docs[u]
-        if not docs:
-            return []
-        docs = sorted(docs, key=lambda s: -lengths[s])
-        bwd = [est.backward(lengths[s]) for s in docs]
-        atoms = []
-        for bucket in lpt_buckets(bwd, count):
-            if bucket:
-                cost = 0
-                for i in bucket:
-                    cost += bwd[i]
-                atoms.append((tuple([whole(docs[i], lengths[docs[i]]) for i in bucket]), cost))
-        return atoms
+    new_slice = _slice_maker(out)
+    atoms_of = _atom_maker(rnd, lengths, est, out)
 
     if asymmetric:
         # Long segments regrouped on backward cost, short atoms re-dealt (backward.py).
         fwd, bwd = backward.emit_round(
             rnd.long_segments, [atoms_of(u, ATOMS_PER_UNIT) for u in range(n_units)], est,
-            lambda segs: _new_slice(out, segs), min_tokens=min_tokens, regroup_long=regroup_long,
+            new_slice, min_tokens=min_tokens, regroup_long=regroup_long,
             round_warmup=round_warmup)
         out.forward_units.extend(Unit(slice_ids=tuple(f)) for f in fwd if f)
         out.backward_units.extend(Unit(slice_ids=tuple(b)) for b in bwd if b)
@@ -466,9 +449,9 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
     unit_slices: list[list[int]] = [[] for _ in range(n_units)]
     for u in range(n_units):
         for seg in rnd.long_segments[u]:
-            unit_slices[u].append(_new_slice(out, (seg,)))
+            unit_slices[u].append(new_slice((seg,)))
         for segs, _ in atoms_of(u, 1):
-            unit_slices[u].append(_new_slice(out, segs))
+            unit_slices[u].append(new_slice(segs))
     for u in range(n_units):
         if unit_slices[u]:
             out.forward_units.append(Unit(slice_ids=tuple(unit_slices[u])))
@@ -477,10 +460,46 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
             out.backward_units.append(Unit(slice_ids=tuple(reversed(unit_slices[u]))))
 
 
-def _new_slice(out: ReplicaPacks, segments: tuple[Segment, ...]) -> int:
-    sid = len(out.slices)
-    out.slices.append(Slice(slice_id=sid, segments=segments))
-    return sid
+def _atom_maker(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, out: ReplicaPacks):
+    """``atoms_of(u, count)``: forward MicroPack u's short documents in ``count`` slices
+    balanced on backward cost, each with its backward cost (summed in its documents' order)."""
+    backward_of = est.backward
+    known = out.whole_segments
+    whole = out.whole
+
+    def atoms_of(u: int, count: int) -> list[tuple[tuple[Segment, ...], float]]:
+        # The fill deals documents longest first (ties by seq_id), so a MicroPack's list is
+        # already in the order a stable sort by length would give: no sort needed.
+        docs = rnd.short_docs[u]
+        if not docs:
+            return []
+        bwd = [backward_of(lengths[s]) for s in docs]
+        atoms = []
+        for bucket in lpt_buckets(bwd, count):
+            if bucket:
+                cost = 0
+                for i in bucket:
+                    cost += bwd[i]
+                segs = tuple([known.get(docs[i]) or whole(docs[i], lengths[docs[i]])
+                              for i in bucket])
+                atoms.append((segs, cost))
+        return atoms
+
+    return atoms_of
+
+
+def _slice_maker(out: ReplicaPacks):
+    """``new_slice(segments)``: appends a slice to ``out`` and returns its id (a closure over
+    the list: emission makes one per segment or atom, ~10^5 per plan)."""
+    slices = out.slices
+    append = slices.append
+
+    def new_slice(segments: tuple[Segment, ...]) -> int:
+        sid = len(slices)
+        append(Slice(slice_id=sid, segments=segments))
+        return sid
+
+    return new_slice
 
 
 def _lightest_window(loads: list[float], width: int) -> int:
