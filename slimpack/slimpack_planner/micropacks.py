@@ -291,7 +291,7 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     # 3. Filler rounds for the MicroPacks short documents need beyond the long rounds'.
     # Water level: every step should end near ``level``; long rounds absorb short work up to
     # it (as far as their token room allows) and the rest needs steps of its own.
-    short_fwd = {s: est.forward(n) for s, n in short_ids.items()}
+    short_fwd = est.documents_forward(short_ids)
     short_work = sum(short_fwd.values())
     total = sum(sum(loads) for loads in fwd_load) + short_work
     wanted = max(1, round(total / target)) if target > 0 else 1
@@ -329,9 +329,10 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     normal = sorted((r for r in rounds if r.num_units <= giant_limit), key=lambda r: -r.num_units)
     giants = sorted((r for r in rounds if r.num_units > giant_limit), key=lambda r: r.num_units)
     out = ReplicaPacks(whole_segments=whole_segments if whole_segments is not None else {})
+    short_bwd = est.documents_backward(short_ids)
     for rnd in normal + giants:
         check(deadline)
-        _emit_round(rnd, lengths, est, asymmetric, out, min_tokens=min_tokens,
+        _emit_round(rnd, lengths, short_bwd, est, asymmetric, out, min_tokens=min_tokens,
                     regroup_long=regroup_long, round_warmup=round_warmup)
     return out
 
@@ -376,8 +377,9 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
     # The loop peeks at the top entry and replaces it (heapreplace) instead of popping and
     # pushing: every key is unique (round, version; unit index), so the choices are the same.
     heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
-    for seq_id in sorted(short_ids, key=lambda s: (-short_ids[s], s)):
-        n = short_ids[seq_id]
+    # Longest first, ties by seq_id: (-length, seq_id) pairs compare in C, no key function.
+    for neg_n, seq_id in sorted([(-n, s) for s, n in short_ids.items()]):
+        n = -neg_n
         # Reopen what the shorter document now fits.
         while parked_rounds and -parked_rounds[0][0] >= n:
             _, r = heappop(parked_rounds)
@@ -430,12 +432,15 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
             break
 
 
-def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymmetric: bool,
-                out: ReplicaPacks, *, min_tokens: int = TILE, regroup_long: bool = False,
+def _emit_round(rnd: _Round, lengths: dict[int, int], short_bwd: dict[int, float],
+                est: WorkEstimator, asymmetric: bool, out: ReplicaPacks, *,
+                min_tokens: int = TILE, regroup_long: bool = False,
                 round_warmup: bool = False) -> None:
+    """Slices and MicroPacks of one round; ``short_bwd``: seq_id -> backward seconds of each
+    short document (``est.backward(length)``)."""
     n_units = rnd.num_units
     new_slice = _slice_maker(out)
-    atoms_of = _atom_maker(rnd, lengths, est, out)
+    atoms_of = _atom_maker(rnd, lengths, short_bwd, out)
 
     if asymmetric:
         # Long segments regrouped on backward cost, short atoms re-dealt (backward.py).
@@ -460,10 +465,10 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
             out.backward_units.append(Unit(slice_ids=tuple(reversed(unit_slices[u]))))
 
 
-def _atom_maker(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, out: ReplicaPacks):
+def _atom_maker(rnd: _Round, lengths: dict[int, int], short_bwd: dict[int, float],
+                out: ReplicaPacks):
     """``atoms_of(u, count)``: forward MicroPack u's short documents in ``count`` slices
     balanced on backward cost, each with its backward cost (summed in its documents' order)."""
-    backward_of = est.backward
     known = out.whole_segments
     whole = out.whole
 
@@ -473,7 +478,7 @@ def _atom_maker(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, out: R
         docs = rnd.short_docs[u]
         if not docs:
             return []
-        bwd = [backward_of(lengths[s]) for s in docs]
+        bwd = [short_bwd[s] for s in docs]
         atoms = []
         for bucket in lpt_buckets(bwd, count):
             if bucket:
