@@ -162,28 +162,40 @@ def emit_round(long_segments: list[list[Segment]],
             sid = new_slice(segs)
             forward[u].append(sid)
             atoms.append((cost, sid))
-    # The round's first backward MicroPack must need its last forward one, as when mirrored:
-    # the schedule sizes its warm-up by what the first backward needs (the round's forwards
-    # plus 2(p-1)); a first backward of early atoms only would shrink the warm-up to a few
-    # steps and break the round into bursts of forwards and backwards (measured: 6% slower).
-    last = n - 1
+    if round_warmup:  # the first backward needs the last forward (warm-up = the round)
+        _give_first_backward_a_tail_atom(forward, back, bwd_load, atoms)
+    heap = [(load, b) for b, load in enumerate(bwd_load)]
+    heapq.heapify(heap)
+    # Heaviest atom first (ties by slice id) to the lightest backward MicroPack; the keys
+    # (load, b) are unique, so replacing the top is popping and pushing. (-cost, sid) pairs
+    # sort in C, and load - (-cost) is load + cost exactly.
+    heapreplace = heapq.heapreplace
+    for neg_cost, sid in sorted([(-cost, sid) for cost, sid in atoms]):
+        load, b = heap[0]
+        back[b].append(sid)
+        heapreplace(heap, (load - neg_cost, b))
+    return forward, back
+
+
+def _give_first_backward_a_tail_atom(forward: list[list[int]], back: list[list[int]],
+                                     bwd_load: list[float],
+                                     atoms: list[tuple[float, int]]) -> None:
+    """The round's first backward MicroPack must need its last forward one, as when mirrored:
+    the schedule sizes its warm-up by what the first backward needs (the round's forwards
+    plus 2(p-1)); a first backward of early atoms only would shrink the warm-up to a few
+    steps and break the round into bursts of forwards and backwards (measured: 6% slower).
+    Moves the last forward MicroPack's heaviest atom from ``atoms`` to it."""
+    last = len(forward) - 1
     while last >= 0 and not forward[last]:
         last -= 1
     tail = set(forward[last]) if last >= 0 else set()
-    if round_warmup and tail and not set(back[0]) & tail:
+    if tail and not set(back[0]) & tail:
         own = [a for a in atoms if a[1] in tail]
         if own:
             first = max(own, key=lambda a: (a[0], -a[1]))  # the last MicroPack's heaviest atom
             atoms.remove(first)
             back[0].append(first[1])
             bwd_load[0] += first[0]
-    heap = [(load, b) for b, load in enumerate(bwd_load)]
-    heapq.heapify(heap)
-    for cost, sid in sorted(atoms, key=lambda x: (-x[0], x[1])):
-        load, b = heapq.heappop(heap)
-        back[b].append(sid)
-        heapq.heappush(heap, (load + cost, b))
-    return forward, back
 
 
 def _nearest(sorted_cuts: list[int], x: int) -> int:

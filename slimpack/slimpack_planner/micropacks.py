@@ -179,19 +179,30 @@ def _merge_thin_tail(cuts: list[int], min_tokens: int) -> list[int]:
 
 def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_capacity: int,
                  unit_capacity: float) -> list[list[int]]:
-    """First-fit decreasing of long sequences into rounds bounded in tokens and MicroPacks."""
+    """First-fit decreasing of long sequences into rounds bounded in tokens and MicroPacks.
+
+    A round without room for the shortest long sequence, or for one more MicroPack, can
+    take nothing more: it leaves the scan (first fit over the rest is first fit over all),
+    which keeps the scan short when thousands of sequences fill hundreds of rounds."""
     rounds: list[list[int]] = []
     room: list[tuple[int, float]] = []
+    open_rounds: list[int] = []  # rounds that may still take a sequence, in order
+    shortest = min(lengths.values(), default=0)
     for seq in sorted(lengths, key=lambda s: (-(len(cuts_of[s]) - 1), -lengths[s], s)):
         n, k = lengths[seq], len(cuts_of[seq]) - 1
-        for r, (tokens_free, units_free) in enumerate(room):
+        for i, r in enumerate(open_rounds):
+            tokens_free, units_free = room[r]
             if n <= tokens_free and k <= units_free:
                 rounds[r].append(seq)
                 room[r] = (tokens_free - n, units_free - k)
+                if tokens_free - n < shortest or units_free - k < 1:
+                    del open_rounds[i]
                 break
         else:
             rounds.append([seq])
             room.append((max(token_capacity - n, 0), max(unit_capacity - k, 0)))
+            if room[-1][0] >= shortest and room[-1][1] >= 1:
+                open_rounds.append(len(rounds) - 1)
     return rounds
 
 
@@ -520,7 +531,8 @@ def lpt_buckets(weights: list[float], num_buckets: int) -> list[list[int]]:
     num_buckets = max(1, min(num_buckets, len(weights)))
     if num_buckets == 1:
         return [list(range(len(weights)))]
-    order = sorted(range(len(weights)), key=lambda j: -weights[j])
+    # Heaviest first, ties in index order (a stable descending sort keeps them in order).
+    order = sorted(range(len(weights)), key=weights.__getitem__, reverse=True)
     if num_buckets == len(weights):
         # One item per bucket: the heap below would pop the empty buckets 0, 1, ... in turn.
         return [[i] for i in order]
