@@ -370,6 +370,12 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
     top: list[tuple[float, int, int]] = []  # (lightest open load, round, version), lazy
     parked_rounds: list[tuple[int, int]] = []  # (-room, round)
     parked_units: list[tuple[float, int, int]] = []  # (-room, round, unit)
+    # Per round, its fields as plain lists (the loop reads them ~10^5 times; attribute
+    # lookups were a good part of it): tokens are written back at the end.
+    tokens: list[int] = []
+    capacity: list[int] = []
+    unit_tokens: list[list[int]] = []
+    docs_of: list[list[list[int]]] = []
 
     def push_round(r: int) -> None:
         version[r] += 1
@@ -381,6 +387,11 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
         heapq.heapify(unit_heaps[r])
         version.append(0)
         round_parked.append(False)
+        rnd = rounds[r]
+        tokens.append(rnd.tokens)
+        capacity.append(rnd.capacity)
+        unit_tokens.append(rnd.unit_tokens)
+        docs_of.append(rnd.short_docs)
         push_round(r)
 
     for r in range(len(rounds)):
@@ -413,16 +424,16 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
             if ver != version[r] or round_parked[r]:
                 heappop(top)
                 continue  # stale entry
-            rnd = rounds[r]
-            if rnd.tokens + n > rnd.capacity and not force:
+            held = tokens[r]
+            if held + n > capacity[r] and not force:
                 heappop(top)
                 round_parked[r] = True
-                if rnd.tokens < rnd.capacity:  # a full round never reopens
-                    heappush(parked_rounds, (rnd.tokens - rnd.capacity, r))
+                if held < capacity[r]:  # a full round never reopens
+                    heappush(parked_rounds, (held - capacity[r], r))
                 continue
             heap = unit_heaps[r]
             load, u = heap[0]
-            used = rnd.unit_tokens[u]
+            used = unit_tokens[r][u]
             version[r] += 1
             if used and used + n > unit_cap and not force:
                 # Its lightest MicroPack is full for this document; the round's next one
@@ -434,13 +445,15 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
                 else:
                     heappop(top)
                 continue
-            rnd.short_docs[u].append(seq_id)
-            rnd.tokens += n
-            rnd.unit_tokens[u] = used + n
+            docs_of[r][u].append(seq_id)
+            tokens[r] = held + n
+            unit_tokens[r][u] = used + n
             load = fwd_load[r][u] = load + short_fwd[seq_id]
             heapreplace(heap, (load, u))
             heapreplace(top, (heap[0][0], r, version[r]))
             break
+    for rnd, held in zip(rounds, tokens, strict=True):
+        rnd.tokens = held
 
 
 def _emit_round(rnd: _Round, lengths: dict[int, int], short_bwd: dict[int, float],
