@@ -503,6 +503,12 @@ def _atom_maker(rnd: _Round, lengths: dict[int, int], short_bwd: dict[int, float
         if not docs:
             return []
         bwd = [short_bwd[s] for s in docs]
+        if len(docs) <= count:
+            # One document per atom, heaviest first: what lpt_buckets gives (and 0 + cost
+            # is cost), without its buckets.
+            order = sorted(range(len(docs)), key=bwd.__getitem__, reverse=True)
+            return [((known.get(docs[i]) or whole(docs[i], lengths[docs[i]]),), bwd[i])
+                    for i in order]
         atoms = []
         for bucket in lpt_buckets(bwd, count):
             if bucket:
