@@ -154,14 +154,16 @@ def emit_round(long_segments: list[list[Segment]],
             back[b_unit].append(sid)
             bwd_load[b_unit] += est.backward(piece.num_tokens, piece.start)
     # Within a backward MicroPack a sequence's pieces run last-first.
-    for b in range(n):
-        back[b].sort(key=lambda sid: -starts[sid])
-    atoms: list[tuple[float, int]] = []
+    for pieces in back:
+        if len(pieces) > 1:
+            pieces.sort(key=lambda sid: -starts[sid])
+    atoms: list[tuple[float, int]] = []  # (-backward cost, slice id): heaviest sorts first
     for u in range(n):
+        unit = forward[u]
         for segs, cost in short_atoms[u]:
             sid = new_slice(segs)
-            forward[u].append(sid)
-            atoms.append((cost, sid))
+            unit.append(sid)
+            atoms.append((-cost, sid))
     if round_warmup:  # the first backward needs the last forward (warm-up = the round)
         _give_first_backward_a_tail_atom(forward, back, bwd_load, atoms)
     heap = [(load, b) for b, load in enumerate(bwd_load)]
@@ -170,7 +172,8 @@ def emit_round(long_segments: list[list[Segment]],
     # (load, b) are unique, so replacing the top is popping and pushing. (-cost, sid) pairs
     # sort in C, and load - (-cost) is load + cost exactly.
     heapreplace = heapq.heapreplace
-    for neg_cost, sid in sorted([(-cost, sid) for cost, sid in atoms]):
+    atoms.sort()
+    for neg_cost, sid in atoms:
         load, b = heap[0]
         back[b].append(sid)
         heapreplace(heap, (load - neg_cost, b))
@@ -184,7 +187,8 @@ def _give_first_backward_a_tail_atom(forward: list[list[int]], back: list[list[i
     the schedule sizes its warm-up by what the first backward needs (the round's forwards
     plus 2(p-1)); a first backward of early atoms only would shrink the warm-up to a few
     steps and break the round into bursts of forwards and backwards (measured: 6% slower).
-    Moves the last forward MicroPack's heaviest atom from ``atoms`` to it."""
+    Moves the last forward MicroPack's heaviest atom from ``atoms`` ((-cost, slice id)
+    pairs) to it."""
     last = len(forward) - 1
     while last >= 0 and not forward[last]:
         last -= 1
@@ -192,10 +196,10 @@ def _give_first_backward_a_tail_atom(forward: list[list[int]], back: list[list[i
     if tail and not set(back[0]) & tail:
         own = [a for a in atoms if a[1] in tail]
         if own:
-            first = max(own, key=lambda a: (a[0], -a[1]))  # the last MicroPack's heaviest atom
+            first = min(own)  # the last MicroPack's heaviest atom (ties: the lowest id)
             atoms.remove(first)
             back[0].append(first[1])
-            bwd_load[0] += first[0]
+            bwd_load[0] -= first[0]  # x - (-cost) is x + cost exactly
 
 
 def _nearest(sorted_cuts: list[int], x: int) -> int:
