@@ -366,3 +366,27 @@ def test_peak_floor_never_exceeds_a_groups_simulated_peak(lengths, pp, vpp, cp):
     (group,) = result.groups()
     floor = _peak_floor_bytes(ctx, max(lengths), 1, None)
     assert floor <= max(schedule_peak_bytes(group, MODEL, 1)) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("cp, sharding, kind", [(1, "per-sequence", "ring"),
+                                                 (4, "per-sequence", "ring"),
+                                                 (4, "per-document", "ring"),
+                                                 (2, "per-sequence", "ulysses")])
+@pytest.mark.parametrize("cost_kind", ["analytic", "kernel"])
+def test_batched_segment_prices_equal_one_by_one_pricing(cp, sharding, kind, cost_kind):
+    # The planner prefetches a plan's long-segment prices in one batched pass; every price
+    # must be the one-by-one price to the bit, so plans do not depend on the prefetch.
+    from slimpack.cost.kernel_model import KernelCostModel
+
+    cost = COST if cost_kind == "analytic" else KernelCostModel(model=MODEL, hardware=HW)
+    rng = np.random.default_rng(cp)
+    pieces = sorted({(int(t), int(p)) for t, p in zip(rng.integers(1, 20000, 300),
+                                                       rng.integers(1, 500_000, 300),
+                                                       strict=True)})
+    batched = WorkEstimator.from_cost(cost, tp=8, cp=cp, cp_sharding=sharding, cp_kind=kind)
+    single = WorkEstimator.from_cost(cost, tp=8, cp=cp, cp_sharding=sharding, cp_kind=kind)
+    batched.prefetch_segments(pieces)
+    assert len(batched._memo) == len(pieces)
+    for t, p in pieces:
+        assert batched.forward(t, p) == single.forward(t, p)
+        assert batched.backward(t, p) == single.backward(t, p)

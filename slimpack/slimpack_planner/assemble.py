@@ -50,7 +50,9 @@ class BuildContext:
         """seq_id -> estimated fwd+bwd seconds of each sequence, the same for every
         candidate of a plan: computed once."""
         if not self.work_of:
-            self.work_of.update({s: est.total(n) for s, n in lengths.items()})
+            # est.total(n) is forward(n) + backward(n): the same sum of the same floats.
+            fwd, bwd = est.documents_forward(lengths), est.documents_backward(lengths)
+            self.work_of.update({s: fwd[s] + bwd[s] for s in lengths})
         return self.work_of
 
     def estimator(self, cp: int) -> WorkEstimator:
@@ -155,18 +157,19 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
 
     if regular:
         ids = sorted(regular)
+        weights = [work[s] for s in ids]
         if opts.no_dp_aware:
             bins = token_assign([regular[s] for s in ids], par.dp)
             info["phase1"] = "tokens"
         elif opts.milp:
-            bins, milp_info = milp_assign([work[s] for s in ids], par.dp,
+            bins, milp_info = milp_assign(weights, par.dp,
                                           time_limit_s=opts.milp_time_limit_s)
             info.update(milp_info)
             info["phase1"] = "milp"
         else:
-            bins = lpt_assign([work[s] for s in ids], par.dp)
+            bins = lpt_assign(weights, par.dp)
             info["phase1"] = "lpt"
-        loads = bin_loads(bins, [work[s] for s in ids])
+        loads = bin_loads(bins, weights)
         info["replica_load_spread"] = max(loads) / max(min(loads), 1e-12)
         target = _unit_target(est, regular, par.dp, slice_tokens, par)
         groups = []
@@ -199,7 +202,7 @@ def _unit_target(est: WorkEstimator, lengths: dict[int, int], replicas: int,
     The step count aims at ``total tokens / S`` per replica, and at least 2*pp*vpp so the
     pipeline has steady state to hide its fill and drain in.
     """
-    total_fwd = sum(est.forward(n) for n in lengths.values()) / replicas
+    total_fwd = sum(est.documents_forward(lengths).values()) / replicas
     tokens = sum(lengths.values()) / replicas
     if slice_tokens is None:
         steps = max(len(lengths) / replicas, 1)

@@ -25,7 +25,8 @@ def lpt_assign(weights: Sequence[float], num_bins: int, *,
     heap = [(load, b) for b, load in enumerate(loads)]
     heapq.heapify(heap)
     bins: list[list[int]] = [[] for _ in range(num_bins)]
-    for i in sorted(range(len(weights)), key=lambda j: -weights[j]):
+    # Heaviest first, ties in index order (a stable descending sort keeps them in order).
+    for i in sorted(range(len(weights)), key=weights.__getitem__, reverse=True):
         load, b = heap[0]  # (load, bin) keys are unique: replace = pop + push
         bins[b].append(i)
         heapq.heapreplace(heap, (load + weights[i], b))

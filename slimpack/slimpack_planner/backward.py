@@ -118,11 +118,22 @@ def emit_round(long_segments: list[list[Segment]],
         for seg in long_segments[u]:
             per_seq.setdefault(seg.seq_id, []).append((u, seg))
     starts: dict[int, int] = {}  # sub-slice id -> its first token
+    backward_of = est.backward
     for seq_id, segs in per_seq.items():
         segs.sort(key=lambda x: x[1].start)
+        if not regroup_long:
+            # Mirrored: the sub-slices are the forward segments (the general path below gives
+            # the same slices, and backward segment j in the mirror of forward step u).
+            for u, seg in segs:
+                sid = new_slice((seg,))
+                forward[u].append(sid)
+                starts[sid] = seg.start
+                back[n - 1 - u].append(sid)
+                bwd_load[n - 1 - u] += backward_of(seg.end - seg.start, seg.start)
+            continue
         fwd_cuts = [s.start for _, s in segs] + [segs[-1][1].end]
         k = len(segs)
-        bwd_cuts = backward_cuts([s for _, s in segs], est) if regroup_long else fwd_cuts
+        bwd_cuts = backward_cuts([s for _, s in segs], est)
         cuts = sub_slice_cuts(fwd_cuts, bwd_cuts, max(min_tokens, MIN_SUB_SLICE))
         # A backward cut that was dropped moves to the nearest kept cut (a backward segment
         # may then be empty: its MicroPack gets none of this sequence).
@@ -143,36 +154,52 @@ def emit_round(long_segments: list[list[Segment]],
             back[b_unit].append(sid)
             bwd_load[b_unit] += est.backward(piece.num_tokens, piece.start)
     # Within a backward MicroPack a sequence's pieces run last-first.
-    for b in range(n):
-        back[b].sort(key=lambda sid: -starts[sid])
-    atoms: list[tuple[float, int]] = []
+    for pieces in back:
+        if len(pieces) > 1:
+            pieces.sort(key=lambda sid: -starts[sid])
+    atoms: list[tuple[float, int]] = []  # (-backward cost, slice id): heaviest sorts first
     for u in range(n):
+        unit = forward[u]
         for segs, cost in short_atoms[u]:
             sid = new_slice(segs)
-            forward[u].append(sid)
-            atoms.append((cost, sid))
-    # The round's first backward MicroPack must need its last forward one, as when mirrored:
-    # the schedule sizes its warm-up by what the first backward needs (the round's forwards
-    # plus 2(p-1)); a first backward of early atoms only would shrink the warm-up to a few
-    # steps and break the round into bursts of forwards and backwards (measured: 6% slower).
-    last = n - 1
+            unit.append(sid)
+            atoms.append((-cost, sid))
+    if round_warmup:  # the first backward needs the last forward (warm-up = the round)
+        _give_first_backward_a_tail_atom(forward, back, bwd_load, atoms)
+    heap = [(load, b) for b, load in enumerate(bwd_load)]
+    heapq.heapify(heap)
+    # Heaviest atom first (ties by slice id) to the lightest backward MicroPack; the keys
+    # (load, b) are unique, so replacing the top is popping and pushing. (-cost, sid) pairs
+    # sort in C, and load - (-cost) is load + cost exactly.
+    heapreplace = heapq.heapreplace
+    atoms.sort()
+    for neg_cost, sid in atoms:
+        load, b = heap[0]
+        back[b].append(sid)
+        heapreplace(heap, (load - neg_cost, b))
+    return forward, back
+
+
+def _give_first_backward_a_tail_atom(forward: list[list[int]], back: list[list[int]],
+                                     bwd_load: list[float],
+                                     atoms: list[tuple[float, int]]) -> None:
+    """The round's first backward MicroPack must need its last forward one, as when mirrored:
+    the schedule sizes its warm-up by what the first backward needs (the round's forwards
+    plus 2(p-1)); a first backward of early atoms only would shrink the warm-up to a few
+    steps and break the round into bursts of forwards and backwards (measured: 6% slower).
+    Moves the last forward MicroPack's heaviest atom from ``atoms`` ((-cost, slice id)
+    pairs) to it."""
+    last = len(forward) - 1
     while last >= 0 and not forward[last]:
         last -= 1
     tail = set(forward[last]) if last >= 0 else set()
-    if round_warmup and tail and not set(back[0]) & tail:
+    if tail and not set(back[0]) & tail:
         own = [a for a in atoms if a[1] in tail]
         if own:
-            first = max(own, key=lambda a: (a[0], -a[1]))  # the last MicroPack's heaviest atom
+            first = min(own)  # the last MicroPack's heaviest atom (ties: the lowest id)
             atoms.remove(first)
             back[0].append(first[1])
-            bwd_load[0] += first[0]
-    heap = [(load, b) for b, load in enumerate(bwd_load)]
-    heapq.heapify(heap)
-    for cost, sid in sorted(atoms, key=lambda x: (-x[0], x[1])):
-        load, b = heapq.heappop(heap)
-        back[b].append(sid)
-        heapq.heappush(heap, (load + cost, b))
-    return forward, back
+            bwd_load[0] -= first[0]  # x - (-cost) is x + cost exactly
 
 
 def _nearest(sorted_cuts: list[int], x: int) -> int:

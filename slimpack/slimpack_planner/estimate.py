@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from slimpack.cost.cp_sharding import shard_pieces
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Segment, Slice, Unit
-from slimpack.sim.costs import group_costs, unit_layer_seconds
+from slimpack.sim.costs import group_costs, unit_layer_seconds, unit_prices
 
 _GRID = sorted({int(round(2 ** (k / 4))) for k in range(16, 77)})  # 16 .. 512K tokens, 4 per octave
 _REFERENCE_UNIT_TOKENS = 8192
@@ -55,6 +55,10 @@ class WorkEstimator:
     """Exact (fwd, bwd) marginal seconds of one segment with a KV prefix, on its real per-rank
     pieces (the per-pair fit misses tile waste: a slice's chunk per CP rank rounds up to
     128-token tiles against its whole prefix)."""
+    segment_prices: Callable[[list[tuple[int, int]]], list[tuple[float, float]] | None] | None = \
+        field(default=None, compare=False, repr=False)
+    """``segment_price`` of many (tokens, prefix) segments in one batched pass, equal to it
+    element for element; None where the cost model cannot batch (then priced one by one)."""
 
     @classmethod
     def from_cost(cls, cost: CostModel, *, tp: int, cp: int, cp_sharding: str = "per-document",
@@ -92,6 +96,15 @@ class WorkEstimator:
                                           cp_kind=cp_kind, cp_intra=intra)
             return max(f - fixed_f, 0.0), max(b - fixed_b, 0.0)
 
+        def segment_prices(pieces: list[tuple[int, int]]) -> list[tuple[float, float]] | None:
+            # unit_prices is unit_layer_seconds unit by unit, element for element, in one
+            # numpy pass: a plan asks for thousands of distinct segments.
+            priced = _price_units(cost, pieces, tp=tp, cp=cp, cp_sharding=cp_sharding,
+                                  cp_kind=cp_kind, cp_intra=intra)
+            if priced is None:
+                return None
+            return [(max(f - fixed_f, 0.0), max(b - fixed_b, 0.0)) for f, b, *_ in priced]
+
         return cls(
             log_lengths=tuple(math.log(x) for x in _GRID),
             log_fwd=tuple(math.log(max(t, 1e-15)) for t in per_doc_f),
@@ -99,6 +112,7 @@ class WorkEstimator:
             fwd_per_prefix_pair=max(fwd[n + 1] - fwd[n], 0.0) / pairs,
             bwd_per_prefix_pair=max(bwd[n + 1] - bwd[n], 0.0) / pairs,
             unit_fwd=fixed_f, unit_bwd=fixed_b, segment_price=segment_price,
+            segment_prices=segment_prices,
         )
 
     def _interpolate(self, table: tuple[float, ...], tokens: int) -> float:
@@ -119,6 +133,20 @@ class WorkEstimator:
             cached = self._memo[key] = self.segment_price(tokens, prefix)
         return cached
 
+    def prefetch_segments(self, pieces) -> None:
+        """Price, in one batched pass, the (tokens, prefix) segments with a KV prefix that are
+        not memoised yet, so later ``forward``/``backward`` queries find them: pricing them one
+        by one went through the cost model's per-piece path thousands of times per plan."""
+        if self.segment_prices is None:
+            return
+        memo = self._memo
+        todo = sorted({p for p in pieces if p[1] and p not in memo})
+        if len(todo) < 2:
+            return
+        prices = self.segment_prices(todo)
+        if prices is not None:
+            memo.update(zip(todo, prices, strict=True))
+
     def forward(self, tokens: int, prefix: int = 0) -> float:
         # Log-log interpolation, memoised: called ~10^5 times per plan.
         if prefix and self.segment_price is not None:
@@ -135,6 +163,28 @@ class WorkEstimator:
         if doc is None:
             doc = self._bwd_memo[tokens] = self._interpolate(self.log_bwd, tokens)
         return doc + self.bwd_per_prefix_pair * tokens * prefix
+
+    def documents_forward(self, lengths: dict[int, int]) -> dict[int, float]:
+        """seq_id -> ``forward(length)`` of whole documents (no KV prefix), through the
+        per-length memo without a method call each: a replica asks for ~10^4 per packing."""
+        return self._documents(lengths, self._fwd_memo, self.log_fwd)
+
+    def documents_backward(self, lengths: dict[int, int]) -> dict[int, float]:
+        """seq_id -> ``backward(length)`` of whole documents (see :meth:`documents_forward`)."""
+        return self._documents(lengths, self._bwd_memo, self.log_bwd)
+
+    def _documents(self, lengths: dict[int, int], memo: dict[int, float],
+                   table: tuple[float, ...]) -> dict[int, float]:
+        # forward(n) is memo[n] + per_pair * n * 0, and x + 0.0 == x for the positive x here:
+        # the memoised value is the same float.
+        get = memo.get
+        out = {}
+        for seq_id, n in lengths.items():
+            value = get(n)
+            if value is None:
+                value = memo[n] = self._interpolate(table, n)
+            out[seq_id] = value
+        return out
 
     def total(self, tokens: int, prefix: int = 0) -> float:
         return self.forward(tokens, prefix) + self.backward(tokens, prefix)
@@ -164,6 +214,20 @@ def _price_probes(cost: CostModel, probes: list[list[tuple[int, int]]], *, tp: i
                         gpus_per_node=cost.hardware.gpus_per_node)
     layers = costs.layers[0]
     return ([t / layers for t in costs.fwd_s[0]], [t / layers for t in costs.bwd_s[0]])
+
+
+def _price_units(cost: CostModel, pieces: list[tuple[int, int]], *, tp: int, cp: int,
+                 cp_sharding: str, cp_kind: str, cp_intra: bool
+                 ) -> list[tuple[float, float, float, float, int]] | None:
+    """``unit_layer_seconds`` of one unit per (tokens, prefix) piece, batched through the
+    simulator's ``unit_prices`` (None where the cost model prices piece by piece)."""
+    slices = tuple(Slice(slice_id=i, segments=(Segment(seq_id=0, start=p, end=p + n),))
+                   for i, (n, p) in enumerate(pieces))
+    units = tuple(Unit(slice_ids=(i,)) for i in range(len(pieces)))
+    group = Group(group_id=0, ranks=tuple(range(2 * tp * cp)), tp=tp, cp=cp, pp=2,
+                  slices=slices, forward_units=units, backward_units=units,
+                  cp_sharding=cp_sharding, cp_kind=cp_kind)
+    return unit_prices(group, units, model=cost.model, cost=cost, cp_intra=cp_intra)
 
 
 def first_tile_reaching(work_at: Callable[[int], float], goal: float, lo: int, hi: int,

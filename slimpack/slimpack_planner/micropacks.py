@@ -179,19 +179,30 @@ def _merge_thin_tail(cuts: list[int], min_tokens: int) -> list[int]:
 
 def _long_rounds(lengths: dict[int, int], cuts_of: dict[int, list[int]], token_capacity: int,
                  unit_capacity: float) -> list[list[int]]:
-    """First-fit decreasing of long sequences into rounds bounded in tokens and MicroPacks."""
+    """First-fit decreasing of long sequences into rounds bounded in tokens and MicroPacks.
+
+    A round without room for the shortest long sequence, or for one more MicroPack, can
+    take nothing more: it leaves the scan (first fit over the rest is first fit over all),
+    which keeps the scan short when thousands of sequences fill hundreds of rounds."""
     rounds: list[list[int]] = []
     room: list[tuple[int, float]] = []
+    open_rounds: list[int] = []  # rounds that may still take a sequence, in order
+    shortest = min(lengths.values(), default=0)
     for seq in sorted(lengths, key=lambda s: (-(len(cuts_of[s]) - 1), -lengths[s], s)):
         n, k = lengths[seq], len(cuts_of[seq]) - 1
-        for r, (tokens_free, units_free) in enumerate(room):
+        for i, r in enumerate(open_rounds):
+            tokens_free, units_free = room[r]
             if n <= tokens_free and k <= units_free:
                 rounds[r].append(seq)
                 room[r] = (tokens_free - n, units_free - k)
+                if tokens_free - n < shortest or units_free - k < 1:
+                    del open_rounds[i]
                 break
         else:
             rounds.append([seq])
             room.append((max(token_capacity - n, 0), max(unit_capacity - k, 0)))
+            if room[-1][0] >= shortest and room[-1][1] >= 1:
+                open_rounds.append(len(rounds) - 1)
     return rounds
 
 
@@ -244,6 +255,10 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
                                                     target=target * keep, deadline=deadline,
                                                     min_tokens=min_tokens)
         cuts_of[seq] = cuts
+    # Every long segment is priced below (forward loads here, backward in emit_round): price
+    # them all in one batched pass rather than one cost-model call each.
+    est.prefetch_segments((b - a, a) for cuts in cuts_of.values()
+                          for a, b in zip(cuts[1:-1], cuts[2:]))
     members_of = (_long_rounds(long_ids, cuts_of, int(round_capacity * keep), unit_budget)
                   if long_ids else [])
     rounds: list[_Round] = []
@@ -287,7 +302,7 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     # 3. Filler rounds for the MicroPacks short documents need beyond the long rounds'.
     # Water level: every step should end near ``level``; long rounds absorb short work up to
     # it (as far as their token room allows) and the rest needs steps of its own.
-    short_fwd = {s: est.forward(n) for s, n in short_ids.items()}
+    short_fwd = est.documents_forward(short_ids)
     short_work = sum(short_fwd.values())
     total = sum(sum(loads) for loads in fwd_load) + short_work
     wanted = max(1, round(total / target)) if target > 0 else 1
@@ -325,9 +340,10 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     normal = sorted((r for r in rounds if r.num_units <= giant_limit), key=lambda r: -r.num_units)
     giants = sorted((r for r in rounds if r.num_units > giant_limit), key=lambda r: r.num_units)
     out = ReplicaPacks(whole_segments=whole_segments if whole_segments is not None else {})
+    short_bwd = est.documents_backward(short_ids)
     for rnd in normal + giants:
         check(deadline)
-        _emit_round(rnd, lengths, est, asymmetric, out, min_tokens=min_tokens,
+        _emit_round(rnd, lengths, short_bwd, est, asymmetric, out, min_tokens=min_tokens,
                     regroup_long=regroup_long, round_warmup=round_warmup)
     return out
 
@@ -354,6 +370,12 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
     top: list[tuple[float, int, int]] = []  # (lightest open load, round, version), lazy
     parked_rounds: list[tuple[int, int]] = []  # (-room, round)
     parked_units: list[tuple[float, int, int]] = []  # (-room, round, unit)
+    # Per round, its fields as plain lists (the loop reads them ~10^5 times; attribute
+    # lookups were a good part of it): tokens are written back at the end.
+    tokens: list[int] = []
+    capacity: list[int] = []
+    unit_tokens: list[list[int]] = []
+    docs_of: list[list[list[int]]] = []
 
     def push_round(r: int) -> None:
         version[r] += 1
@@ -365,6 +387,11 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
         heapq.heapify(unit_heaps[r])
         version.append(0)
         round_parked.append(False)
+        rnd = rounds[r]
+        tokens.append(rnd.tokens)
+        capacity.append(rnd.capacity)
+        unit_tokens.append(rnd.unit_tokens)
+        docs_of.append(rnd.short_docs)
         push_round(r)
 
     for r in range(len(rounds)):
@@ -372,8 +399,9 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
     # The loop peeks at the top entry and replaces it (heapreplace) instead of popping and
     # pushing: every key is unique (round, version; unit index), so the choices are the same.
     heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
-    for seq_id in sorted(short_ids, key=lambda s: (-short_ids[s], s)):
-        n = short_ids[seq_id]
+    # Longest first, ties by seq_id: (-length, seq_id) pairs compare in C, no key function.
+    for neg_n, seq_id in sorted([(-n, s) for s, n in short_ids.items()]):
+        n = -neg_n
         # Reopen what the shorter document now fits.
         while parked_rounds and -parked_rounds[0][0] >= n:
             _, r = heappop(parked_rounds)
@@ -396,16 +424,16 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
             if ver != version[r] or round_parked[r]:
                 heappop(top)
                 continue  # stale entry
-            rnd = rounds[r]
-            if rnd.tokens + n > rnd.capacity and not force:
+            held = tokens[r]
+            if held + n > capacity[r] and not force:
                 heappop(top)
                 round_parked[r] = True
-                if rnd.tokens < rnd.capacity:  # a full round never reopens
-                    heappush(parked_rounds, (rnd.tokens - rnd.capacity, r))
+                if held < capacity[r]:  # a full round never reopens
+                    heappush(parked_rounds, (held - capacity[r], r))
                 continue
             heap = unit_heaps[r]
             load, u = heap[0]
-            used = rnd.unit_tokens[u]
+            used = unit_tokens[r][u]
             version[r] += 1
             if used and used + n > unit_cap and not force:
                 # Its lightest MicroPack is full for this document; the round's next one
@@ -417,44 +445,32 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
                 else:
                     heappop(top)
                 continue
-            rnd.short_docs[u].append(seq_id)
-            rnd.tokens += n
-            rnd.unit_tokens[u] = used + n
+            docs_of[r][u].append(seq_id)
+            tokens[r] = held + n
+            unit_tokens[r][u] = used + n
             load = fwd_load[r][u] = load + short_fwd[seq_id]
             heapreplace(heap, (load, u))
             heapreplace(top, (heap[0][0], r, version[r]))
             break
+    for rnd, held in zip(rounds, tokens, strict=True):
+        rnd.tokens = held
 
 
-def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymmetric: bool,
-                out: ReplicaPacks, *, min_tokens: int = TILE, regroup_long: bool = False,
+def _emit_round(rnd: _Round, lengths: dict[int, int], short_bwd: dict[int, float],
+                est: WorkEstimator, asymmetric: bool, out: ReplicaPacks, *,
+                min_tokens: int = TILE, regroup_long: bool = False,
                 round_warmup: bool = False) -> None:
+    """Slices and MicroPacks of one round; ``short_bwd``: seq_id -> backward seconds of each
+    short document (``est.backward(length)``)."""
     n_units = rnd.num_units
-
-    whole = out.whole
-
-    def atoms_of(u: int, count: int) -> list[tuple[tuple[Segment, ...], float]]:
-        """Forward MicroPack u's short documents in ``count`` slices balanced on backward
-        cost, each with its backward cost (summed in its documents' order)."""
-        docs = rnd.short_docs[u]
-        if not docs:
-            return []
-        docs = sorted(docs, key=lambda s: -lengths[s])
-        bwd = [est.backward(lengths[s]) for s in docs]
-        atoms = []
-        for bucket in lpt_buckets(bwd, count):
-            if bucket:
-                cost = 0
-                for i in bucket:
-                    cost += bwd[i]
-                atoms.append((tuple([whole(docs[i], lengths[docs[i]]) for i in bucket]), cost))
-        return atoms
+    new_slice = _slice_maker(out)
+    atoms_of = _atom_maker(rnd, lengths, short_bwd, out)
 
     if asymmetric:
         # Long segments regrouped on backward cost, short atoms re-dealt (backward.py).
         fwd, bwd = backward.emit_round(
             rnd.long_segments, [atoms_of(u, ATOMS_PER_UNIT) for u in range(n_units)], est,
-            lambda segs: _new_slice(out, segs), min_tokens=min_tokens, regroup_long=regroup_long,
+            new_slice, min_tokens=min_tokens, regroup_long=regroup_long,
             round_warmup=round_warmup)
         out.forward_units.extend(Unit(slice_ids=tuple(f)) for f in fwd if f)
         out.backward_units.extend(Unit(slice_ids=tuple(b)) for b in bwd if b)
@@ -462,9 +478,9 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
     unit_slices: list[list[int]] = [[] for _ in range(n_units)]
     for u in range(n_units):
         for seg in rnd.long_segments[u]:
-            unit_slices[u].append(_new_slice(out, (seg,)))
+            unit_slices[u].append(new_slice((seg,)))
         for segs, _ in atoms_of(u, 1):
-            unit_slices[u].append(_new_slice(out, segs))
+            unit_slices[u].append(new_slice(segs))
     for u in range(n_units):
         if unit_slices[u]:
             out.forward_units.append(Unit(slice_ids=tuple(unit_slices[u])))
@@ -473,10 +489,52 @@ def _emit_round(rnd: _Round, lengths: dict[int, int], est: WorkEstimator, asymme
             out.backward_units.append(Unit(slice_ids=tuple(reversed(unit_slices[u]))))
 
 
-def _new_slice(out: ReplicaPacks, segments: tuple[Segment, ...]) -> int:
-    sid = len(out.slices)
-    out.slices.append(Slice(slice_id=sid, segments=segments))
-    return sid
+def _atom_maker(rnd: _Round, lengths: dict[int, int], short_bwd: dict[int, float],
+                out: ReplicaPacks):
+    """``atoms_of(u, count)``: forward MicroPack u's short documents in ``count`` slices
+    balanced on backward cost, each with its backward cost (summed in its documents' order)."""
+    known = out.whole_segments
+    whole = out.whole
+
+    def atoms_of(u: int, count: int) -> list[tuple[tuple[Segment, ...], float]]:
+        # The fill deals documents longest first (ties by seq_id), so a MicroPack's list is
+        # already in the order a stable sort by length would give: no sort needed.
+        docs = rnd.short_docs[u]
+        if not docs:
+            return []
+        bwd = [short_bwd[s] for s in docs]
+        if len(docs) <= count:
+            # One document per atom, heaviest first: what lpt_buckets gives (and 0 + cost
+            # is cost), without its buckets.
+            order = sorted(range(len(docs)), key=bwd.__getitem__, reverse=True)
+            return [((known.get(docs[i]) or whole(docs[i], lengths[docs[i]]),), bwd[i])
+                    for i in order]
+        atoms = []
+        for bucket in lpt_buckets(bwd, count):
+            if bucket:
+                cost = 0
+                for i in bucket:
+                    cost += bwd[i]
+                segs = tuple([known.get(docs[i]) or whole(docs[i], lengths[docs[i]])
+                              for i in bucket])
+                atoms.append((segs, cost))
+        return atoms
+
+    return atoms_of
+
+
+def _slice_maker(out: ReplicaPacks):
+    """``new_slice(segments)``: appends a slice to ``out`` and returns its id (a closure over
+    the list: emission makes one per segment or atom, ~10^5 per plan)."""
+    slices = out.slices
+    append = slices.append
+
+    def new_slice(segments: tuple[Segment, ...]) -> int:
+        sid = len(slices)
+        append(Slice(slice_id=sid, segments=segments))
+        return sid
+
+    return new_slice
 
 
 def _lightest_window(loads: list[float], width: int) -> int:
@@ -492,7 +550,8 @@ def lpt_buckets(weights: list[float], num_buckets: int) -> list[list[int]]:
     num_buckets = max(1, min(num_buckets, len(weights)))
     if num_buckets == 1:
         return [list(range(len(weights)))]
-    order = sorted(range(len(weights)), key=lambda j: -weights[j])
+    # Heaviest first, ties in index order (a stable descending sort keeps them in order).
+    order = sorted(range(len(weights)), key=weights.__getitem__, reverse=True)
     if num_buckets == len(weights):
         # One item per bucket: the heap below would pop the empty buckets 0, 1, ... in turn.
         return [[i] for i in order]
