@@ -184,8 +184,9 @@ def test_pool_queue_is_costliest_first_then_registry_then_sweep_order():
 
 
 def test_the_long_paper_size_points_start_first():
-    """With the shipped hints, `run all --jobs N` starts SlimPack's paper-scale point, then the
-    other 134M/33.5M-token points, before any point of an experiment without a hint."""
+    """With the shipped hints, `run all --jobs N` starts SlimPipe's paper-scale point first,
+    and every 512-sample (134M/33.5M-token) point before any point of an experiment without
+    a hint."""
     from repro.experiment import Experiment
     from repro.registry import experiment_names
     from repro.runner import point_costs, pool_order, sweep
@@ -197,12 +198,15 @@ def test_the_long_paper_size_points_start_first():
         keyed = sweep(exp, options)
         sweeps.append((name, keyed, point_costs(exp, [c for _, c in keyed]), {k for k, _ in keyed}))
     queue = pool_order(sweeps, experiment_names())
-    assert (queue[0][0], queue[0][2]["methods"]) == ("paper-scale", ["slimpack"])
+    assert (queue[0][0], queue[0][2]["methods"]) == ("paper-scale", ["slimpipe"])
     hinted = {"paper-scale", "e2e-throughput", "batch-size"}
-    count = sum(name in hinted for name, _, _ in queue)
-    assert count == 19  # paper-scale 2 batches x 5 methods, e2e 4 + smoke, batch-size 4
-    assert {name for name, _, _ in queue[:count]} == hinted
-    assert all(name not in hinted for name, _, _ in queue[count:])
+
+    def paper_size(name: str, config: dict) -> bool:
+        return name in hinted and config["token_budget"] in (134217728, 33554432)
+
+    big = [i for i, (name, _, config) in enumerate(queue) if paper_size(name, config)]
+    assert len(big) == 10  # paper-scale 5 methods, e2e 4 settings, batch-size 1
+    assert max(big) < min(i for i, (name, _, _) in enumerate(queue) if name not in hinted)
 
 
 def test_point_cost_hints_are_checked():

@@ -62,9 +62,9 @@ def test_one_point_per_method_with_the_whole_search_mapping():
         batches = 1 if quick else 2
         assert [p["methods"] for p in pts] == [[m] for m in paper_scale.METHODS] * batches
         assert all(p["search_top_k"] == paper_scale.SEARCH_TOP_K for p in pts)
-    # The cost hint starts SlimPack's point (the longest search) first.
+    # The cost hint starts SlimPipe's point (the longest search) first.
     by_cost = sorted(paper_scale.points(False), key=paper_scale.point_cost, reverse=True)
-    assert by_cost[0]["methods"] == ["slimpack"]
+    assert by_cost[0]["methods"] == ["slimpipe"]
     assert paper_scale.EXPERIMENT.point_cost is paper_scale.point_cost
 
 

@@ -40,10 +40,10 @@ SEARCH_TOP_K = {"megatron": None, "megatron-causal": None, "slimpipe": 3, "slimp
 batch its best layout trades pipeline depth for data parallelism, and a capped search would
 miss that."""
 KEYS = ["samples", "seed"]
-SECONDS_AT_512 = 120.0
-"""Rough core-seconds of the 512-sample point, the pool's cost hint (reconstructed: about
-half an ``e2e-throughput`` point, which runs twice the methods on the same batch); smaller
-batches in proportion. Orders work only; never in a record or a point's key."""
+SECONDS_AT_512 = 80.0
+"""Rough core-seconds of the 512-sample point, the pool's cost hint (measured with `repro run
+all --jobs 1`, each point timed: 82 s at 512 samples, 21 s at 128); smaller batches in
+proportion. Orders work only; never in a record or a point's key."""
 
 
 def points(quick: bool) -> list[Point]:

@@ -72,10 +72,11 @@ SMOKE_SAMPLES = 16
 pipeline that `make reproduce-quick` affords. It is in the full sweep too (so the quick run's
 records can be compared with results/), but the claims and the figure read only the largest
 batch present: 512 samples in a full run."""
-POINT_SECONDS = 240.0
-"""Rough core-seconds of one point (README: the 4 points took about 8 minutes on 2 cores),
-the pool's cost hint: `repro run --jobs N` starts these before the short points of other
-experiments. Orders work only; never in a record or a point's key."""
+POINT_SECONDS = 85.0
+"""Rough core-seconds of one 512-sample point (measured with `repro run all --jobs 1`, each
+point timed: 53-135 s, mean 85 s), the pool's cost hint: `repro run --jobs N` starts these
+before the short points of other experiments. Orders work only; never in a record or a
+point's key."""
 KEYS = ["model", "dataset", "context", "num_gpus", "token_budget", "seed"]
 
 

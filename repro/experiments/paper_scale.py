@@ -46,12 +46,12 @@ records can be compared with results/) and in the table, but the claims and the 
 only the largest batch present: 512 samples in a full run."""
 KEYS = ["dataset", "seed", "token_budget"]
 """What a method's point shares with its Megatron-LM baseline's (one point per method)."""
-METHOD_SECONDS = {"slimpack": 330.0, "megatron-causal": 200.0, "megatron": 150.0,
-                  "slimpipe": 100.0, "wlb-llm": 60.0}
+METHOD_SECONDS = {"slimpipe": 210.0, "slimpack": 55.0, "megatron": 40.0,
+                  "megatron-causal": 30.0, "wlb-llm": 17.0}
 """Rough core-seconds of each method's point: the pool's cost hint, never in a record.
-SlimPack's 330 s is measured (3 layouts at about 110 s each, README); the split of the other
-methods' ~510 s of the 14-minute point is reconstructed (Megatron-LM's exhaustive searches
-simulate 36 and 65 layouts, the others 3 each)."""
+Measured on the shared 2-core machine (`repro run all --jobs 1`, each point timed, with a
+second job beside it): SlimPipe's 3 layouts with all their trials take longest, so its point
+starts first."""
 SEARCH_TOP_K = {"megatron": None, "megatron-causal": None, "wlb-llm": 3, "slimpipe": 3,
                 "slimpack": 3}
 """Both Megatron-LM variants are searched exhaustively (the baseline's layout decides the
