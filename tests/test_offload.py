@@ -78,3 +78,28 @@ def test_slimpipe_offloads_instead_of_full_recompute_at_long_context():
     step_r = simulate(recompute, model=MODEL, hardware=HW, cost=cost).record.step_time_s
     step_o = simulate(auto, model=MODEL, hardware=HW, cost=cost).record.step_time_s
     assert step_o < step_r
+
+
+def test_slimpipe_keeps_the_trial_that_fits_over_a_faster_one_that_does_not():
+    """32 Common Crawl samples of 256K on llama-70b, tp2 cp2 pp16 vpp5 (seed 0): the analytic
+    estimate admits selective recompute, the simulator's memory walk does not. With two
+    trials (offload, then selective recompute at the same slice count) the planner must keep
+    the offload trial, not the faster one that finish_plan would escalate to full recompute."""
+    from slimpack.data import sample_batch
+
+    model, hw = model_preset("llama-70b"), hardware_preset("h800-80g")
+    cost = default_cost_model(model, hw)
+    batch = sample_batch("commoncrawl", token_budget=32 * 262144, context=262144, seed=0,
+                         truncation="split")
+    parallel = ParallelSpec(tp=2, cp=2, pp=16, vpp=5, dp=1)
+    plan = plan_method("slimpipe", batch, model, hw, parallel, cost, max_trials=2,
+                       time_limit_s=600.0)
+    assert (plan.metadata["recompute"], plan.metadata["offload"]) == ("none", 1.0)
+    assert plan.metadata["memory_fits"]
+    # The trial passed over: selective recompute at that slice count does not fit, so its plan
+    # is escalated to full recompute and is slower than the one kept.
+    rival = plan_method("slimpipe", batch, model, hw, parallel, cost,
+                        num_slices=plan.metadata["num_slices"], offload=0.0)
+    assert rival.metadata["recompute"] == "full"
+    step = simulate(plan, model=model, hardware=hw, cost=cost).record.step_time_s
+    assert step < simulate(rival, model=model, hardware=hw, cost=cost).record.step_time_s
