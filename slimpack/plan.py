@@ -387,7 +387,8 @@ class Plan:
     def _check_coverage(self, segments: list[Segment], seq_ids: list[int]) -> None:
         """Each sequence's segments cover its tokens exactly once."""
         counts = Counter(seq_ids)
-        only_segment = dict(zip(seq_ids, segments))  # right for sequences with one segment
+        # seq_id -> its last segment: its only one where it has one
+        only_segment = dict(zip(seq_ids, segments, strict=True))
         repeated = {seq for seq, n in counts.items() if n > 1}
         ranges_of: dict[int, list[tuple[int, int]]] = {}
         for seg in compress(segments, map(repeated.__contains__, seq_ids)):
