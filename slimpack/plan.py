@@ -22,8 +22,11 @@ later slice of its sequence.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain, compress, repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -215,8 +218,10 @@ class Group:
         if not self.forward_units:
             raise PlanError(f"Group {gid}: no forward units")
         all_ids = set(self._slice_index)
+        orders = {}  # kind -> its units' slice ids in run order (checked below, then reused)
         for kind, units in (("forward", self.forward_units), ("backward", self.backward_units)):
-            covered: list[int] = [i for u in units for i in u.slice_ids]
+            covered: list[int] = list(chain.from_iterable(map(_SLICE_IDS, units)))
+            orders[kind] = covered
             covered_set = set(covered)
             unknown = covered_set - all_ids
             if unknown:
@@ -229,16 +234,20 @@ class Group:
                     f"Group {gid}: forward and backward units must each partition the group's "
                     f"slices; {kind} units miss slices {sorted(all_ids - set(covered))}"
                 )
-        self._check_order(
-            [i for u in self.forward_units for i in u.slice_ids], increasing=True, kind="forward"
-        )
-        self._check_order(
-            [i for u in self.backward_units for i in u.slice_ids], increasing=False, kind="backward"
-        )
+        self._check_order(orders["forward"], increasing=True, kind="forward")
+        self._check_order(orders["backward"], increasing=False, kind="backward")
 
     def _check_order(self, order: list[int], *, increasing: bool, kind: str) -> None:
-        last_start: dict[int, int] = {}
         index = self._slice_index  # every id was checked by validate() before this runs
+        segments = _segments_of(map(index.__getitem__, order))
+        if not _starts_monotone(_segments_of_cut_sequences(segments), increasing):
+            self._raise_order_error(order, increasing=increasing, kind=kind)
+
+    def _raise_order_error(self, order: list[int], *, increasing: bool, kind: str) -> None:
+        """Raise on the first segment (slice by slice along ``order``) out of order: the
+        walk that names the slice, run once the fast check has found a break."""
+        last_start: dict[int, int] = {}
+        index = self._slice_index
         for sid in order:
             for seg in index[sid].segments:
                 prev = last_start.get(seg.seq_id)
@@ -250,6 +259,7 @@ class Group:
                         f"must be {kind}ed {rule}"
                     )
                 last_start[seg.seq_id] = seg.start
+        raise AssertionError("the fast order check and the walk disagree")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -318,7 +328,11 @@ class Plan:
         if not self.phases:
             raise PlanError("Plan has no phases")
         owner: dict[int, int] = {}  # seq_id -> group_id: a sequence lives in one group only
-        covered: dict[int, list[tuple[int, int]]] = {}
+        # Every segment of the plan (and its sequence), group by group: the per-segment work
+        # runs in C (~10^5 segments at paper scale); a rule broken sends validation down the
+        # segment-by-segment walk that names the first offender.
+        all_segments: list[Segment] = []
+        all_seq_ids: list[int] = []
         group_ids: set[int] = set()
         for p_idx, phase in enumerate(self.phases):
             if not phase.groups:
@@ -341,46 +355,55 @@ class Plan:
                         f"Plan: phase {p_idx} runs ranks {sorted(clash)[:8]} in two groups at once"
                     )
                 used.update(group.ranks)
-                gid = group.group_id
-                lengths = self.sequence_lengths
-                for sl in group.slices:
-                    for seg in sl.segments:
-                        seq = seg.seq_id
-                        if seq not in lengths:
-                            raise PlanError(
-                                f"Group {gid}: slice {sl.slice_id} holds unknown seq {seq}"
-                            )
-                        prev = owner.get(seq)
-                        if prev is None:
-                            owner[seq] = gid
-                            covered[seq] = [(seg.start, seg.end)]
-                        elif prev != gid:
-                            raise PlanError(
-                                f"Plan: seq {seq} is split across groups {prev} and "
-                                f"{gid}; its KV history must stay in one group"
-                            )
-                        else:
-                            covered[seq].append((seg.start, seg.end))
-        for seq_id, length in self.sequence_lengths.items():
-            ranges = covered.get(seq_id, [])
-            if len(ranges) == 1 and ranges[0] == (0, length):
-                continue  # one segment, the whole sequence (most documents): nothing to sort
-            ranges = sorted(ranges)
-            if not ranges:
-                raise PlanError(f"Plan: seq {seq_id} ({length} tokens) is never covered")
-            pos = 0
-            for start, end in ranges:
-                if start < pos:
-                    raise PlanError(f"Plan: seq {seq_id} tokens [{start}, {min(end, pos)}) are "
-                                    f"covered twice")
-                if start > pos:
-                    raise PlanError(f"Plan: seq {seq_id} tokens [{pos}, {start}) are never covered")
-                pos = end
-            if pos != length:
-                if pos < length:
-                    raise PlanError(f"Plan: seq {seq_id} tokens [{pos}, {length}) are never covered")
-                raise PlanError(f"Plan: seq {seq_id} has {length} tokens but segments reach {pos}")
+                segments = _segments_of(group.slices)
+                seq_ids = list(map(_SEQ_ID, segments))
+                if not _owns_new_known_sequences(seq_ids, self.sequence_lengths, owner):
+                    self._raise_ownership_error(group, owner)
+                owner.update(zip(seq_ids, repeat(group.group_id)))
+                all_segments.extend(segments)
+                all_seq_ids.extend(seq_ids)
+        self._check_coverage(all_segments, all_seq_ids)
         return self
+
+    def _raise_ownership_error(self, group: Group, owner: dict[int, int]) -> None:
+        """Raise on the first segment of ``group`` (slice by slice) whose sequence is unknown
+        or lives in an earlier group (``owner``: seq_id -> group id, groups before this)."""
+        gid = group.group_id
+        lengths = self.sequence_lengths
+        seen = dict(owner)
+        for sl in group.slices:
+            for seg in sl.segments:
+                seq = seg.seq_id
+                if seq not in lengths:
+                    raise PlanError(f"Group {gid}: slice {sl.slice_id} holds unknown seq {seq}")
+                prev = seen.setdefault(seq, gid)
+                if prev != gid:
+                    raise PlanError(
+                        f"Plan: seq {seq} is split across groups {prev} and "
+                        f"{gid}; its KV history must stay in one group"
+                    )
+        raise AssertionError("the fast ownership check and the walk disagree")
+
+    def _check_coverage(self, segments: list[Segment], seq_ids: list[int]) -> None:
+        """Each sequence's segments cover its tokens exactly once."""
+        counts = Counter(seq_ids)
+        # seq_id -> its last segment: its only one where it has one
+        only_segment = dict(zip(seq_ids, segments, strict=True))
+        repeated = {seq for seq, n in counts.items() if n > 1}
+        ranges_of: dict[int, list[tuple[int, int]]] = {}
+        for seg in compress(segments, map(repeated.__contains__, seq_ids)):
+            ranges_of.setdefault(seg.seq_id, []).append((seg.start, seg.end))
+        for seq_id, length in self.sequence_lengths.items():
+            seg = only_segment.get(seq_id)
+            if seg is None:
+                raise PlanError(f"Plan: seq {seq_id} ({length} tokens) is never covered")
+            if seq_id not in repeated:
+                if seg.start == 0 and seg.end == length:
+                    continue  # one segment, the whole sequence (most documents)
+                ranges = [(seg.start, seg.end)]
+            else:
+                ranges = sorted(ranges_of[seq_id])
+            _check_ranges(seq_id, length, ranges)
 
     # -- JSON -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -458,6 +481,65 @@ class Plan:
             return cls.from_json(path.read_text())
         except json.JSONDecodeError as exc:
             raise PlanError(f"plan file {str(path)!r} is not valid JSON: {exc}") from None
+
+
+# Validation runs on every plan (~10^5 segments at paper scale): these keep its per-segment
+# work in C (map, chain, Counter, compress).
+_SEGMENTS = attrgetter("segments")
+_SEQ_ID = attrgetter("seq_id")
+_SLICE_IDS = attrgetter("slice_ids")
+
+
+def _segments_of(slices: Iterable[Slice]) -> list[Segment]:
+    """Every segment of ``slices``, in order."""
+    return list(chain.from_iterable(map(_SEGMENTS, slices)))
+
+
+def _segments_of_cut_sequences(segments: list[Segment]) -> Iterable[Segment]:
+    """The segments (in order) of sequences with more than one segment among ``segments``:
+    a sequence with one segment cannot be out of order."""
+    seq_ids = list(map(_SEQ_ID, segments))
+    counts = Counter(seq_ids)
+    if len(counts) == len(seq_ids):
+        return ()
+    cut = {seq for seq, n in counts.items() if n > 1}
+    return compress(segments, map(cut.__contains__, seq_ids))
+
+
+def _starts_monotone(segments: Iterable[Segment], increasing: bool) -> bool:
+    """True when along ``segments`` each sequence's segment starts never decrease
+    (``increasing``) or never increase: the rule :meth:`Group._raise_order_error` names the
+    breaker of."""
+    last_start: dict[int, int] = {}
+    for seg in segments:
+        prev = last_start.get(seg.seq_id)
+        if prev is not None and (seg.start < prev if increasing else seg.start > prev):
+            return False
+        last_start[seg.seq_id] = seg.start
+    return True
+
+
+def _owns_new_known_sequences(seq_ids: list[int], lengths: dict[int, int],
+                              owner: dict[int, int]) -> bool:
+    """True when every sequence in ``seq_ids`` is in ``lengths`` and in no earlier group
+    (``owner``): the rules :meth:`Plan._raise_ownership_error` names the breaker of."""
+    return lengths.keys() >= set(seq_ids) and owner.keys().isdisjoint(seq_ids)
+
+
+def _check_ranges(seq_id: int, length: int, ranges: list[tuple[int, int]]) -> None:
+    """``ranges`` (sorted) cover ``[0, length)`` of ``seq_id`` once, with no gap."""
+    pos = 0
+    for start, end in ranges:
+        if start < pos:
+            raise PlanError(f"Plan: seq {seq_id} tokens [{start}, {min(end, pos)}) are "
+                            f"covered twice")
+        if start > pos:
+            raise PlanError(f"Plan: seq {seq_id} tokens [{pos}, {start}) are never covered")
+        pos = end
+    if pos != length:
+        if pos < length:
+            raise PlanError(f"Plan: seq {seq_id} tokens [{pos}, {length}) are never covered")
+        raise PlanError(f"Plan: seq {seq_id} has {length} tokens but segments reach {pos}")
 
 
 def _group_to_dict(g: Group) -> dict[str, Any]:

@@ -142,3 +142,31 @@ def test_batch_rejects_bad_lengths():
         Batch.from_lengths([4, -3])
     with pytest.raises(ValueError, match="at least one sequence"):
         Batch.from_lengths([])
+
+
+def test_unknown_sequence_and_segments_past_the_end():
+    # Validation checks ownership and coverage on whole groups at once; a broken rule falls
+    # back to the slice-by-slice walk, which names the first offender as before.
+    slices = slimpack_style_slices()
+    with pytest.raises(PlanError, match="Group 0: slice 1 holds unknown seq 1"):
+        make_plan(slices=slices, fwd=[(0, 1), (2,)], bwd=[(2,), (1, 0)],
+                  lengths={0: 12, 2: 2}).validate()
+    with pytest.raises(PlanError, match="seq 2 has 1 tokens but segments reach 2"):
+        make_plan(slices=slices, fwd=[(0, 1), (2,)], bwd=[(2,), (1, 0)],
+                  lengths={0: 12, 1: 3, 2: 1}).validate()
+    with pytest.raises(PlanError, match=r"seq 1 tokens \[0, 1\) are never covered"):
+        short = slices[:1] + [Slice(slice_id=1, segments=(seg(0, 4, 8), seg(1, 1, 3))),
+                              slices[2]]
+        make_plan(slices=short, fwd=[(0, 1), (2,)], bwd=[(2,), (1, 0)],
+                  lengths={0: 12, 1: 3, 2: 2}).validate()
+
+
+def test_order_checked_only_where_a_sequence_has_several_segments():
+    # Whole documents cannot be out of order; a cut one is still checked among them.
+    slices = [Slice(slice_id=0, segments=(seg(0, 0, 4), seg(1, 0, 3))),
+              Slice(slice_id=1, segments=(seg(0, 4, 8), seg(2, 0, 2)))]
+    make_plan(slices=slices, fwd=[(0,), (1,)], bwd=[(1,), (0,)],
+              lengths={0: 8, 1: 3, 2: 2}).validate()
+    with pytest.raises(PlanError, match="seq 0 is backwarded out of order at slice 1"):
+        make_plan(slices=slices, fwd=[(0,), (1,)], bwd=[(0,), (1,)],
+                  lengths={0: 8, 1: 3, 2: 2}).validate()

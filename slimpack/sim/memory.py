@@ -87,10 +87,12 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
     # this once per candidate group, on ~10^5 slices. Same sums, in the same order.
     index = group._slice_index
     slice_act: dict[int, float] = {}
+    slice_tokens: dict[int, int] = {}  # kept for the longest slice (logits) below
     for sid, sl in index.items():
         tokens = 0
         for seg in sl.segments:
             tokens += seg.end - seg.start
+        slice_tokens[sid] = tokens
         slice_act[sid] = tokens * per_token
     fwd_alloc = [sum([slice_act[s] for s in u.slice_ids]) for u in group.forward_units]
     bwd_free = [sum([slice_act[s] for s in u.slice_ids]) for u in group.backward_units]
@@ -118,7 +120,7 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
 
     states = stage_state_bytes(model, tp=tp, cp=cp, pp=pp, dp=dp,
                                vocab_parallel_pp=group.vocab_parallel_pp, training=training)
-    max_slice = max(sl.num_tokens for sl in group.slices)
+    max_slice = max(slice_tokens.values())  # the index holds every slice of the group
     logits = [0.0] * pp
     shards = pp if group.vocab_parallel_pp else 1
     for vs in head_virtual_stages(group):
