@@ -258,7 +258,7 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     # Every long segment is priced below (forward loads here, backward in emit_round): price
     # them all in one batched pass rather than one cost-model call each.
     est.prefetch_segments((b - a, a) for cuts in cuts_of.values()
-                          for a, b in zip(cuts[1:-1], cuts[2:]))
+                          for a, b in zip(cuts[1:-1], cuts[2:], strict=True))
     members_of = (_long_rounds(long_ids, cuts_of, int(round_capacity * keep), unit_budget)
                   if long_ids else [])
     rounds: list[_Round] = []
