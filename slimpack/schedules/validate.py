@@ -6,6 +6,8 @@ custom schedule and the runtime before executing one with blocking point-to-poin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from slimpack.plan import Group, PlanError
 from slimpack.schedules.ops import Op
 
@@ -104,43 +106,64 @@ def progress(group: Group, ops: list[list[Op]]) -> list[int]:
 
     Cross-stage edges: F on virtual stage ``vs`` needs F of the same unit on ``vs - 1``; B on
     ``vs`` needs B of the same unit on ``vs + 1``. (Same-stage edges are list order, checked by
-    :func:`validate_schedule`.) Each stage blocks on at most one missing input at a time, so a
-    worklist visits every op once: O(ops).
+    :func:`validate_schedule`.)
     """
-    pp = group.pp
-    num_vs = pp * group.vpp
+    return unit_time_walk(ops, pp=group.pp, vpp=group.vpp)[0]
+
+
+def unit_time_walk(ops: Sequence[Sequence[Op]], *, pp: int,
+                   vpp: int) -> tuple[list[int], list[list[int]]]:
+    """Run the op lists with every op taking one tick and free transfers: (how many ops of
+    each stage ran, the start tick of each op that ran, ``[stage][position]``).
+
+    The dependencies of the timing walk (:mod:`slimpack.sim.engine`): list order on a stage,
+    F on virtual stage ``vs`` after F on ``vs - 1``, B on ``vs`` after B on ``vs + 1``. Each
+    stage blocks on at most one missing input at a time, so a worklist visits every op once:
+    O(ops). The one home of this walk: the deadlock check (:func:`progress`) and SlimPipe's
+    concurrency (``slimpack.sim.redistribution.schedule_ticks``) both read it.
+    """
+    num_vs = pp * vpp
     last_vs = num_vs - 1
-    # (kind, unit, virtual stage) as one int, (unit * num_vs + vs) * 2 + is_backward: an int
-    # set is several times cheaper than one of tuples (planners run this once per candidate
-    # group, on every op of every stage).
-    done: set[int] = set()
+    # (kind, unit, virtual stage) as one int, (unit * num_vs + vs) * 2 + is_backward: int keys
+    # are several times cheaper than tuples (planners run this once per candidate group, on
+    # every op of every stage; a paper-size SlimPipe group has ~10^6 ops).
+    done: dict[int, int] = {}  # op key -> the tick after it ends
+    ticks = [[0] * len(stage_ops) for stage_ops in ops]
     pos = [0] * pp
+    free = [0] * pp
     waiting: dict[int, int] = {}
     work = list(range(pp - 1, -1, -1))
     while work:
         stage = work.pop()
-        stage_ops = ops[stage]
-        i, n = pos[stage], len(stage_ops)
+        stage_ops, stage_ticks = ops[stage], ticks[stage]
+        i, n, start_free = pos[stage], len(stage_ops), free[stage]
         while i < n:
             op = stage_ops[i]
             vs = op.chunk * pp + stage
             base = op.unit * num_vs
+            start = start_free
             if op.kind == "F":
                 key = (base + vs) * 2
                 need = key - 2 if vs > 0 else -1
             else:
                 key = (base + vs) * 2 + 1
                 need = key + 2 if vs < last_vs else -1
-            if need >= 0 and need not in done:
-                waiting[need] = stage
-                break
-            done.add(key)
+            if need >= 0:
+                ready = done.get(need)
+                if ready is None:
+                    waiting[need] = stage
+                    break
+                if ready > start:
+                    start = ready
+            stage_ticks[i] = start
+            start_free = start + 1
+            done[key] = start_free
             i += 1
             waiter = waiting.pop(key, None)
             if waiter is not None:
                 work.append(waiter)
-        pos[stage] = i
-    return pos
+        pos[stage], free[stage] = i, start_free
+    return pos, ticks
 
 
 def describe_stuck(ops: list[list[Op]], pos: list[int], pp: int) -> str:

@@ -58,6 +58,7 @@ from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Unit
 from slimpack.schedules import Op
+from slimpack.schedules.validate import unit_time_walk
 from slimpack.sim.costs import BF16, GroupCosts, unit_rank_sums
 from slimpack.specs.model import ModelSpec
 
@@ -124,52 +125,9 @@ class RedistributionStats:
 
 
 def schedule_ticks(ops: Sequence[Sequence[Op]], *, pp: int, vpp: int) -> list[list[int]]:
-    """Start tick of every op (``[stage][position]``) with unit-time ops and free transfers.
-
-    The same dependencies as the timing walk (:mod:`slimpack.sim.engine`): list order on a
-    stage, F on virtual stage ``vs`` after F on ``vs - 1``, B on ``vs`` after B on ``vs + 1``.
-    """
-    num_vs = pp * vpp
-    last_vs = num_vs - 1
-    # (kind, unit, virtual stage) as one int, (unit * num_vs + vs) * 2 + is_backward, as in
-    # schedules.validate.progress: int keys are several times cheaper than tuples on the
-    # ~10^6 ops of a paper-size SlimPipe group.
-    done: dict[int, int] = {}
-    ticks = [[0] * len(stage_ops) for stage_ops in ops]
-    pos = [0] * pp
-    free = [0] * pp
-    waiting: dict[int, int] = {}
-    work = list(range(pp - 1, -1, -1))
-    while work:
-        s = work.pop()
-        stage_ops, stage_ticks = ops[s], ticks[s]
-        i, n, start_free = pos[s], len(stage_ops), free[s]
-        while i < n:
-            op = stage_ops[i]
-            vs = op.chunk * pp + s
-            base = op.unit * num_vs
-            start = start_free
-            if op.kind == "F":
-                key = (base + vs) * 2
-                need = key - 2 if vs > 0 else -1
-            else:
-                key = (base + vs) * 2 + 1
-                need = key + 2 if vs < last_vs else -1
-            if need >= 0:
-                ready = done.get(need)
-                if ready is None:
-                    waiting[need] = s
-                    break
-                if ready > start:
-                    start = ready
-            stage_ticks[i] = start
-            start_free = start + 1
-            done[key] = start_free
-            i += 1
-            waiter = waiting.pop(key, None)
-            if waiter is not None:
-                work.append(waiter)
-        pos[s], free[s] = i, start_free
+    """Start tick of every op (``[stage][position]``) with unit-time ops and free transfers
+    (:func:`~slimpack.schedules.validate.unit_time_walk`, the timing walk's dependencies)."""
+    pos, ticks = unit_time_walk(ops, pp=pp, vpp=vpp)
     if any(pos[s] < len(ops[s]) for s in range(pp)):
         raise ValueError("schedule_ticks: the op lists cannot complete (deadlock)")
     return ticks
