@@ -10,7 +10,7 @@ import pytest
 from slimpack.cost import AnalyticCostModel
 from slimpack.methods import get_planner
 from slimpack.sim import simulate
-from slimpack.slimpack_planner.assemble import schedule_peak_bytes
+from slimpack.sim.memory import schedule_peak_bytes
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 MODEL = model_preset("llama-7b")

@@ -6,7 +6,7 @@ No torch here.
 
 from slimpack.schedules.ops import Op, OpKind, virtual_stage
 from slimpack.schedules.orders import backward_order, forward_groups, forward_order
-from slimpack.schedules.pipeline import build_schedule
+from slimpack.schedules.pipeline import build_schedule, stage_forward_counts
 from slimpack.schedules.validate import (
     ScheduleError,
     describe_stuck,
@@ -26,6 +26,7 @@ __all__ = [
     "forward_groups",
     "forward_order",
     "progress",
+    "stage_forward_counts",
     "validate_schedule",
     "virtual_stage",
 ]

@@ -33,7 +33,7 @@ is doubled until it runs (GPipe, all forwards first, always does).
 
 from __future__ import annotations
 
-from itertools import accumulate
+import numpy as np
 
 from slimpack.plan import Group
 from slimpack.schedules.ops import Op
@@ -55,21 +55,22 @@ def build_schedule(group: Group) -> list[list[Op]]:
                             f"use 'interleaved'")
     fwd = forward_order(group)
     bwd = backward_order(group)
+    if v == 1:
+        # Without virtual stages these lists cannot deadlock, so the O(ops) check is
+        # skipped (planners build ~10^5-op schedules per candidate). Stage r runs c_r(j)
+        # forwards before B_j with c_r(j) >= c_{r+1}(j) (its offset is no smaller). A
+        # stage stuck at F_i waits on stage r-1, whose ops before F_i are forwards and
+        # backwards stage r has already passed, so r-1 can only be stuck at an earlier
+        # forward, and so on down to stage 0, whose forwards need nothing: no stage is
+        # stuck at a forward. A stage stuck at B_j waits on stage r+1; the highest such
+        # stage waits on one that is stuck nowhere, so has finished: none is stuck.
+        return [_interleave(fwd, bwd, counts) for counts in stage_forward_counts(group)]
     needs = _backward_needs(group, fwd, bwd)
     extra = [0] * p
     for _ in range(MAX_REPAIRS):
-        ops = [_interleave(fwd, bwd, needs, _offset(kind, p, v, r) + extra[r], kind == "gpipe")
+        ops = [_interleave(fwd, bwd, forward_counts(needs, _offset(kind, p, v, r) + extra[r],
+                                                    len(fwd), kind == "gpipe"))
                for r in range(p)]
-        if v == 1 and not any(extra):
-            # Without virtual stages these lists cannot deadlock, so the O(ops) check is
-            # skipped (planners build ~10^5-op schedules per candidate). Stage r runs c_r(j)
-            # forwards before B_j with c_r(j) >= c_{r+1}(j) (its offset is no smaller). A
-            # stage stuck at F_i waits on stage r-1, whose ops before F_i are forwards and
-            # backwards stage r has already passed, so r-1 can only be stuck at an earlier
-            # forward, and so on down to stage 0, whose forwards need nothing: no stage is
-            # stuck at a forward. A stage stuck at B_j waits on stage r+1; the highest such
-            # stage waits on one that is stuck nowhere, so has finished: none is stuck.
-            return ops
         pos = progress(group, ops)
         stuck_stages = [r for r in range(p) if pos[r] < len(ops[r])]
         if not stuck_stages:
@@ -81,6 +82,41 @@ def build_schedule(group: Group) -> list[list[Op]]:
             extra[r] = max(extra[r], extra[r + 1])
     raise ScheduleError(f"Group {group.group_id}: no deadlock-free {kind} schedule found; "
                         f"{describe_stuck(ops, pos, p)}")
+
+
+def stage_forward_counts(group: Group) -> list[list[int]]:
+    """For a group without virtual stages (``vpp`` 1), per stage: how many forwards it runs
+    before each of its backwards, ``count_r(j)`` of the module docstring. This is the whole
+    schedule (forward unit i precedes backward j exactly when i < count_r(j)); a memory walk
+    needs nothing more, so planners read peaks from it without building ops."""
+    if group.vpp != 1:
+        raise ValueError(f"stage_forward_counts needs vpp = 1, got vpp = {group.vpp}")
+    nf = len(group.forward_units)
+    unit_of_slice: dict[int, int] = {}
+    for u, unit in enumerate(group.forward_units):
+        for sid in unit.slice_ids:
+            unit_of_slice[sid] = u
+    # Backward j needs F of each of its slices (forward order = unit order without chunks).
+    needs = [1 + max(map(unit_of_slice.__getitem__, unit.slice_ids))
+             for unit in group.backward_units]
+    kind, p = group.schedule, group.pp
+    return [forward_counts(needs, _offset(kind, p, 1, r), nf, kind == "gpipe")
+            for r in range(p)]
+
+
+def forward_counts(needs: list[int], offset: int, total: int,
+                   all_forwards_first: bool) -> list[int]:
+    """``count(j)`` for each backward j: ``min(total, max(warmup + j, needs[j], count(j-1)))``
+    with ``warmup = needs[0] + offset``, i.e. the running maximum of
+    ``max(warmup + j, needs[j])`` capped at ``total``; ``total`` throughout for GPipe."""
+    if all_forwards_first:
+        return [total] * len(needs)
+    if not needs:
+        return []
+    need = np.asarray(needs, dtype=np.int64)
+    warmup = int(need[0]) + offset
+    counts = np.maximum.accumulate(np.maximum(np.arange(warmup, warmup + len(need)), need))
+    return np.minimum(counts, total).tolist()
 
 
 def _offset(kind: str, p: int, v: int, rank: int) -> int:
@@ -100,21 +136,12 @@ def _backward_needs(group: Group, fwd: list[Op], bwd: list[Op]) -> list[int]:
     return [unit_need[op.unit] for op in bwd]
 
 
-def _interleave(fwd: list[Op], bwd: list[Op], needs: list[int], offset: int,
-                all_forwards_first: bool) -> list[Op]:
-    total = len(fwd)
-    if all_forwards_first or not bwd:
-        return fwd + bwd
-    # count_j = min(total, max(warmup + j, needs[j], count_{j-1})) is the running maximum
-    # of max(warmup + j, needs[j]), capped at total (accumulate runs the loop in C).
-    warmup = needs[0] + offset
-    counts = accumulate(map(max, range(warmup, warmup + len(bwd)), needs), max)
+def _interleave(fwd: list[Op], bwd: list[Op], counts: list[int]) -> list[Op]:
+    """One stage's ops: before backward j, the forwards up to ``counts[j]``."""
     out: list[Op] = []
     done = 0
     for op, count in zip(bwd, counts, strict=True):
         if count > done:
-            if count > total:
-                count = total
             out.extend(fwd[done:count])
             done = count
         out.append(op)

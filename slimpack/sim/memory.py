@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from slimpack.cost.memory import (
     activation_bytes_per_token_per_layer,
     kv_bytes_per_token_per_layer,
@@ -25,7 +27,7 @@ from slimpack.cost.memory import (
     model_state_bytes,
 )
 from slimpack.plan import Group, Plan
-from slimpack.schedules import Op, build_schedule
+from slimpack.schedules import Op, build_schedule, stage_forward_counts
 from slimpack.sim.costs import head_virtual_stages, layers_per_virtual_stage
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
@@ -170,6 +172,45 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
     return peaks
 
 
+def peak_bytes_from_counts(counts: list[list[int]], memory: GroupMemory,
+                           layers: list[int]) -> list[float]:
+    """:func:`peak_bytes_by_stage` of a group without virtual stages, from its schedule as
+    forward counts (:func:`slimpack.schedules.pipeline.stage_forward_counts`), without op
+    lists: the same additions in the same order, so the same floats.
+
+    Each op adds two terms to its stage's running total (F: its activations, then minus what
+    it offloads; B: what it fetches plus its dK/dV buffers, then minus what it frees); the
+    terms are laid out in op order after the static bytes and summed left to right
+    (``cumsum`` accumulates sequentially), and the peak is the largest partial sum: the walk's
+    running total at every point it checks.
+    """
+    fwd_alloc = np.asarray(memory.fwd_alloc, dtype=np.float64)
+    fwd_offload = np.asarray(memory.fwd_offload, dtype=np.float64)
+    bwd_alloc = (np.asarray(memory.bwd_fetch, dtype=np.float64)
+                 + np.asarray(memory.kvgrad_alloc, dtype=np.float64))
+    bwd_release = (np.asarray(memory.kvgrad_free, dtype=np.float64)
+                   + np.asarray(memory.bwd_free, dtype=np.float64))
+    nf, nb = len(fwd_alloc), len(bwd_alloc)
+    forwards = np.arange(nf)
+    backwards = np.arange(nb)
+    peaks = []
+    for s, stage_counts in enumerate(counts):
+        n = layers[s]  # chunk 0 of stage s
+        c = np.asarray(stage_counts, dtype=np.int64)
+        # Op positions: forward i follows the backwards j with count(j) <= i; backward j
+        # follows count(j) forwards and j backwards.
+        f_pos = forwards + np.searchsorted(c, forwards, side="right")
+        b_pos = c + backwards
+        terms = np.empty(1 + 2 * (nf + nb))
+        terms[0] = memory.static_bytes[s]
+        terms[1 + 2 * f_pos] = fwd_alloc * n
+        terms[2 + 2 * f_pos] = -(fwd_offload * n)
+        terms[1 + 2 * b_pos] = bwd_alloc * n
+        terms[2 + 2 * b_pos] = -(bwd_release * n)
+        peaks.append(float(np.cumsum(terms).max()))
+    return peaks
+
+
 def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int,
                         training: TrainingSpec | None = None,
                         ops: list[list[Op]] | None = None) -> list[float]:
@@ -177,10 +218,23 @@ def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int,
     the same numbers the timed simulator reports for that group (under ``training``'s ZeRO
     stage, as the simulator takes it from a cost model that carries one). ``ops``: the
     group's :func:`build_schedule` op lists when the caller already built them."""
+    return peaks_and_schedule(group, model, dp, training, ops)[0]
+
+
+def peaks_and_schedule(group: Group, model: ModelSpec, dp: int,
+                       training: TrainingSpec | None = None,
+                       ops: list[list[Op]] | None = None
+                       ) -> tuple[list[float], list[list[Op]] | None]:
+    """:func:`schedule_peak_bytes` and the op lists it used: ``ops`` when given, those it
+    had to build (virtual stages), or None: without virtual stages the peaks come from the
+    schedule's forward counts (:func:`peak_bytes_from_counts`) and no op list is built."""
     memory = group_memory(group, model=model, dp=dp, training=training)
     layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
-    return peak_bytes_by_stage(ops if ops is not None else build_schedule(group), memory,
-                               layers)
+    if ops is None and group.vpp == 1:
+        return peak_bytes_from_counts(stage_forward_counts(group), memory, layers), None
+    if ops is None:
+        ops = build_schedule(group)
+    return peak_bytes_by_stage(ops, memory, layers), ops
 
 
 def plan_peak_bytes(plan: Plan, model: ModelSpec, training: TrainingSpec | None = None,

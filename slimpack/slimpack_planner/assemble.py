@@ -12,9 +12,8 @@ from slimpack.cost.memory import (
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Phase, Plan
 from slimpack.planning.deadline import Deadline
-from slimpack.schedules import build_schedule
 from slimpack.sim.costs import layers_per_virtual_stage
-from slimpack.sim.memory import group_memory, peak_bytes_by_stage, stage_state_bytes
+from slimpack.sim.memory import peaks_and_schedule, stage_state_bytes
 from slimpack.slimpack_planner.assign import bin_loads, lpt_assign, milp_assign, token_assign
 from slimpack.slimpack_planner.estimate import WorkEstimator
 from slimpack.slimpack_planner.merge import MergeDecision, find_outliers
@@ -41,8 +40,9 @@ class BuildContext:
     work_of: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
     """seq_id -> estimated seconds on the base CP degree (see :meth:`work`)."""
     schedules: dict = field(default_factory=dict, compare=False, repr=False)
-    """group_id -> op lists of the last plan built (``build_schedule``'s, made for its memory
-    check): the search hands them to the simulator instead of building them again."""
+    """group_id -> op lists of the last plan built, where its memory check built them
+    (groups with virtual stages): the search hands them to the simulator, which builds the
+    others."""
     """CP degree -> its estimator: probed once per plan, not once per candidate (its memo of
     priced lengths is shared by every candidate as well)."""
 
@@ -82,7 +82,7 @@ __all__ = ["BuildContext", "OutOfTime", "OverMemory", "build_plan", "max_tokens_
 class OverMemory(Exception):
     """A candidate's group still overflows memory after its repairs: the search, holding a
     plan that fits already, stops building it (an over-memory plan never beats one that fits,
-    and the peak is the simulator's own: :func:`_schedule_and_peaks`)."""
+    and the peak is the simulator's own: :func:`peaks_and_schedule`)."""
 
     def __init__(self, *, outliers: int, peak_bytes: float) -> None:
         super().__init__(f"a group peaks at {peak_bytes / 2**30:.1f} GiB")
@@ -235,7 +235,7 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
                         deadline)
     floor = slice_tokens or 1
     check(deadline)
-    ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp, training)
+    peaks, ops = peaks_and_schedule(group, ctx.model, ctx.parallel.dp, training)
     peak = max(peaks)
     for _ in range(MAX_MEMORY_REPAIRS):
         if peak <= budget or round_capacity <= floor:
@@ -244,9 +244,10 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
         group = _pack_group(ctx, group_id, replicas, seqs, est, slice_tokens, round_capacity,
                             target, deadline)
         check(deadline)
-        ops, peaks = _schedule_and_peaks(group, ctx.model, ctx.parallel.dp, training)
+        peaks, ops = peaks_and_schedule(group, ctx.model, ctx.parallel.dp, training)
         peak = max(peaks)
-    ctx.schedules[group.group_id] = ops
+    if ops is not None:
+        ctx.schedules[group.group_id] = ops
     _stop_if_over(peak, stop_over_bytes, outliers)
     return group, peak
 
@@ -266,22 +267,6 @@ def _peak_floor_bytes(ctx: BuildContext, longest: int, merged: int,
     layers = layers_per_virtual_stage(model.num_layers, par.pp, par.vpp)
     return max(states[s] + per_layer * sum(layers[c * par.pp + s] for c in range(par.vpp))
                for s in range(par.pp))
-
-
-def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int,
-                        training: TrainingSpec | None = None) -> list[float]:
-    """Per-stage peak memory of ``group`` under its own schedule (order only, no timing)."""
-    return _schedule_and_peaks(group, model, dp, training)[1]
-
-
-def _schedule_and_peaks(group: Group, model: ModelSpec, dp: int,
-                        training: TrainingSpec | None) -> tuple[list, list[float]]:
-    """The group's schedule and per-stage peaks, under the ZeRO stage of ``training`` (the
-    cost model's, as the simulator takes it), so a plan's peak is the simulator's."""
-    memory = group_memory(group, model=model, dp=dp, training=training)
-    layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
-    ops = build_schedule(group)
-    return ops, peak_bytes_by_stage(ops, memory, layers)
 
 
 def _pack_group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int, int],

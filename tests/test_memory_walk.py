@@ -1,0 +1,115 @@
+"""The memory walk from forward counts (no op lists) is the op-list walk, float for float.
+
+Planners read every candidate group's peak from :func:`peak_bytes_from_counts`; the simulator
+reads it from the op lists it times. Both must give the same bytes (the planner's "fits" is
+the simulator's "no OOM"), so the check here is exact equality, over the groups every
+registered planner makes on real length samples, with offload and every vpp-1 schedule kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slimpack.compare import plan_method
+from slimpack.cost import AnalyticCostModel
+from slimpack.methods import method_names
+from slimpack.plan import Group, Plan
+from slimpack.schedules import build_schedule, stage_forward_counts
+from slimpack.sim.costs import layers_per_virtual_stage
+from slimpack.sim.memory import (
+    group_memory,
+    peak_bytes_by_stage,
+    peak_bytes_from_counts,
+    schedule_peak_bytes,
+)
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+data = pytest.importorskip("slimpack.data")
+
+MODEL, HW = model_preset("llama-7b"), hardware_preset("h800")
+COST = AnalyticCostModel(model=MODEL, hardware=HW)
+PARALLEL = ParallelSpec(tp=2, cp=2, pp=4, dp=2)
+NO_PIPELINE = ParallelSpec(tp=2, cp=4, pp=1, dp=2)
+"""DeepSpeed-Ulysses (FlexSP's baselines) runs without pipeline parallelism."""
+DP = 2
+
+
+def _walked(group: Group) -> list[float]:
+    memory = group_memory(group, model=MODEL, dp=DP)
+    layers = layers_per_virtual_stage(MODEL.num_layers, group.pp, group.vpp)
+    return peak_bytes_by_stage(build_schedule(group), memory, layers)
+
+
+def _counted(group: Group) -> list[float]:
+    memory = group_memory(group, model=MODEL, dp=DP)
+    layers = layers_per_virtual_stage(MODEL.num_layers, group.pp, group.vpp)
+    return peak_bytes_from_counts(stage_forward_counts(group), memory, layers)
+
+
+@pytest.fixture(scope="module")
+def plans() -> list[Plan]:
+    """Every registered planner's plan of three real length samples (a few seconds)."""
+    out = []
+    for seed, dataset in enumerate(("commoncrawl", "github", "wikipedia")):
+        batch = data.sample_batch(dataset, num_sequences=96, context=65536, seed=seed)
+        out.extend(plan_method(m, batch, MODEL, HW,
+                               NO_PIPELINE if m.startswith("ulysses") else PARALLEL, COST,
+                               context=65536)
+                   for m in method_names())
+    return out
+
+
+def _variants(group: Group) -> list[Group]:
+    """The group as planned, and under every vpp-1 schedule kind that can run it, with and
+    without activation offload (which adds a term after each forward)."""
+    out = [group, dataclasses.replace(group, offload=0.5)]
+    out += [dataclasses.replace(group, schedule=kind)
+            for kind in ("gpipe", "1f1b", "interleaved", "asymmetric", "slimpipe")
+            if kind != group.schedule]
+    return out
+
+
+def test_counted_peaks_equal_the_op_walk_for_every_method(plans):
+    checked = set()
+    for plan in plans:
+        for group in plan.groups():
+            if group.vpp != 1:
+                continue
+            checked.add(plan.method)
+            for variant in _variants(group):
+                assert _counted(variant) == _walked(variant), (plan.method, variant.schedule)
+    assert checked == set(method_names())  # every planner's groups were compared
+
+
+def test_counts_are_the_schedule(plans):
+    """Forward unit i runs before backward j on stage r exactly when i < count_r(j)."""
+    for plan in plans:
+        for group in plan.groups():
+            if group.vpp != 1:
+                continue
+            for r, (ops, counts) in enumerate(zip(build_schedule(group),
+                                                  stage_forward_counts(group), strict=True)):
+                seen_forwards = 0
+                j = 0
+                for op in ops:
+                    if op.kind == "F":
+                        seen_forwards += 1
+                    else:
+                        assert seen_forwards == counts[j], (plan.method, r, j)
+                        j += 1
+                assert j == len(counts)
+
+
+def test_schedule_peak_bytes_needs_no_op_lists_without_virtual_stages(plans):
+    plan = next(p for p in plans if p.method == "slimpack")
+    group = next(plan.groups())
+    assert schedule_peak_bytes(group, MODEL, DP) == _walked(group)
+
+
+def test_stage_forward_counts_rejects_virtual_stages(plans):
+    plan = next(p for p in plans if p.method == "slimpack")
+    group = dataclasses.replace(next(plan.groups()), vpp=2)
+    with pytest.raises(ValueError, match="vpp = 1"):
+        stage_forward_counts(group)
