@@ -68,7 +68,7 @@ def build_schedule(group: Group) -> list[list[Op]]:
     needs = _backward_needs(group, fwd, bwd)
     extra = [0] * p
     for _ in range(MAX_REPAIRS):
-        ops = [_interleave(fwd, bwd, forward_counts(needs, _offset(kind, p, v, r) + extra[r],
+        ops = [_interleave(fwd, bwd, forward_counts(needs, warmup_offset(kind, p, v, r) + extra[r],
                                                     len(fwd), kind == "gpipe"))
                for r in range(p)]
         pos = progress(group, ops)
@@ -84,7 +84,7 @@ def build_schedule(group: Group) -> list[list[Op]]:
                         f"{describe_stuck(ops, pos, p)}")
 
 
-def stage_forward_counts(group: Group) -> list[list[int]]:
+def stage_forward_counts(group: Group) -> list[np.ndarray]:
     """For a group without virtual stages (``vpp`` 1), per stage: how many forwards it runs
     before each of its backwards, ``count_r(j)`` of the module docstring. This is the whole
     schedule (forward unit i precedes backward j exactly when i < count_r(j)); a memory walk
@@ -97,29 +97,29 @@ def stage_forward_counts(group: Group) -> list[list[int]]:
         for sid in unit.slice_ids:
             unit_of_slice[sid] = u
     # Backward j needs F of each of its slices (forward order = unit order without chunks).
-    needs = [1 + max(map(unit_of_slice.__getitem__, unit.slice_ids))
-             for unit in group.backward_units]
+    needs = np.fromiter((1 + max(map(unit_of_slice.__getitem__, unit.slice_ids))
+                         for unit in group.backward_units), dtype=np.int64,
+                        count=len(group.backward_units))
     kind, p = group.schedule, group.pp
-    return [forward_counts(needs, _offset(kind, p, 1, r), nf, kind == "gpipe")
+    return [forward_counts(needs, warmup_offset(kind, p, 1, r), nf, kind == "gpipe")
             for r in range(p)]
 
 
-def forward_counts(needs: list[int], offset: int, total: int,
-                   all_forwards_first: bool) -> list[int]:
+def forward_counts(needs: list[int] | np.ndarray, offset: int, total: int,
+                   all_forwards_first: bool) -> np.ndarray:
     """``count(j)`` for each backward j: ``min(total, max(warmup + j, needs[j], count(j-1)))``
     with ``warmup = needs[0] + offset``, i.e. the running maximum of
     ``max(warmup + j, needs[j])`` capped at ``total``; ``total`` throughout for GPipe."""
-    if all_forwards_first:
-        return [total] * len(needs)
-    if not needs:
-        return []
     need = np.asarray(needs, dtype=np.int64)
+    if all_forwards_first or not len(need):
+        return np.full(len(need), total, dtype=np.int64)
     warmup = int(need[0]) + offset
     counts = np.maximum.accumulate(np.maximum(np.arange(warmup, warmup + len(need)), need))
-    return np.minimum(counts, total).tolist()
+    return np.minimum(counts, total)
 
 
-def _offset(kind: str, p: int, v: int, rank: int) -> int:
+def warmup_offset(kind: str, p: int, v: int, rank: int) -> int:
+    """Forwards stage ``rank`` runs ahead of its first backward's own need (module docstring)."""
     if kind == "1f1b" or (kind == "interleaved" and v == 1):
         return p - 1 - rank
     return 2 * (p - 1 - rank)
@@ -136,11 +136,11 @@ def _backward_needs(group: Group, fwd: list[Op], bwd: list[Op]) -> list[int]:
     return [unit_need[op.unit] for op in bwd]
 
 
-def _interleave(fwd: list[Op], bwd: list[Op], counts: list[int]) -> list[Op]:
+def _interleave(fwd: list[Op], bwd: list[Op], counts: np.ndarray) -> list[Op]:
     """One stage's ops: before backward j, the forwards up to ``counts[j]``."""
     out: list[Op] = []
     done = 0
-    for op, count in zip(bwd, counts, strict=True):
+    for op, count in zip(bwd, counts.tolist(), strict=True):
         if count > done:
             out.extend(fwd[done:count])
             done = count

@@ -77,8 +77,12 @@ def layers_per_virtual_stage(num_layers: int, pp: int, vpp: int) -> list[int]:
 
 def head_virtual_stages(group: Group) -> list[int]:
     """Virtual stages that run (a share of) the LM head and loss."""
-    pp, vpp = group.pp, group.vpp
-    if group.vocab_parallel_pp:
+    return head_stages(group.pp, group.vpp, vocab_parallel_pp=group.vocab_parallel_pp)
+
+
+def head_stages(pp: int, vpp: int, *, vocab_parallel_pp: bool) -> list[int]:
+    """:func:`head_virtual_stages` of a group of that shape."""
+    if vocab_parallel_pp:
         # SlimPipe spreads the output layer over all pipeline ranks; each rank's share is
         # charged to its last model chunk (*reconstructed* placement, the total is exact).
         return [(vpp - 1) * pp + s for s in range(pp)]

@@ -28,7 +28,7 @@ from slimpack.cost.memory import (
 )
 from slimpack.plan import Group, Plan
 from slimpack.schedules import Op, build_schedule, stage_forward_counts
-from slimpack.sim.costs import head_virtual_stages, layers_per_virtual_stage
+from slimpack.sim.costs import head_stages, layers_per_virtual_stage
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 from slimpack.specs.training import TrainingSpec
@@ -80,6 +80,20 @@ def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
     return states
 
 
+def stage_constant_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, vpp: int, dp: int,
+                         vocab_parallel_pp: bool, training: TrainingSpec | None,
+                         longest_slice: int) -> tuple[list[float], list[float]]:
+    """Per stage, the bytes held for the whole step: model states (:func:`stage_state_bytes`)
+    and the fp32 logits of the longest slice where (a share of) the LM head runs."""
+    states = stage_state_bytes(model, tp=tp, cp=cp, pp=pp, dp=dp,
+                               vocab_parallel_pp=vocab_parallel_pp, training=training)
+    logits = [0.0] * pp
+    shards = pp if vocab_parallel_pp else 1
+    for vs in head_stages(pp, vpp, vocab_parallel_pp=vocab_parallel_pp):
+        logits[vs % pp] = logits_bytes(model, longest_slice, tp=tp, cp=cp, spread_over_pp=shards)
+    return states, logits
+
+
 def group_memory(group: Group, *, model: ModelSpec, dp: int,
                  training: TrainingSpec | None = None) -> GroupMemory:
     tp, cp, pp = group.tp, group.cp, group.pp
@@ -120,13 +134,10 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
             kvgrad_alloc[first] += seq_tokens[seq] * kv_per_token
             kvgrad_free[last_unit[seq]] += seq_tokens[seq] * kv_per_token
 
-    states = stage_state_bytes(model, tp=tp, cp=cp, pp=pp, dp=dp,
-                               vocab_parallel_pp=group.vocab_parallel_pp, training=training)
-    max_slice = max(slice_tokens.values())  # the index holds every slice of the group
-    logits = [0.0] * pp
-    shards = pp if group.vocab_parallel_pp else 1
-    for vs in head_virtual_stages(group):
-        logits[vs % pp] = logits_bytes(model, max_slice, tp=tp, cp=cp, spread_over_pp=shards)
+    states, logits = stage_constant_bytes(
+        model, tp=tp, cp=cp, pp=pp, vpp=group.vpp, dp=dp,
+        vocab_parallel_pp=group.vocab_parallel_pp, training=training,
+        longest_slice=max(slice_tokens.values()))  # the index holds every slice of the group
     kv_share = 0.0 if group.recompute == "full" else kv_per_token * cp * tp / a
     # Offload moves the non-KV part (later slices of the sequence read the KV cache).
     moved = group.offload * (1.0 - kv_share)
@@ -172,7 +183,7 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
     return peaks
 
 
-def peak_bytes_from_counts(counts: list[list[int]], memory: GroupMemory,
+def peak_bytes_from_counts(counts: list[np.ndarray], memory: GroupMemory,
                            layers: list[int]) -> list[float]:
     """:func:`peak_bytes_by_stage` of a group without virtual stages, from its schedule as
     forward counts (:func:`slimpack.schedules.pipeline.stage_forward_counts`), without op

@@ -98,6 +98,49 @@ class _Round:
         return len(self.long_segments)
 
 
+@dataclass(kw_only=True)
+class ReplicaLayout:
+    """A replica's rounds in run order, before any slice is built (:func:`layout_replica`)."""
+
+    rounds: list[_Round]
+    lengths: dict[int, int]
+    short_ids: dict[int, int]
+    min_tokens: int
+
+    def unit_tokens(self) -> list[list[int]]:
+        """Per round, in run order: the tokens of each MicroPack that holds any (emission
+        drops empty ones)."""
+        return [[t for t in rnd.unit_tokens if t] for rnd in self.rounds]
+
+    def holds_long(self) -> list[list[bool]]:
+        """Per round, aligned with :meth:`unit_tokens`: whether the MicroPack holds a segment
+        of a long sequence."""
+        return [[bool(segs) for segs, t in zip(rnd.long_segments, rnd.unit_tokens, strict=True)
+                 if t] for rnd in self.rounds]
+
+    def long_spans(self) -> list[tuple[int, int, int]]:
+        """(tokens, first, last) of each sequence cut over several MicroPacks: its tokens and
+        the positions, among the layout's non-empty MicroPacks, of its first and last one."""
+        spans = []
+        base = 0
+        for rnd in self.rounds:
+            position = {}  # MicroPack index in the round -> its place among non-empty ones
+            for u, tokens in enumerate(rnd.unit_tokens):
+                if tokens:
+                    position[u] = base + len(position)
+            first: dict[int, int] = {}
+            last: dict[int, int] = {}
+            held: dict[int, int] = {}
+            for u, segs in enumerate(rnd.long_segments):
+                for seg in segs:
+                    first.setdefault(seg.seq_id, position[u])
+                    last[seg.seq_id] = position[u]
+                    held[seg.seq_id] = held.get(seg.seq_id, 0) + seg.end - seg.start
+            spans.extend((held[s], first[s], last[s]) for s in first if last[s] != first[s])
+            base += len(position)
+        return spans
+
+
 def cost_balanced_cuts(length: int, pieces: int, est: WorkEstimator, *, align: int = TILE) -> list[int]:
     """Boundaries 0 = b0 < b1 < ... < bk = length giving segments of equal forward cost.
 
@@ -213,7 +256,8 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
                  whole_segments: dict[int, Segment] | None = None,
                  cuts_cache: dict | None = None, short_reserve: float = 0.0,
                  regroup_long: bool = False, round_warmup: bool = False) -> ReplicaPacks:
-    """Slices and MicroPacks for one replica's sequences.
+    """Slices and MicroPacks for one replica's sequences: :func:`layout_replica` (steps 1-3
+    of the module docstring), then :func:`emit_layout` (step 4).
 
     ``slice_tokens`` None disables slicing (every sequence stays whole and is a "short"
     document); ``unit_forward_target`` is the forward seconds one MicroPack should take (the
@@ -230,6 +274,27 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     MicroPacks have short atoms to re-deal where the long work is. ``regroup_long``
     (asymmetric only): backward MicroPacks regroup long-sequence sub-slices too (backward.py);
     ``round_warmup``: a round's first backward MicroPack needs its last forward one.
+    """
+    layout = layout_replica(lengths, est, slice_tokens=slice_tokens,
+                            round_capacity=round_capacity, unit_forward_target=unit_forward_target,
+                            asymmetric=asymmetric, inflight_tokens=inflight_tokens,
+                            warmup_units=warmup_units, deadline=deadline, cp=cp,
+                            cuts_cache=cuts_cache, short_reserve=short_reserve)
+    return emit_layout(layout, est, asymmetric=asymmetric, deadline=deadline,
+                       whole_segments=whole_segments, regroup_long=regroup_long,
+                       round_warmup=round_warmup)
+
+
+def layout_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: int | None,
+                   round_capacity: int, unit_forward_target: float, asymmetric: bool,
+                   inflight_tokens: int | None = None, warmup_units: int = 0,
+                   deadline: Deadline | None = None, cp: int = 1,
+                   cuts_cache: dict | None = None,
+                   short_reserve: float = 0.0) -> ReplicaLayout:
+    """Steps 1-3 for one replica's sequences: its rounds in run order, each MicroPack's long
+    segments and short documents chosen (options as in :func:`pack_replica`), no slice built.
+    A memory check can read the layout's tokens per MicroPack (:meth:`ReplicaLayout.unit_tokens`)
+    before any slice exists.
     """
     target = unit_forward_target
     keep = 1.0 - short_reserve if asymmetric else 1.0
@@ -331,20 +396,31 @@ def pack_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens: i
     _fill_short_documents(rounds, fwd_load, short_ids, short_fwd, unit_cap=unit_cap,
                           add_round=add_filler_round)
 
-    # 4. Slices and the two partitions, round by round, most MicroPacks first. The schedule
-    # keeps the first round's MicroPacks plus the 2(p-1) warm-up in flight for the whole step;
-    # were a later round larger, its first backward would wait for all of its forwards and the
-    # pipeline would drain at the boundary (the per-step token cap above pays for this order).
-    # Giants go last, in ascending order: each costs one such drain, but none inflates the
-    # warm-up of the whole step.
+    # 4. (emit_layout) Slices and the two partitions, round by round, most MicroPacks
+    # first. The schedule keeps the first round's MicroPacks plus the 2(p-1) warm-up in flight
+    # for the whole step; were a later round larger, its first backward would wait for all of
+    # its forwards and the pipeline would drain at the boundary (the per-step token cap above
+    # pays for this order). Giants go last, in ascending order: each costs one such drain, but
+    # none inflates the warm-up of the whole step.
     normal = sorted((r for r in rounds if r.num_units <= giant_limit), key=lambda r: -r.num_units)
     giants = sorted((r for r in rounds if r.num_units > giant_limit), key=lambda r: r.num_units)
+    return ReplicaLayout(rounds=normal + giants, lengths=lengths, short_ids=short_ids,
+                         min_tokens=min_tokens)
+
+
+def emit_layout(layout: ReplicaLayout, est: WorkEstimator, *, asymmetric: bool,
+                deadline: Deadline | None = None,
+                whole_segments: dict[int, Segment] | None = None,
+                regroup_long: bool = False, round_warmup: bool = False) -> ReplicaPacks:
+    """The slices and forward and backward MicroPacks of a layout, round by round in its
+    order (options as in :func:`pack_replica`)."""
     out = ReplicaPacks(whole_segments=whole_segments if whole_segments is not None else {})
-    short_bwd = est.documents_backward(short_ids)
-    for rnd in normal + giants:
+    short_bwd = est.documents_backward(layout.short_ids)
+    for rnd in layout.rounds:
         check(deadline)
-        _emit_round(rnd, lengths, short_bwd, est, asymmetric, out, min_tokens=min_tokens,
-                    regroup_long=regroup_long, round_warmup=round_warmup)
+        _emit_round(rnd, layout.lengths, short_bwd, est, asymmetric, out,
+                    min_tokens=layout.min_tokens, regroup_long=regroup_long,
+                    round_warmup=round_warmup)
     return out
 
 
