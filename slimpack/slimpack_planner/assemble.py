@@ -39,6 +39,8 @@ class BuildContext:
     cost: CostModel
     options: SlimPackOptions
     estimators: dict[int, WorkEstimator] = field(default_factory=dict, compare=False, repr=False)
+    """CP degree -> its estimator: probed once per plan, not once per candidate (its memo of
+    priced lengths is shared by every candidate as well)."""
     whole_segments: dict = field(default_factory=dict, compare=False, repr=False)
     """seq_id -> Segment of a whole short document, shared by every packing of the plan."""
     cuts_cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -46,21 +48,32 @@ class BuildContext:
     memory repairs (which repack the same sequences in smaller rounds)."""
     work_of: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
     """seq_id -> estimated seconds on the base CP degree (see :meth:`work`)."""
+    doc_forward: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+    """seq_id -> forward seconds of the whole sequence on the base CP degree
+    (``est.documents_forward``), kept by :meth:`work` for the packings of every candidate."""
+    doc_backward: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+    """The same for backward seconds."""
     schedules: dict = field(default_factory=dict, compare=False, repr=False)
     """group_id -> op lists of the last plan built, where its memory check built them
     (groups with virtual stages): the search hands them to the simulator, which builds the
     others."""
-    """CP degree -> its estimator: probed once per plan, not once per candidate (its memo of
-    priced lengths is shared by every candidate as well)."""
 
     def work(self, est: WorkEstimator, lengths: dict[int, int]) -> dict[int, float]:
         """seq_id -> estimated fwd+bwd seconds of each sequence, the same for every
-        candidate of a plan: computed once."""
+        candidate of a plan: computed once (``est``: the base CP degree's estimator)."""
         if not self.work_of:
             # est.total(n) is forward(n) + backward(n): the same sum of the same floats.
             fwd, bwd = est.documents_forward(lengths), est.documents_backward(lengths)
+            self.doc_forward.update(fwd)
+            self.doc_backward.update(bwd)
             self.work_of.update({s: fwd[s] + bwd[s] for s in lengths})
         return self.work_of
+
+    def document_prices(self, merged: int) -> tuple[dict[int, float], dict[int, float]] | None:
+        """(forward, backward) seconds per whole sequence for a group of ``merged`` replicas:
+        the base CP degree's, kept once per plan; None for a merged group (its own CP degree:
+        its few outliers are priced when packed)."""
+        return (self.doc_forward, self.doc_backward) if merged == 1 and self.work_of else None
 
     def estimator(self, cp: int) -> WorkEstimator:
         est = self.estimators.get(cp)
@@ -178,7 +191,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
             info["phase1"] = "lpt"
         loads = bin_loads(bins, weights)
         info["replica_load_spread"] = max(loads) / max(min(loads), 1e-12)
-        target = _unit_target(est, regular, par.dp, slice_tokens, par)
+        target = _unit_target(est, regular, par.dp, slice_tokens, par,
+                              doc_forward=ctx.doc_forward)
         groups = []
         for r, members in enumerate(bins):
             if not members:
@@ -203,13 +217,18 @@ def _stop_if_over(peak: float, limit: float | None, outliers: int) -> None:
 
 
 def _unit_target(est: WorkEstimator, lengths: dict[int, int], replicas: int,
-                 slice_tokens: int | None, par: ParallelSpec) -> float:
+                 slice_tokens: int | None, par: ParallelSpec, *,
+                 doc_forward: dict[int, float] | None = None) -> float:
     """Forward seconds per MicroPack: a replica's forward work over its number of steps.
 
     The step count aims at ``total tokens / S`` per replica, and at least 2*pp*vpp so the
-    pipeline has steady state to hide its fill and drain in.
+    pipeline has steady state to hide its fill and drain in. ``doc_forward``: ``est``'s
+    forward seconds per sequence when the caller has them (the same floats, summed in the
+    same order).
     """
-    total_fwd = sum(est.documents_forward(lengths).values()) / replicas
+    if doc_forward is None:
+        doc_forward = est.documents_forward(lengths)
+    total_fwd = sum([doc_forward[s] for s in lengths]) / replicas
     tokens = sum(lengths.values()) / replicas
     if slice_tokens is None:
         steps = max(len(lengths) / replicas, 1)
@@ -314,20 +333,24 @@ def _layout_group(ctx: BuildContext, seqs: dict[int, int], est: WorkEstimator,
                   deadline: Deadline | None, *, merged: int) -> ReplicaLayout:
     """The group's layout (its ``merged`` replicas' CP ranks form one CP group)."""
     par = ctx.parallel
+    prices = ctx.document_prices(merged)
     return layout_replica(seqs, est, slice_tokens=slice_tokens, round_capacity=round_capacity,
                           unit_forward_target=target, asymmetric=not ctx.options.no_asymmetric,
                           inflight_tokens=round_capacity + 2 * (par.pp - 1) * (slice_tokens or 0),
                           warmup_units=2 * (par.pp - 1), deadline=deadline,
                           cp=par.cp * merged, cuts_cache=ctx.cuts_cache,
-                          short_reserve=ctx.options.short_reserve)
+                          short_reserve=ctx.options.short_reserve,
+                          doc_forward=prices[0] if prices else None)
 
 
 def _emit_group(ctx: BuildContext, group_id: int, replicas: list[int], layout: ReplicaLayout,
                 est: WorkEstimator, deadline: Deadline | None) -> Group:
     par = ctx.parallel
     k = len(replicas)
+    prices = ctx.document_prices(k)
     packs = emit_layout(layout, est, asymmetric=not ctx.options.no_asymmetric,
                         deadline=deadline, whole_segments=ctx.whole_segments,
+                        doc_backward=prices[1] if prices else None,
                         regroup_long=ctx.options.regroup_long,
                         round_warmup=ctx.options.round_warmup)
     # Ranks ordered (pp, cp, tp): a merged group's CP index runs over its replicas' CP ranks.

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slimpack.plan import Segment, Slice, Unit
@@ -289,12 +290,13 @@ def layout_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens:
                    round_capacity: int, unit_forward_target: float, asymmetric: bool,
                    inflight_tokens: int | None = None, warmup_units: int = 0,
                    deadline: Deadline | None = None, cp: int = 1,
-                   cuts_cache: dict | None = None,
-                   short_reserve: float = 0.0) -> ReplicaLayout:
+                   cuts_cache: dict | None = None, short_reserve: float = 0.0,
+                   doc_forward: Mapping[int, float] | None = None) -> ReplicaLayout:
     """Steps 1-3 for one replica's sequences: its rounds in run order, each MicroPack's long
     segments and short documents chosen (options as in :func:`pack_replica`), no slice built.
     A memory check can read the layout's tokens per MicroPack (:meth:`ReplicaLayout.unit_tokens`)
-    before any slice exists.
+    before any slice exists. ``doc_forward``: ``est.forward(length)`` of (at least) these
+    sequences when the caller has them.
     """
     target = unit_forward_target
     keep = 1.0 - short_reserve if asymmetric else 1.0
@@ -367,7 +369,8 @@ def layout_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens:
     # 3. Filler rounds for the MicroPacks short documents need beyond the long rounds'.
     # Water level: every step should end near ``level``; long rounds absorb short work up to
     # it (as far as their token room allows) and the rest needs steps of its own.
-    short_fwd = est.documents_forward(short_ids)
+    short_fwd = (est.documents_forward(short_ids) if doc_forward is None
+                 else {s: doc_forward[s] for s in short_ids})
     short_work = sum(short_fwd.values())
     total = sum(sum(loads) for loads in fwd_load) + short_work
     wanted = max(1, round(total / target)) if target > 0 else 1
@@ -411,11 +414,14 @@ def layout_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens:
 def emit_layout(layout: ReplicaLayout, est: WorkEstimator, *, asymmetric: bool,
                 deadline: Deadline | None = None,
                 whole_segments: dict[int, Segment] | None = None,
-                regroup_long: bool = False, round_warmup: bool = False) -> ReplicaPacks:
+                regroup_long: bool = False, round_warmup: bool = False,
+                doc_backward: Mapping[int, float] | None = None) -> ReplicaPacks:
     """The slices and forward and backward MicroPacks of a layout, round by round in its
-    order (options as in :func:`pack_replica`)."""
+    order (options as in :func:`pack_replica`; ``doc_backward``: ``est.backward(length)`` of
+    its short documents when the caller has them)."""
     out = ReplicaPacks(whole_segments=whole_segments if whole_segments is not None else {})
-    short_bwd = est.documents_backward(layout.short_ids)
+    short_bwd = (est.documents_backward(layout.short_ids) if doc_backward is None
+                 else doc_backward)
     for rnd in layout.rounds:
         check(deadline)
         _emit_round(rnd, layout.lengths, short_bwd, est, asymmetric, out,
