@@ -133,6 +133,11 @@ def _predicted_build_s(last_s: float, last: int | None, nxt: int | None) -> floa
     return last_s * max(1.0, last / nxt)
 
 
+def _num_units(plan: Plan) -> int:
+    """Forward and backward MicroPacks of every group: what a simulation walks."""
+    return max(sum(len(g.forward_units) + len(g.backward_units) for g in plan.groups()), 1)
+
+
 def _first_fit(ctx: BuildContext, candidates: list[int | None],
                deadline: Deadline) -> tuple[Plan, list[dict]]:
     """Heuristic mode: the first candidate whose schedule fits memory (no timing at all).
@@ -181,6 +186,9 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
     budget = ctx.hardware.usable_memory_bytes  # the simulator's out-of-memory line
     tried: list[dict] = []
     sim_seconds = 0.0  # the slowest simulation so far predicts the next one
+    # ... per MicroPack, once one has run: a simulation's work grows with the plan's units
+    # (a no-merge candidate can hold six times the units of the merged one before it)
+    sim_per_unit = 0.0
     build_seconds = 0.0  # the slowest build so far predicts the next one
     last_slice: int | None = None
     for s in candidates:
@@ -226,7 +234,9 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                 merged_outliers = outliers
             # Room for the simulation (which validates the plan) and the jitter of a busy
             # machine: twice the predicted simulation.
-            if deadline.remaining_s < 2 * sim_seconds:
+            units = _num_units(candidate)
+            predicted_sim = sim_per_unit * units if sim_per_unit else sim_seconds
+            if deadline.remaining_s < 2 * predicted_sim:
                 # No time to judge it: a candidate never simulated is kept only as the
                 # heuristic answer (the first), never in place of a simulated one.
                 if best is None:
@@ -240,6 +250,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                               cost=ctx.cost, schedules=dict(ctx.schedules),
                               schedules_built=True).record
             sim_seconds = max(sim_seconds, time.perf_counter() - sim_started)
+            sim_per_unit = max(sim_per_unit, (time.perf_counter() - sim_started) / units)
             tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
                           "built_s": built_s, "step_time_s": record.step_time_s,
                           "oom": record.oom})
