@@ -23,12 +23,18 @@ SLIMPACK_SOURCE = "SlimPack arXiv 2509.26246"
 SLIMPIPE_SOURCE = "SlimPipe arXiv 2504.14519"
 TIMING_COLUMNS = ("plan_seconds", "sim_seconds")
 HARNESS_METHOD_OPTIONS = {"slimpack": {"time_limit_s": 600.0},
-                          "slimpipe": {"time_limit_s": 600.0}}
+                          "slimpipe": {"time_limit_s": 600.0},
+                          "wlb-llm": {"time_limit_s": 600.0}}
 """Planner options every harness comparison uses unless an experiment overrides them.
 SlimPack's search is bounded by a count of slice lengths (``search_candidates``) and
 SlimPipe's by a count of trials (``max_trials``); their 30 s default time limits are safety
 nets for interactive use. At 33-134M tokens a loaded machine can reach them, and a
-clock-stopped search is machine-dependent, so the harness lifts the nets."""
+clock-stopped search is machine-dependent, so the harness lifts the nets. WLB-LLM's packer
+re-packs with one more micro-batch per data-parallel rank while documents are left over
+(``MAX_EXTRA_MICROBATCHES`` times at most) under a 1 s default limit; at 134M tokens on 256
+GPUs one packing takes about 0.2 s here and the first leaves ~110 documents over, so a
+machine a few times slower would stop after it and flush them into extra micro-batches
+instead: lifted too."""
 SEARCH_TOP_K = 3
 """Layouts simulated per method in a harness configuration search unless an experiment sets
 its own caps (``slimpack.compare.best_parallel``; records say whether a search finished)."""
