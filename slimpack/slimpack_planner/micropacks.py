@@ -436,50 +436,42 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
     """LPT: heaviest document first, into the lightest MicroPack with room (its round's token
     capacity and the per-MicroPack token cap); a new filler round when none has room.
 
-    The lightest fitting MicroPack (ties by round, then position) is found in O(log n):
-    rounds sit in a heap keyed by their lightest *open* MicroPack, each round keeps a heap of
-    its open MicroPacks, and a round or MicroPack without room for the current document is
-    *parked* in a max-heap keyed by its room. Parked rooms do not change (nothing is added
-    to a parked round or MicroPack) and documents come longest first, so a parked item is
-    reopened once the documents have shrunk to its room, and never looked at before that.
-    A reopened item has room for every later document, so it is parked again only after it
-    took one: O((docs + MicroPacks) log) in all, where cycling full MicroPacks through one
-    heap cost O(docs x MicroPacks). The choice is the same as that exhaustive scan's.
+    Every open MicroPack sits in one heap keyed ``(load, round, position)``, so its top is
+    the lightest, ties by round then position. A MicroPack without room for the current
+    document is *parked* in a max-heap keyed by its room, and so is a round without room
+    (its MicroPacks are set aside as they reach the top). Parked rooms do not change (nothing
+    is added to a parked round or MicroPack) and documents come longest first, so a parked
+    item is reopened once the documents have shrunk to its room, and never looked at before
+    that; a reopened item has room for every later document, so it is parked again only
+    after it took one: O((docs + MicroPacks) log) in all, where cycling full MicroPacks
+    through the heap cost O(docs x MicroPacks). The choice is the same as that exhaustive
+    scan's (``tests/test_solver.py`` compares them).
     """
-    unit_heaps: list[list[tuple[float, int]]] = []
-    version: list[int] = []
-    round_parked: list[bool] = []
-    top: list[tuple[float, int, int]] = []  # (lightest open load, round, version), lazy
-    parked_rounds: list[tuple[int, int]] = []  # (-room, round)
-    parked_units: list[tuple[float, int, int]] = []  # (-room, round, unit)
     # Per round, its fields as plain lists (the loop reads them ~10^5 times; attribute
     # lookups were a good part of it): tokens are written back at the end.
     tokens: list[int] = []
     capacity: list[int] = []
     unit_tokens: list[list[int]] = []
     docs_of: list[list[list[int]]] = []
+    round_parked: list[bool] = []
+    set_aside: list[list[tuple[float, int, int]]] = []  # per round: entries while it is parked
+    parked_rounds: list[tuple[int, int]] = []  # (-room, round)
+    parked_units: list[tuple[int, int, int]] = []  # (-room, round, position)
 
-    def push_round(r: int) -> None:
-        version[r] += 1
-        if unit_heaps[r] and not round_parked[r]:
-            heapq.heappush(top, (unit_heaps[r][0][0], r, version[r]))
-
-    def open_round(r: int) -> None:
-        unit_heaps.append([(load, u) for u, load in enumerate(fwd_load[r])])
-        heapq.heapify(unit_heaps[r])
-        version.append(0)
-        round_parked.append(False)
+    def open_round(r: int) -> list[tuple[float, int, int]]:
         rnd = rounds[r]
         tokens.append(rnd.tokens)
         capacity.append(rnd.capacity)
         unit_tokens.append(rnd.unit_tokens)
         docs_of.append(rnd.short_docs)
-        push_round(r)
+        round_parked.append(False)
+        set_aside.append([])
+        return [(load, r, u) for u, load in enumerate(fwd_load[r])]
 
-    for r in range(len(rounds)):
-        open_round(r)
+    heap = [entry for r in range(len(rounds)) for entry in open_round(r)]
+    heapq.heapify(heap)
     # The loop peeks at the top entry and replaces it (heapreplace) instead of popping and
-    # pushing: every key is unique (round, version; unit index), so the choices are the same.
+    # pushing: every key is unique (round, position), so the choices are the same.
     heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
     # Longest first, ties by seq_id: (-length, seq_id) pairs compare in C, no key function.
     for neg_n, seq_id in sorted([(-n, s) for s, n in short_ids.items()]):
@@ -488,51 +480,45 @@ def _fill_short_documents(rounds: list[_Round], fwd_load: list[list[float]],
         while parked_rounds and -parked_rounds[0][0] >= n:
             _, r = heappop(parked_rounds)
             round_parked[r] = False
-            push_round(r)
-        if parked_units and -parked_units[0][0] >= n:
-            touched = set()
-            while parked_units and -parked_units[0][0] >= n:
-                _, r, u = heappop(parked_units)
-                heappush(unit_heaps[r], (fwd_load[r][u], u))
-                touched.add(r)
-            for r in touched:
-                push_round(r)
+            for entry in set_aside[r]:
+                heappush(heap, entry)
+            set_aside[r] = []
+        while parked_units and -parked_units[0][0] >= n:
+            _, r, u = heappop(parked_units)
+            entry = (fwd_load[r][u], r, u)
+            if round_parked[r]:
+                set_aside[r].append(entry)
+            else:
+                heappush(heap, entry)
         while True:
-            force = not top
+            force = not heap
             if force:  # nothing has room: a new filler round takes it, fitting or not
                 add_round()
-                open_round(len(rounds) - 1)
-            _, r, ver = top[0]
-            if ver != version[r] or round_parked[r]:
-                heappop(top)
-                continue  # stale entry
+                for entry in open_round(len(rounds) - 1):
+                    heappush(heap, entry)
+            entry = heap[0]
+            load, r, u = entry
+            if round_parked[r]:
+                set_aside[r].append(heappop(heap))
+                continue
             held = tokens[r]
             if held + n > capacity[r] and not force:
-                heappop(top)
+                set_aside[r].append(heappop(heap))
                 round_parked[r] = True
                 if held < capacity[r]:  # a full round never reopens
                     heappush(parked_rounds, (held - capacity[r], r))
                 continue
-            heap = unit_heaps[r]
-            load, u = heap[0]
             used = unit_tokens[r][u]
-            version[r] += 1
             if used and used + n > unit_cap and not force:
-                # Its lightest MicroPack is full for this document; the round's next one
-                # competes with the other rounds again.
+                # This MicroPack is full for this document; its round's others still compete.
                 heappop(heap)
                 heappush(parked_units, (used - unit_cap, r, u))
-                if heap:
-                    heapreplace(top, (heap[0][0], r, version[r]))
-                else:
-                    heappop(top)
                 continue
             docs_of[r][u].append(seq_id)
             tokens[r] = held + n
             unit_tokens[r][u] = used + n
             load = fwd_load[r][u] = load + short_fwd[seq_id]
-            heapreplace(heap, (load, u))
-            heapreplace(top, (heap[0][0], r, version[r]))
+            heapreplace(heap, (load, r, u))
             break
     for rnd, held in zip(rounds, tokens, strict=True):
         rnd.tokens = held
