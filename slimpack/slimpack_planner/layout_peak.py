@@ -27,6 +27,8 @@ returns.
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from slimpack.cost.memory import activation_bytes_per_token_per_layer, kv_bytes_per_token_per_layer
@@ -45,41 +47,44 @@ def layout_peak_bytes(layout: ReplicaLayout, *, model: ModelSpec, tp: int, cp: i
     backward MicroPacks (module docstring). ``mirrored``: the packing's backward MicroPacks
     are the mirror (``asymmetric=False``), so every backward needs its mirror forward."""
     rounds = layout.unit_tokens()
-    fwd_tokens = [t for tokens in rounds for t in tokens]
-    if not fwd_tokens:
+    sizes = np.fromiter(map(len, rounds), dtype=np.int64, count=len(rounds))
+    n = int(sizes.sum())
+    if not n:
         raise ValueError("layout_peak_bytes: the layout holds no tokens")
-    bwd_tokens = [t for tokens in rounds for t in reversed(tokens)]
-    needs: list[int] = []
-    mirror: list[int] = []  # forward position -> position of its mirror backward
-    end = 0
-    for tokens, long in zip(rounds, layout.holds_long(), strict=True):
-        start, end = end, end + len(tokens)
-        # Backward k of the round holds the mirror of forward n-1-k's long segments, so it
-        # needs that forward; one without long work needs at least the round's first.
-        needs.extend(end - k if mirrored or long[-1 - k] else start + 1
-                     for k in range(len(tokens)))
-        mirror.extend(start + end - 1 - i for i in range(start, end))
+    fwd_tokens = np.fromiter(chain.from_iterable(rounds), dtype=np.float64, count=n)
+    holds_long = np.fromiter(chain.from_iterable(layout.holds_long()), dtype=bool, count=n)
+    ends = np.cumsum(sizes)
+    start_of = np.repeat(ends - sizes, sizes)  # per position: its round's first and end
+    end_of = np.repeat(ends, sizes)
+    position = np.arange(n)
+    # Backward j of a round frees forward mirror[j] (and forward i's mirror backward is
+    # mirror[i]: the map is its own inverse within each round).
+    mirror = start_of + end_of - 1 - position
+    bwd_tokens = fwd_tokens[mirror]
+    # Backward j holds the mirror forward's long segments, so it needs that forward; one
+    # without long work needs at least its round's first.
+    needs = np.where(mirrored | holds_long[mirror], mirror + 1, start_of + 1)
 
     per_token = activation_bytes_per_token_per_layer(model) / (tp * cp)
     kv_per_token = kv_bytes_per_token_per_layer(model, tp) / cp
-    n = len(fwd_tokens)
-    kvgrad_alloc = [0.0] * n
-    kvgrad_free = [0.0] * n
-    for tokens, first, last in layout.long_spans():
-        kvgrad_alloc[mirror[last]] += tokens * kv_per_token
-        kvgrad_free[mirror[first]] += tokens * kv_per_token
+    kvgrad_alloc = np.zeros(n)
+    kvgrad_free = np.zeros(n)
+    spans = layout.long_spans()
+    if spans:
+        tokens, first, last = (np.asarray(x) for x in zip(*spans, strict=True))
+        np.add.at(kvgrad_alloc, mirror[last], tokens * kv_per_token)
+        np.add.at(kvgrad_free, mirror[first], tokens * kv_per_token)
     states, logits = stage_constant_bytes(model, tp=tp, cp=cp, pp=pp, vpp=1, dp=dp,
                                           vocab_parallel_pp=vocab_parallel_pp,
-                                          training=training, longest_slice=max(fwd_tokens))
-    zeros = [0.0] * n
+                                          training=training,
+                                          longest_slice=int(fwd_tokens.max()))
+    zeros = np.zeros(n)
     memory = GroupMemory(
-        fwd_alloc=[t * per_token for t in fwd_tokens],
-        bwd_free=[t * per_token for t in bwd_tokens],
+        fwd_alloc=fwd_tokens * per_token, bwd_free=bwd_tokens * per_token,
         kvgrad_alloc=kvgrad_alloc, kvgrad_free=kvgrad_free,
         static_bytes=[s + lg for s, lg in zip(states, logits, strict=True)],
         model_state_bytes=states, logits_bytes=logits, kv_share=0.0,
         fwd_offload=zeros, bwd_fetch=zeros)
-    needs = np.asarray(needs, dtype=np.int64)
     counts = [forward_counts(needs, warmup_offset(schedule, pp, 1, r), n, schedule == "gpipe")
               for r in range(pp)]
     layers = layers_per_virtual_stage(model.num_layers, pp, 1)

@@ -38,6 +38,7 @@ import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from slimpack.plan import Segment, Slice, Unit
 from slimpack.planning.deadline import Deadline
@@ -122,24 +123,29 @@ class ReplicaLayout:
     def long_spans(self) -> list[tuple[int, int, int]]:
         """(tokens, first, last) of each sequence cut over several MicroPacks: its tokens and
         the positions, among the layout's non-empty MicroPacks, of its first and last one."""
-        spans = []
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        held: dict[int, int] = {}
         base = 0
         for rnd in self.rounds:
-            position = {}  # MicroPack index in the round -> its place among non-empty ones
-            for u, tokens in enumerate(rnd.unit_tokens):
-                if tokens:
-                    position[u] = base + len(position)
-            first: dict[int, int] = {}
-            last: dict[int, int] = {}
-            held: dict[int, int] = {}
+            filled = rnd.unit_tokens
+            # Place of each MicroPack among the non-empty ones (those with long work are).
+            places = (range(base, base + len(filled)) if all(filled)
+                      else list(accumulate((1 if t else 0 for t in filled), initial=base)))
             for u, segs in enumerate(rnd.long_segments):
+                if not segs:
+                    continue
+                place = places[u]
                 for seg in segs:
-                    first.setdefault(seg.seq_id, position[u])
-                    last[seg.seq_id] = position[u]
-                    held[seg.seq_id] = held.get(seg.seq_id, 0) + seg.end - seg.start
-            spans.extend((held[s], first[s], last[s]) for s in first if last[s] != first[s])
-            base += len(position)
-        return spans
+                    seq = seg.seq_id
+                    if seq in first:
+                        last[seq] = place
+                        held[seq] += seg.end - seg.start
+                    else:
+                        first[seq] = last[seq] = place
+                        held[seq] = seg.end - seg.start
+            base += sum(1 for t in filled if t)
+        return [(held[s], f, last[s]) for s, f in first.items() if last[s] != f]
 
 
 def cost_balanced_cuts(length: int, pieces: int, est: WorkEstimator, *, align: int = TILE) -> list[int]:
