@@ -265,6 +265,7 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
     layout = _layout_group(ctx, seqs, est, slice_tokens, round_capacity, target, deadline,
                            merged=len(replicas))
     while repairs < MAX_MEMORY_REPAIRS and round_capacity > floor:
+        check(deadline)
         guess = _layout_peak(ctx, layout, len(replicas), training)
         if guess is None or guess <= budget * (1 + GUESS_OVER_SLACK):
             break
@@ -294,9 +295,11 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
 
 GUESS_OVER_SLACK = 0.005
 """A layout is repacked before it is built only when its guessed peak is more than 0.5% over
-the budget. The guess mirrors each round's backward MicroPacks (:mod:`.layout_peak`); on the
-benchmark batches it is within 0.1% of the exact peak, so a layout it sends back would have
-failed the exact check too, while one near the budget is built and checked exactly."""
+the budget. The guess mirrors each round's backward MicroPacks (:mod:`.layout_peak`); over
+123 groups of random layouts it was at most 0.53% above the exact peak (p95 0.17%), so a
+layout it sends back would almost always have failed the exact check too, and one near the
+budget is built and checked exactly. It was up to 1.8% below, which only leaves the repair
+to the exact check, as before."""
 
 
 def _layout_peak(ctx: BuildContext, layout: ReplicaLayout, merged: int,
