@@ -96,10 +96,8 @@ def stage_forward_counts(group: Group) -> list[np.ndarray]:
     for u, unit in enumerate(group.forward_units):
         for sid in unit.slice_ids:
             unit_of_slice[sid] = u
-    # Backward j needs F of each of its slices (forward order = unit order without chunks).
-    needs = np.fromiter((1 + max(map(unit_of_slice.__getitem__, unit.slice_ids))
-                         for unit in group.backward_units), dtype=np.int64,
-                        count=len(group.backward_units))
+    # Without chunks the forward order is the unit order, and backward j is unit j.
+    needs = np.asarray(_unit_needs(group, unit_of_slice), dtype=np.int64)
     kind, p = group.schedule, group.pp
     return [forward_counts(needs, warmup_offset(kind, p, 1, r), nf, kind == "gpipe")
             for r in range(p)]
@@ -131,9 +129,15 @@ def _backward_needs(group: Group, fwd: list[Op], bwd: list[Op]) -> list[int]:
     for pos, op in enumerate(fwd):
         for sid in group.forward_units[op.unit].slice_ids:
             last_pos_of_slice[sid] = pos  # forward order visits chunks in increasing order
-    unit_need = [1 + max(last_pos_of_slice[sid] for sid in unit.slice_ids)
-                 for unit in group.backward_units]
+    unit_need = _unit_needs(group, last_pos_of_slice)
     return [unit_need[op.unit] for op in bwd]
+
+
+def _unit_needs(group: Group, last_pos_of_slice: dict[int, int]) -> list[int]:
+    """Per backward unit: one past the last forward position (``last_pos_of_slice``) of any
+    of its slices, i.e. how many forwards must run before it on a stage."""
+    return [1 + max(map(last_pos_of_slice.__getitem__, unit.slice_ids))
+            for unit in group.backward_units]
 
 
 def _interleave(fwd: list[Op], bwd: list[Op], counts: np.ndarray) -> list[Op]:
