@@ -74,11 +74,11 @@ def test_asymmetric_guess_never_overshoots_past_the_slack(monkeypatch):
 
 
 def test_a_layout_clearly_over_memory_is_repacked_before_any_slice_is_built(monkeypatch):
-    """The 16,384-sequence benchmark batch: its first layout peaks 1% over the budget; the
-    guess sends it back, so the group is laid out twice but built once (it was built twice),
-    and the plan fits."""
-    model = model_preset("llama-13b")
-    batch = data.sample_batch("commoncrawl", num_sequences=16384, context=65536, seed=0)
+    """A batch whose first layout peaks over the budget (llama-7b, 1,024 Common Crawl
+    sequences at 32K, tp 4 pp 2): the guess sends it back, so the group is laid out twice but
+    built once (it was built twice), and the plan fits."""
+    model = model_preset("llama-7b")
+    batch = data.sample_batch("commoncrawl", num_sequences=1024, context=32768, seed=4)
     calls = {"layout": 0, "emit": 0}
     layout, emit = assemble._layout_group, assemble._emit_group
 
@@ -92,7 +92,7 @@ def test_a_layout_clearly_over_memory_is_repacked_before_any_slice_is_built(monk
 
     monkeypatch.setattr(assemble, "_layout_group", counting_layout)
     monkeypatch.setattr(assemble, "_emit_group", counting_emit)
-    result = plan(batch, model, HW, ParallelSpec(tp=8, pp=4),
+    result = plan(batch, model, HW, ParallelSpec(tp=4, pp=2),
                   AnalyticCostModel(model=model, hardware=HW), search=False)
     assert calls == {"layout": 2, "emit": 1}
     peak = result.metadata["slimpack"]["peak_bytes"]

@@ -390,3 +390,28 @@ def test_batched_segment_prices_equal_one_by_one_pricing(cp, sharding, kind, cos
     for t, p in pieces:
         assert batched.forward(t, p) == single.forward(t, p)
         assert batched.backward(t, p) == single.backward(t, p)
+
+
+@pytest.mark.parametrize("model_name,dataset,sequences,context,tp,pp,dp", [
+    ("llama-13b", "commoncrawl", 16384, 65536, 8, 4, 1),  # the 16K benchmark batch
+    ("llama-7b", "github", 2048, 131072, 4, 4, 2),
+    ("llama-7b", "commoncrawl", 1024, 262144, 8, 8, 1),
+])
+def test_no_micropack_holds_more_than_s_tokens_of_long_sequences(model_name, dataset, sequences,
+                                                                 context, tp, pp, dp):
+    """Two long sequences may share MicroPacks (their segments stacked) only while each
+    MicroPack holds at most S tokens of long work: the round capacity and the per-MicroPack
+    token cap are sized on S, and stacked MicroPacks of up to 1.1 S (the 16K batch, before)
+    put the group's last rounds over memory, so its first layout had to be redone."""
+    data = pytest.importorskip("slimpack.data")
+    model = model_preset(model_name)
+    batch = data.sample_batch(dataset, num_sequences=sequences, context=context, seed=0)
+    result = plan(batch, model, HW, ParallelSpec(tp=tp, pp=pp, dp=dp),
+                  AnalyticCostModel(model=model, hardware=HW), search=False)
+    s = result.metadata["slimpack"]["slice_tokens"]
+    lengths = result.sequence_lengths
+    for group in result.groups():
+        for unit in group.forward_units:
+            segs = [seg for sid in unit.slice_ids for seg in group.slice(sid).segments
+                    if lengths[seg.seq_id] > s]
+            assert sum(seg.end - seg.start for seg in segs) <= s

@@ -11,7 +11,9 @@ pipeline runs at the pace of its slowest step.
 2. **Cost-balanced slicing.** A long sequence is cut into segments of equal *forward cost*,
    not equal length (a slice with KV prefix p costs more per token than one without), each
    at most S tokens, cuts on 128-token tiles. Segment j of a round's sequence occupies one
-   MicroPack of that round, in order.
+   MicroPack of that round, in order. Two sequences share MicroPacks only where the lighter
+   window of the round is at most half a MicroPack's target and every MicroPack keeps to S
+   tokens of long work (memory is sized on S per MicroPack).
 3. **Global fill.** The replica needs about ``total forward / target`` MicroPacks; those not
    taken by long segments form filler rounds. Short documents are then dealt, heaviest first,
    to the lightest MicroPack of *any* round (LPT) while its round has token room, so every
@@ -339,21 +341,28 @@ def layout_replica(lengths: dict[int, int], est: WorkEstimator, *, slice_tokens:
     for members in members_of:
         rnd = _Round(capacity=max(round_capacity, sum(long_ids[s] for s in members)))
         loads: list[float] = []
+        held: list[int] = []  # long tokens per MicroPack
         for seq_id in members:
             cuts = cuts_of[seq_id]
             k = len(cuts) - 1
             offset = _lightest_window(loads, k) if k <= len(loads) else 0
             window = loads[offset:offset + k]
-            if len(window) < k or max(window, default=0.0) > 0.5 * target:
+            if (len(window) < k or max(window, default=0.0) > 0.5 * target
+                    or any(held[offset + j] + cuts[j + 1] - cuts[j] > long_limit
+                           for j in range(k))):
                 # No room beside the round's other long sequences: its own MicroPacks, after
-                # theirs (stacking segments of two sequences in one step doubles its time).
+                # theirs (stacking segments of two sequences in one step doubles its time,
+                # and a step of more than S tokens of them would hold more than memory was
+                # sized for: the per-MicroPack token cap below assumes S).
                 offset = len(loads)
                 rnd.add_units(k)
                 loads.extend([0.0] * k)
+                held.extend([0] * k)
             for j in range(k):
                 seg = Segment(seq_id=seq_id, start=cuts[j], end=cuts[j + 1])
                 rnd.long_segments[offset + j].append(seg)
                 loads[offset + j] += est.forward(seg.num_tokens, seg.start)
+                held[offset + j] += seg.end - seg.start
             rnd.tokens += long_ids[seq_id]
         rounds.append(rnd)
         fwd_load.append(loads)
