@@ -28,8 +28,8 @@ from typing import Any
 from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
-from slimpack.plan import Phase, Plan, Segment
+from slimpack.cost.model import CostModel, training_of
+from slimpack.plan import DocumentMap, Phase, Plan, Segment
 from slimpack.planning import (
     GroupLayout,
     build_options,
@@ -41,6 +41,7 @@ from slimpack.planning import (
 from slimpack.planning.method import MethodSpec
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.recompute import AUTO, check_recompute
+from slimpack.specs.training import TrainingSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,14 +50,14 @@ class MegatronOptions:
     """Sample length in tokens; default: the longest sequence in the batch."""
     recompute: str = "auto"
     """``auto`` picks the cheapest mode that fits (docs/methods.md), or force one."""
-    time_limit_s: float = 1.0
+    time_limit_s: float | None = 1.0
     """Unused by this closed-form planner except as a contract: it never takes longer."""
 
     def __post_init__(self) -> None:
         if self.context is not None and self.context < 1:
             raise ValueError(f"megatron: context must be >= 1 token, got {self.context}")
         check_recompute("megatron", self.recompute, allow_auto=True)
-        if not self.time_limit_s >= 0:
+        if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ValueError(f"megatron: time_limit_s must be >= 0, got {self.time_limit_s}")
 
 
@@ -70,16 +71,16 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     return plan_samples(
         method="megatron", samples=layout.samples, sequence_lengths=layout.sequence_lengths,
         model=model, hardware=hardware, parallel=parallel, recompute=opts.recompute,
-        started=started,
-        metadata={"context": context, "attention": "document masks",
-                  "document_pieces": {str(k): list(v) for k, v in
-                                      layout.document_pieces.items()}})
+        started=started, training=training_of(cost),
+        metadata={"context": context, "attention": "document masks"},
+        documents=DocumentMap(pieces=layout.document_pieces))
 
 
 def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
                  sequence_lengths: dict[int, int], model: ModelSpec, hardware: HardwareSpec,
                  parallel: ParallelSpec, recompute: str, started: float,
-                 metadata: dict[str, Any]) -> Plan:
+                 metadata: dict[str, Any], training: TrainingSpec,
+                 documents: DocumentMap) -> Plan:
     """Megatron-LM's step for fixed-length ``samples`` (one per micro-batch): dealt to DP
     replicas round-robin, 1F1B or interleaved, per-document CP sharding, recompute resolved
     ("auto": the cheapest mode the memory model accepts, escalated by ``finish_plan`` until
@@ -102,6 +103,7 @@ def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
         started=started,
         metadata={**metadata, "recompute": mode, "schedule": schedule,
                   "cp_sharding": "per-document", "num_microbatches": len(samples)},
+        documents=documents, training=training,
         escalate_recompute=recompute == AUTO,
     )
 

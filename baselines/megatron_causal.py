@@ -23,8 +23,8 @@ from typing import Any
 
 from baselines.megatron import MegatronOptions, plan_samples
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
-from slimpack.plan import Plan, Segment
+from slimpack.cost.model import CostModel, training_of
+from slimpack.plan import DocumentMap, Plan, Segment
 from slimpack.planning import build_options
 from slimpack.planning.method import MethodSpec
 from slimpack.planning.packing import concat_and_chunk
@@ -47,12 +47,12 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         tokens = sum(end - start for _, start, end in chunk)
         samples.append((Segment(seq_id=sample_id, start=0, end=tokens),))
         lengths[sample_id] = tokens
-        held[str(sample_id)] = [[ids[i], end - start] for i, start, end in chunk]
+        held[sample_id] = tuple((ids[i], end - start) for i, start, end in chunk)
     return plan_samples(
         method="megatron-causal", samples=samples, sequence_lengths=lengths, model=model,
         hardware=hardware, parallel=parallel, recompute=opts.recompute, started=started,
-        metadata={"context": context, "attention": "full causal (no document masks)",
-                  "sample_documents": held})
+        metadata={"context": context, "attention": "full causal (no document masks)"},
+        training=training_of(cost), documents=DocumentMap(samples=held))
 
 
 METHOD = MethodSpec(

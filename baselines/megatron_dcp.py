@@ -23,7 +23,7 @@ from typing import Any
 
 from baselines.common.finish import finish_plan
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
+from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import Phase, Plan
 from slimpack.planning import (
     GroupLayout,
@@ -49,14 +49,14 @@ class DCPOptions:
     """Longest sequence the static layout is sized for; default: the batch's longest."""
     capacity_tokens: int | None = None
     """Per-rank capacity C; default ceil(context / parallel.cp)."""
-    time_limit_s: float = 1.0
+    time_limit_s: float | None = 1.0
 
     def __post_init__(self) -> None:
         for name in ("context", "capacity_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"megatron-dcp: {name} must be >= 1 token, got {value}")
-        if not self.time_limit_s >= 0:
+        if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ValueError(f"megatron-dcp: time_limit_s must be >= 0, got {self.time_limit_s}")
 
 
@@ -134,7 +134,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         started=started,
         metadata={"context": context, "capacity_tokens": capacity, "schedule": schedule,
                   "recompute_by_group": recomputes, "num_phases": len(phases)},
-        escalate_recompute=True,
+        escalate_recompute=True, training=training_of(cost),
     )
 
 

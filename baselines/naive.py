@@ -24,8 +24,8 @@ from typing import Any
 from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
-from slimpack.plan import Phase, Plan, Segment
+from slimpack.cost.model import CostModel, training_of
+from slimpack.plan import DocumentMap, Phase, Plan, Segment
 from slimpack.planning import (
     GroupLayout,
     best_fit_decreasing,
@@ -57,7 +57,7 @@ class NaiveOptions:
     recompute: str = "auto"
     seed: int = 0
     """Shuffle seed of sorted batching."""
-    time_limit_s: float = 1.0
+    time_limit_s: float | None = 1.0
 
     def __post_init__(self) -> None:
         if self.packing not in PACKINGS:
@@ -67,7 +67,7 @@ class NaiveOptions:
         if self.microbatches_per_rank is not None and self.microbatches_per_rank < 1:
             raise ValueError(f"naive: microbatches_per_rank must be >= 1, "
                              f"got {self.microbatches_per_rank}")
-        if not self.time_limit_s >= 0:
+        if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ValueError(f"naive: time_limit_s must be >= 0, got {self.time_limit_s}")
 
 
@@ -78,7 +78,7 @@ def _packs(batch: Batch, opts: NaiveOptions, context: int, dp: int,
     if opts.packing == "concat-chunk":
         layout = fixed_length_samples(batch, context)
         return ([list(s) for s in layout.samples], layout.sequence_lengths,
-                {str(k): list(v) for k, v in layout.document_pieces.items()})
+                dict(layout.document_pieces))
     if opts.packing == "sorted":
         total_mbs = opts.microbatches_per_rank and opts.microbatches_per_rank * dp
         total_mbs = total_mbs or max(dp, -(-batch.num_tokens // context))
@@ -136,8 +136,8 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         method="naive", model=model, hardware=hardware, parallel=parallel, sequence_lengths=seq_lengths,
         phases=[Phase(groups=tuple(groups))], started=started,
         metadata={"packing": opts.packing, "context": context, "recompute": recompute, "schedule": schedule,
-                  "num_microbatches": sum(len(r) for r in per_rank),
-                  "document_pieces": pieces},
+                  "num_microbatches": sum(len(r) for r in per_rank)},
+        documents=DocumentMap(pieces=pieces), training=training_of(cost),
         escalate_recompute=opts.recompute == AUTO,
     )
 

@@ -8,14 +8,16 @@ data-parallel replicas round-robin in batch order; each replica runs 1F1B (or in
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
+from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import Group, Phase, Plan, Segment, Slice, Unit
 from slimpack.planning.method import MethodSpec
 from slimpack.planning.options import build_options, check_time_limit
+from slimpack.sim.memory import plan_fits_memory
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 
@@ -23,7 +25,7 @@ from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 class ReferenceOptions:
     context: int | None = None
     """Accepted for a uniform interface: sequences are planned whole, as the batch gives them."""
-    time_limit_s: float = 1.0
+    time_limit_s: float | None = 1.0
     """Accepted for a uniform interface: the planner is a single linear pass."""
 
     def __post_init__(self) -> None:
@@ -51,14 +53,16 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
             slices=tuple(slices), forward_units=units, backward_units=units,
             schedule="interleaved" if parallel.vpp > 1 else "1f1b",
         ))
-    return Plan(
+    plan = Plan(
         method="reference", model=model.name, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences},
         phases=(Phase(groups=tuple(groups)),),
     ).validate()
+    return dataclasses.replace(plan, memory_fits=plan_fits_memory(plan, model, hardware,
+                                                                  training_of(cost)))
 
 
 METHOD = MethodSpec(
-    name="reference", planner=plan, options=ReferenceOptions,
+    name="reference", planner=plan, options=ReferenceOptions, compared=False,
     summary="one whole sequence per micro-batch, no packing (the plainest plan; a plumbing check)",
     source="this suite")

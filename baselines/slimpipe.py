@@ -29,9 +29,10 @@ from typing import Any
 from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
-from slimpack.plan import Group, Phase, Plan, Segment
+from slimpack.cost.model import CostModel, training_of
+from slimpack.plan import DocumentMap, Group, Phase, Plan, Segment
 from slimpack.planning import (
+    WALL_CLOCK_FALLBACK,
     GroupLayout,
     build_options,
     choose_recompute,
@@ -62,7 +63,7 @@ class SlimPipeOptions:
     max_trials: int = 3
     """When several settings fit, how many the simulator times (offload first, then the fewest
     slices): a count, so the plan is the same on every machine."""
-    time_limit_s: float = 30.0
+    time_limit_s: float | None = 30.0
     """Wall-clock safety net over those trials (the plan's metadata says when it stopped
     them)."""
 
@@ -73,7 +74,7 @@ class SlimPipeOptions:
             raise ValueError(f"slimpipe: num_slices must be >= 1, got {self.num_slices}")
         if self.min_slice_tokens < SLICE_ALIGN:
             raise ValueError(f"slimpipe: min_slice_tokens must be >= {SLICE_ALIGN}")
-        if not self.time_limit_s >= 0:
+        if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ValueError(f"slimpipe: time_limit_s must be >= 0, got {self.time_limit_s}")
         if self.max_trials < 1:
             raise ValueError(f"slimpipe: max_trials must be >= 1, got {self.max_trials}")
@@ -179,7 +180,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         # The flag travels with the probe so the simulator times each trial as it will run.
         return Plan(method="slimpipe", model=model.name, parallel=parallel,
                     sequence_lengths=layout.sequence_lengths, phases=(Phase(groups=trial),),
-                    metadata={"attention_redistribution": opts.attention_redistribution})
+                    attention_redistribution=opts.attention_redistribution)
 
     trials = [(n, recompute, offload) for n in counts]
     if opts.offload is None and recompute != "none":
@@ -192,7 +193,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         while n <= max(counts[-1], parallel.pp):
             trial = build(n, "none", 1.0)
             fits = plan_fits_memory(probe(trial), model, hardware,
-                                    getattr(cost, "training", None), schedules(n, trial))
+                                    training_of(cost), schedules(n, trial))
             keep_only(*(trial_n for trial_n, _, _ in trials), *([n] if fits else []))
             if fits:
                 trials.insert(0, (n, "none", 1.0))
@@ -209,7 +210,8 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
 
         best = None
         for position, (trial_n, mode, share) in enumerate(trials):
-            if best is not None and time.perf_counter() - started > opts.time_limit_s:
+            if best is not None and opts.time_limit_s is not None \
+                    and time.perf_counter() - started > opts.time_limit_s:
                 stopped_by = "time_limit_s"
                 break
             trial = build(trial_n, mode, share)
@@ -232,10 +234,11 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         metadata={"context": context, "num_slices": n, "slice_tokens": length,
                   "recompute": recompute, "offload": offload, "schedule": "slimpipe",
                   "trials": len(trials), "stopped_by": stopped_by,
-                  "attention_redistribution": opts.attention_redistribution,
-                  "vocab_parallel_pp": True,
-                  "document_pieces": {str(k): list(v) for k, v in
-                                      layout.document_pieces.items()}},
+                  **({"fallback": WALL_CLOCK_FALLBACK.format(limit=opts.time_limit_s)}
+                     if stopped_by == "time_limit_s" else {}),
+                  "vocab_parallel_pp": True},
+        documents=DocumentMap(pieces=layout.document_pieces),
+        attention_redistribution=opts.attention_redistribution, training=training_of(cost),
         escalate_recompute=True, schedules=schedules(n, groups),
     )
 

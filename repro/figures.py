@@ -15,10 +15,6 @@ import seaborn as sns  # noqa: E402
 # seaborn 0.13 passes `vert` to matplotlib >= 3.10 boxplots (ECOSYSTEM.md); harmless.
 warnings.filterwarnings("ignore", message=".*vert.*", category=matplotlib.MatplotlibDeprecationWarning)
 
-METHOD_ORDER = ("naive", "megatron", "megatron-causal", "megatron-dcp", "wlb-llm", "flexsp",
-                "slimpipe", "slimpack")
-
-
 def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 5.0, height: float = 3.6,
                sharey: bool = False):
     sns.set_theme(style="whitegrid", context="notebook", palette="colorblind")
@@ -28,9 +24,12 @@ def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 5.0, height: fl
 
 
 def method_order(present: object) -> list[str]:
-    """Known methods in paper order, then any others alphabetically."""
+    """Registered methods in the registry's order (slimpack.methods), then any others
+    (variants such as ``megatron-1f1b``) alphabetically."""
+    from slimpack.methods import method_names
+
     names = [str(m) for m in present]
-    known = [m for m in METHOD_ORDER if m in names]
+    known = [m for m in method_names() if m in names]
     return known + sorted(set(names) - set(known))
 
 

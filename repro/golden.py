@@ -34,7 +34,7 @@ def compute_headlines(experiments: tuple[str, ...] = GOLDEN_EXPERIMENTS, *,
         for name in experiments:
             summary = run_experiment(name, options)
             if not summary.ok:
-                raise RuntimeError(f"golden sweep {name} failed: {summary.missing_api or summary.failures}")
+                raise RuntimeError(f"golden sweep {name} failed: {'; '.join(summary.failures)}")
         collected = collect_claims(Path(scratch), registry)
     headlines: Headlines = {}
     for entry in collected:

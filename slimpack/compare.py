@@ -9,6 +9,7 @@ lower bound on its step (``step_lower_bound``) shows it cannot beat the best fou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from slimpack.batch import Batch
 from slimpack.cost.kernel_model import default_cost_model
-from slimpack.cost.model import CostModel
+from slimpack.cost.model import CostModel, training_of
 from slimpack.methods import get_method
 from slimpack.plan import Plan
 from slimpack.planning.auto_parallel import (
@@ -46,11 +47,13 @@ class CompareSettings:
     """Passed to every planner (None: each planner's default)."""
     auto_parallel_top_k: int | Mapping[str, int | None] | None = None
     """Cap on layouts simulated per method (None: no cap; the lower bound prunes), or one cap
-    per method name (a method not named has none). Unlike ``search_budget_s`` a count gives
-    the same answer on every machine."""
-    search_budget_s: float | None = 60.0
-    """Wall seconds per method's configuration search (None: no limit). A search stopped by
-    it says so in its record (``search_exhaustive`` False)."""
+    per method name, which must name every method compared (None there: uncapped), so no
+    method is searched more than another by omission. Unlike ``search_budget_s`` a count
+    gives the same answer on every machine."""
+    search_budget_s: float | None = None
+    """Wall seconds per method's configuration search (None, the default: no limit). A
+    safety net for interactive use only: a search stopped by it depends on the machine, and
+    its record says so (``search_exhaustive`` False, ``fallback`` set)."""
 
     def __post_init__(self) -> None:
         if self.context is not None and self.context < 1:
@@ -65,28 +68,41 @@ class CompareSettings:
             raise ValueError(f"search_budget_s must be > 0 or None, got {self.search_budget_s}")
 
     def top_k_for(self, method: str) -> int | None:
-        """The cap on layouts simulated for ``method`` (None: no cap)."""
+        """The cap on layouts simulated for ``method`` (None: no cap); ValueError when a
+        per-method mapping does not name it."""
         if isinstance(self.auto_parallel_top_k, Mapping):
-            return self.auto_parallel_top_k.get(method)
+            if method not in self.auto_parallel_top_k:
+                raise ValueError(f"auto_parallel_top_k names no cap for {method!r} (it names "
+                                 f"{sorted(self.auto_parallel_top_k)}); give every compared "
+                                 f"method its cap, None for an uncapped search")
+            return self.auto_parallel_top_k[method]
         return self.auto_parallel_top_k
 
 
 def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                 parallel: ParallelSpec, cost: CostModel, *, context: int | None = None,
-                time_limit_s: float | None = None, **options: Any) -> Plan:
-    """Run method ``method``'s planner. ``context`` and ``time_limit_s`` are every method's
-    options (None: the method's default); other options are checked against the method's
-    options dataclass before any work. ``plan.metadata['plan_seconds']`` is always set."""
+                **options: Any) -> Plan:
+    """Run method ``method``'s planner. ``context`` is every method's option (None: the
+    method's default); ``time_limit_s``, every method's too, is one of ``options``: absent,
+    the planner's own safety net; None, no wall-clock limit at all (the harness). Options are
+    checked against the method's options dataclass before any work.
+    ``plan.metadata['plan_seconds']`` is always set, and so is ``plan.memory_fits``: the
+    simulator's memory walk under ``cost``'s recipe, for a planner that did not give its own
+    verdict."""
     spec = get_method(method)
-    shared = {k: v for k, v in (("context", context), ("time_limit_s", time_limit_s))
-              if v is not None}
-    clash = sorted(set(shared) & set(options))
-    if clash:
-        raise ValueError(f"{method}: {clash} given twice (as a setting and as a method option)")
+    shared = {"context": context} if context is not None else {}
+    if shared and "context" in options:
+        raise ValueError(f"{method}: ['context'] given twice (as a setting and as a method "
+                         f"option)")
     spec.make_options({**shared, **options})  # unknown or bad options fail before planning
     started = time.perf_counter()
     plan = spec.planner(batch, model, hardware, parallel, cost, **shared, **options)
     plan.metadata.setdefault("plan_seconds", time.perf_counter() - started)
+    if plan.memory_fits is None:
+        from slimpack.sim.memory import plan_fits_memory
+
+        plan = dataclasses.replace(plan, memory_fits=plan_fits_memory(
+            plan, model, hardware, training_of(cost)))
     return plan
 
 
@@ -195,7 +211,7 @@ def _bound_from_layer_work(layer_seconds: float, parallel: ParallelSpec, num_lay
 
 def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                   gpus: int, cost: CostModel, *, context: int, top_k: int | None = None,
-                  budget_s: float | None = None, time_limit_s: float | None = None,
+                  budget_s: float | None = None,
                   candidate_filter: CandidateFilter | None = None,
                   estimate_cache: dict | None = None, **options: Any) -> SearchResult:
     """The configuration search (the only one in the suite): plan and simulate the
@@ -253,7 +269,7 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
         simulated += 1
         try:
             plan = plan_method(method, batch, model, hardware, cand.parallel, cost,
-                               context=context, time_limit_s=time_limit_s, **options)
+                               context=context, **options)
             rec = _simulate(plan, model, hardware, cost,
                             price_cache=cache.setdefault("unit_prices", {}))
         except (ValueError, RuntimeError) as exc:
@@ -279,7 +295,7 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
 
 def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                    gpus: int, parallel: ParallelSpec | None, auto_parallel: bool,
-                   cost: CostModel, context: int, time_limit_s: float | None,
+                   cost: CostModel, context: int,
                    top_k: int | None, budget_s: float | None, options: Mapping[str, Any],
                    estimate_cache: dict | None = None) -> dict[str, Any]:
     """One method's record of :func:`compare` (``speedup_vs_first`` left NaN): its planner on
@@ -292,23 +308,28 @@ def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Har
         if auto_parallel:
             found = best_parallel(method, batch, model, hardware, gpus, cost, context=context,
                                   top_k=top_k, budget_s=budget_s, estimate_cache=estimate_cache,
-                                  time_limit_s=time_limit_s, **options)
+                                  **options)
             plan, rec, used = found.plan, found.record, found.parallel
             search = (f"{found.simulated} of {found.candidates} layouts simulated, "
                       f"{found.pruned} pruned by bound")
         else:
             assert parallel is not None
             plan = plan_method(method, batch, model, hardware, parallel, cost, context=context,
-                               time_limit_s=time_limit_s, **options)
+                               **options)
             rec = _simulate(plan, model, hardware, cost)
         row = _record(method, plan, rec, used) | {
             "search": search, "search_exhaustive": found.exhaustive if found else True}
+        clock_stop = [t["stopped"] for t in (found.tried if found else ())
+                      if "stopped" in t and t["stopped"].startswith("budget_s")]
+        if clock_stop:
+            # The wall-clock search budget chose the layout: this machine's answer only.
+            row["fallback"] = "; ".join(filter(None, (row["fallback"],
+                                                      f"search {clock_stop[0]}")))
     except (ValueError, RuntimeError) as exc:
         fallback = used or ParallelSpec.for_world(gpus)
         row = _record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}") | {
             "search": search, "search_exhaustive": None}
-    training = getattr(cost, "training", None)
-    row["zero_stage"] = training.zero_stage if training is not None else None
+    row["zero_stage"] = training_of(cost).zero_stage
     return row
 
 
@@ -317,7 +338,7 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
             cost: CostModel | None = None, context: int | None = None,
             time_limit_s: float | None = None,
             auto_parallel_top_k: int | Mapping[str, int | None] | None = None,
-            search_budget_s: float | None = 60.0, progress: bool = False,
+            search_budget_s: float | None = None, progress: bool = False,
             method_options: Mapping[str, Mapping[str, Any]] | None = None,
             method_costs: Mapping[str, CostModel] | None = None, jobs: int = 1,
             ) -> list[dict[str, Any]]:
@@ -356,16 +377,18 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
     jobs = min(jobs, len(methods))
     tasks = []
     for method in methods:
+        # ``time_limit_s`` travels in the options (None there: no wall-clock net at all, as
+        # the harness plans); the shared setting joins them unless a method names its own.
         options = dict(method_options.get(method, {}))
-        # A per-method time limit stands in for the shared one (the harness lifts SlimPack's
-        # safety net); given both, plan_method says it was given twice.
-        time_limit = settings.time_limit_s
-        if time_limit is None and "time_limit_s" in options:
-            time_limit = options.pop("time_limit_s")
+        if settings.time_limit_s is not None:
+            if "time_limit_s" in options:
+                raise ValueError(f"{method}: time_limit_s given twice (as a setting and as a "
+                                 f"method option)")
+            options["time_limit_s"] = settings.time_limit_s
         tasks.append(dict(method=method, batch=batch, model=model, hardware=hardware, gpus=gpus,
                           parallel=parallel, auto_parallel=auto_parallel,
                           cost=(method_costs or {}).get(method, cost), context=ctx,
-                          time_limit_s=time_limit, top_k=settings.top_k_for(method),
+                          top_k=settings.top_k_for(method),
                           budget_s=settings.search_budget_s, options=options))
     bar = tqdm(total=len(methods), desc="compare", unit="method", disable=not progress,
                file=sys.stderr, leave=False)

@@ -34,6 +34,12 @@ def method_names() -> list[str]:
     return list(METHODS)
 
 
+def compared_method_names() -> list[str]:
+    """The methods the suite compares on every workload (``MethodSpec.compared``), in registry
+    order: the harness's all-method experiments and the figures' order read this."""
+    return [name for name in METHODS if get_method(name).compared]
+
+
 def get_method(name: str) -> MethodSpec:
     """The spec registered as ``name``; ValueError lists the registered names."""
     module_name = METHODS.get(name)

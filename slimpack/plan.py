@@ -268,6 +268,63 @@ class Phase:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DocumentMap:
+    """Which documents of the batch a plan's sequences hold, for planners whose sequences are
+    not the batch's documents: the MFU numerator's input (:meth:`Plan.document_lengths`), so
+    every method of a batch is credited the same useful work."""
+
+    pieces: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Sequence id -> (document id, offset): a piece of a document cut at a fixed length
+    (Megatron-LM's GPTDataset, naive packing, SlimPipe)."""
+    samples: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    """Sequence id -> ((document id, tokens), ...): documents run as one causal sequence
+    without document masks (``megatron-causal``)."""
+
+    def __post_init__(self) -> None:
+        both = set(self.pieces) & set(self.samples)
+        if both:
+            raise PlanError(f"DocumentMap: sequence {min(both)} is both a piece and a sample")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pieces": {str(k): list(v) for k, v in sorted(self.pieces.items())},
+                "samples": {str(k): [list(d) for d in v] for k, v in sorted(self.samples.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "documents") -> DocumentMap:
+        obj = _expect(data, dict, where)
+        unknown = sorted(set(obj) - {"pieces", "samples"})
+        if unknown:
+            raise PlanError(f"Plan JSON: {where} has unknown keys {unknown}; allowed: pieces, "
+                            f"samples")
+
+        def pairs(value: Any, at: str) -> tuple[int, int]:
+            pair = _expect(value, list, at)
+            if len(pair) != 2:
+                raise PlanError(f"Plan JSON: {at} must be a pair of integers, got {pair!r}")
+            return (_expect(pair[0], int, f"{at}[0]"), _expect(pair[1], int, f"{at}[1]"))
+
+        def seq_id(key: str, at: str) -> int:
+            try:
+                return int(key)
+            except ValueError:
+                raise PlanError(f"Plan JSON: {at} keys must be integer seq ids, "
+                                f"got {key!r}") from None
+
+        pieces = {seq_id(k, f"{where}.pieces"): pairs(v, f"{where}.pieces[{k!r}]")
+                  for k, v in _get(obj, "pieces", dict, where, default={}).items()}
+        samples = {seq_id(k, f"{where}.samples"): tuple(
+                       pairs(d, f"{where}.samples[{k!r}][{i}]")
+                       for i, d in enumerate(_expect(v, list, f"{where}.samples[{k!r}]")))
+                   for k, v in _get(obj, "samples", dict, where, default={}).items()}
+        return cls(pieces=pieces, samples=samples)
+
+
+PLAN_FORMATS = ("slimpack-plan/1", "slimpack-plan/2")
+"""Formats :meth:`Plan.from_dict` reads; plans are written in the last. Format 1 plans (no
+typed ``documents``, ``memory_fits``, ``attention_redistribution``) read with their defaults."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """A whole training step: phases in order, then DP gradient synchronisation."""
 
@@ -280,7 +337,28 @@ class Plan:
     model: str = ""
     """Model preset name (informational; the runtime and simulator are given a ModelSpec)."""
     metadata: dict[str, Any] = field(default_factory=dict)
-    """Planner extras (plan time, chosen options, delayed sequences...). JSON-serialisable."""
+    """Planner extras for people (plan time, chosen options, search log...). JSON-serialisable.
+    Nothing here changes a simulated or executed result: what does is a typed field."""
+    documents: DocumentMap = field(default_factory=DocumentMap)
+    """The batch's documents behind the sequences (see :class:`DocumentMap`)."""
+    memory_fits: bool | None = None
+    """The planner's memory verdict: the simulator's memory walk of this plan under the
+    training recipe it was planned for (``slimpack plan --strict`` exits 1 on False); None
+    when the planner did not check."""
+    attention_redistribution: bool = False
+    """SlimPipe's attention redistribution (arXiv 2504.14519): the simulator moves attention
+    work of a pipeline's slices between its ranks to even out the causal imbalance."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.documents, DocumentMap):
+            raise PlanError(f"Plan.documents must be a DocumentMap, got "
+                            f"{type(self.documents).__name__}")
+        if self.memory_fits is not None and not isinstance(self.memory_fits, bool):
+            raise PlanError(f"Plan.memory_fits must be true, false or null, got "
+                            f"{self.memory_fits!r}")
+        if not isinstance(self.attention_redistribution, bool):
+            raise PlanError(f"Plan.attention_redistribution must be true or false, got "
+                            f"{self.attention_redistribution!r}")
 
     @property
     def world_size(self) -> int:
@@ -298,23 +376,21 @@ class Plan:
         """The batch's documents (id -> tokens) this step trains, whatever the planner made of
         them: the MFU numerator's input, so every method of a batch has the same one.
 
-        Planners that cut documents give each piece a fresh id and record it in
-        ``metadata['document_pieces']`` (fresh id -> [document id, offset]); planners that
-        run several documents as one causal sequence (``megatron-causal``) record
-        ``metadata['sample_documents']`` (sequence id -> [[document id, tokens], ...]). Both
-        are folded back here; any other sequence is its own document.
+        Planners that cut documents give each piece a fresh id (``documents.pieces``);
+        planners that run several documents as one causal sequence (``megatron-causal``)
+        list them (``documents.samples``). Both are folded back here; any other sequence is
+        its own document.
         """
-        pieces = self.metadata.get("document_pieces", {})
-        samples = self.metadata.get("sample_documents", {})
+        pieces, samples = self.documents.pieces, self.documents.samples
         out: dict[int, int] = {}
         for seq_id, length in self.sequence_lengths.items():
-            held = samples.get(str(seq_id))
+            held = samples.get(seq_id)
             if held is not None:
                 for doc, tokens in held:
-                    out[int(doc)] = out.get(int(doc), 0) + int(tokens)
+                    out[doc] = out.get(doc, 0) + tokens
                 continue
-            piece = pieces.get(str(seq_id))
-            doc = int(piece[0]) if piece is not None else seq_id
+            piece = pieces.get(seq_id)
+            doc = piece[0] if piece is not None else seq_id
             out[doc] = out.get(doc, 0) + length
         return out
 
@@ -408,12 +484,15 @@ class Plan:
     # -- JSON -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": "slimpack-plan/1",
+            "format": PLAN_FORMATS[-1],
             "method": self.method,
             "model": self.model,
             "parallel": self.parallel.to_dict(),
             "sequence_lengths": {str(k): v for k, v in sorted(self.sequence_lengths.items())},
             "phases": [{"groups": [_group_to_dict(g) for g in ph.groups]} for ph in self.phases],
+            "documents": self.documents.to_dict(),
+            "memory_fits": self.memory_fits,
+            "attention_redistribution": self.attention_redistribution,
             "metadata": self.metadata,
         }
 
@@ -434,8 +513,8 @@ class Plan:
         the field (``phases[0].groups[1].pp``), never a TypeError from deep inside."""
         obj = _expect(data, dict, "top level")
         fmt = obj.get("format")
-        if fmt != "slimpack-plan/1":
-            raise PlanError(f"Plan JSON: format must be 'slimpack-plan/1', got {fmt!r}")
+        if fmt not in PLAN_FORMATS:
+            raise PlanError(f"Plan JSON: format must be one of {list(PLAN_FORMATS)}, got {fmt!r}")
         parallel = _get(obj, "parallel", dict, "")
         for key, value in parallel.items():
             _expect(value, int, f"parallel.{key}")
@@ -459,13 +538,20 @@ class Plan:
                 _group_from_dict(_expect(g, dict, f"{where}.groups[{g_idx}]"),
                                  f"{where}.groups[{g_idx}]")
                 for g_idx, g in enumerate(groups))))
+        metadata = _get(obj, "metadata", dict, "", default={})
+        if fmt == "slimpack-plan/1":
+            obj = _lift_format_1(obj, metadata)
         return cls(
             method=_get(obj, "method", str, ""),
             model=_get(obj, "model", str, "", default=""),
             parallel=spec,
             sequence_lengths=lengths,
             phases=tuple(phases),
-            metadata=_get(obj, "metadata", dict, "", default={}),
+            metadata=metadata,
+            documents=DocumentMap.from_dict(obj.get("documents", {})),
+            memory_fits=_optional_bool(obj, "memory_fits"),
+            attention_redistribution=_get(obj, "attention_redistribution", bool, "",
+                                          default=False),
         )
 
     @classmethod
@@ -583,6 +669,27 @@ def _get(obj: dict[str, Any], key: str, kind: type, where: str, *, default: Any 
             raise PlanError(f"Plan JSON: missing field {path!r}")
         return default
     return _expect(obj[key], kind, path)
+
+
+def _lift_format_1(obj: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 plan kept its result-changing fields in ``metadata``: move them to the
+    typed fields (``metadata`` keeps only the extras)."""
+    obj = dict(obj)
+    documents = {key: metadata.pop(old) for key, old in (("pieces", "document_pieces"),
+                                                         ("samples", "sample_documents"))
+                 if old in metadata}
+    obj["documents"] = documents
+    for key in ("memory_fits", "attention_redistribution"):
+        if key in metadata:
+            obj[key] = metadata.pop(key)
+    return obj
+
+
+def _optional_bool(obj: dict[str, Any], key: str) -> bool | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise PlanError(f"Plan JSON: {key} must be true, false or null, got {value!r}")
+    return value
 
 
 def _int_list(value: Any, where: str) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ import pytest
 from harness_selftest import REGISTRY
 
 from slimpack.cli.main import main
+from slimpack.methods import method_names
 from slimpack.plan import Plan
 
 TINY = ["--model", "tiny", "--hardware", "h100", "--gpus", "2", "--pp", "2",
@@ -311,10 +312,23 @@ def test_plan_warns_when_it_does_not_fit_and_strict_exits_1(tmp_path, capsys):
     assert main(["plan", "--method", "megatron", *OOM, "-o", str(out)]) == 0
     err = capsys.readouterr().err
     assert "warning" in err and "does not fit in a100-40g memory" in err and "GiB" in err
-    assert Plan.load(out).metadata["memory_fits"] is False
+    assert Plan.load(out).memory_fits is False
     out.unlink()
     assert main(["plan", "--method", "megatron", *OOM, "-o", str(out), "--strict"]) == 1
     assert "--strict" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_strict_exits_1_for_every_method_whose_plan_does_not_fit(method, tmp_path, capsys):
+    """Every registered method gives a memory verdict (issue 24: SlimPack gave none, and
+    ``--strict`` wrote its 149 GiB plan): llama-70b on 8 A100-40G fits for none of them."""
+    out = tmp_path / "p.json"
+    layout = ["--tp", "4", "--pp", "2"] if method == "slimpipe" else []
+    args = OOM if not layout else [*OOM[:6], *layout, *OOM[8:]]
+    assert main(["plan", "--method", method, *args, "-o", str(out), "--strict"]) == 1
+    err = capsys.readouterr().err
+    assert "does not fit in a100-40g memory" in err and "--strict" in err
+    assert not out.exists()
 
 
 def test_plan_that_fits_prints_no_warning(tmp_path, capsys):

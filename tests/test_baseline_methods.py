@@ -26,8 +26,8 @@ def test_megatron_packs_exactly_context_tokens_per_microbatch():
     assert p.num_tokens == BATCH.num_tokens
     assert {g.schedule for g in p.groups()} == {"1f1b"}
     # Cut documents become independent sequences (document masks) mapped back to their source.
-    for new_id, (orig, offset) in p.metadata["document_pieces"].items():
-        assert int(new_id) not in BATCH._lengths and offset > 0 and orig in BATCH._lengths
+    for new_id, (orig, offset) in p.documents.pieces.items():
+        assert new_id not in BATCH._lengths and offset > 0 and orig in BATCH._lengths
 
 
 def test_megatron_turns_on_recompute_only_when_memory_forces_it():
@@ -72,4 +72,4 @@ def test_slimpipe_uniform_slices_and_reverse_backward():
         fwd = [u.slice_ids[0] for u in g.forward_units]
         bwd = [u.slice_ids[0] for u in g.backward_units]
         assert bwd[:n] == fwd[:n][::-1] and sorted(fwd) == sorted(bwd)
-    assert p.metadata["attention_redistribution"] is True
+    assert p.attention_redistribution is True

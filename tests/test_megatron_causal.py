@@ -103,7 +103,7 @@ def test_megatron_causal_is_registered_with_its_own_spec():
     # Every sample is one causal sequence of `context` tokens (the last may be shorter),
     # and the documents it holds add up to the batch.
     assert sorted(plan.sequence_lengths.values()) == [7592, 8192, 8192]  # 3 * 7992 tokens
-    held = [n for docs in plan.metadata["sample_documents"].values() for _, n in docs]
+    held = [n for docs in plan.documents.samples.values() for _, n in docs]
     assert sum(held) == batch.num_tokens
     with pytest.raises(ValueError, match="context"):
         plan_method("megatron-causal", batch, MODEL, HW, ParallelSpec(tp=8), COST, context=0)

@@ -74,7 +74,7 @@ def test_slimpipe_offloads_instead_of_full_recompute_at_long_context():
     auto = plan_method("slimpipe", batch, MODEL, HW, parallel, cost)
     assert recompute.metadata["recompute"] == "full"
     assert (auto.metadata["recompute"], auto.metadata["offload"]) == ("none", 1.0)
-    assert auto.metadata["memory_fits"]
+    assert auto.memory_fits
     step_r = simulate(recompute, model=MODEL, hardware=HW, cost=cost).record.step_time_s
     step_o = simulate(auto, model=MODEL, hardware=HW, cost=cost).record.step_time_s
     assert step_o < step_r
@@ -95,7 +95,7 @@ def test_slimpipe_keeps_the_trial_that_fits_over_a_faster_one_that_does_not():
     plan = plan_method("slimpipe", batch, model, hw, parallel, cost, max_trials=2,
                        time_limit_s=600.0)
     assert (plan.metadata["recompute"], plan.metadata["offload"]) == ("none", 1.0)
-    assert plan.metadata["memory_fits"]
+    assert plan.memory_fits
     # The trial passed over: selective recompute at that slice count does not fit, so its plan
     # is escalated to full recompute and is slower than the one kept.
     rival = plan_method("slimpipe", batch, model, hw, parallel, cost,

@@ -116,7 +116,7 @@ def test_bad_json_and_segments_are_clear_errors(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(PlanError, match="not valid JSON"):
         Plan.load(tmp_path / "bad.json")
-    with pytest.raises(PlanError, match="format must be 'slimpack-plan/1'"):
+    with pytest.raises(PlanError, match="format must be one of"):
         Plan.from_dict({"format": "other"})
     with pytest.raises(PlanError, match=r"needs 0 <= start < end, got \[5, 5\)"):
         seg(0, 5, 5)
@@ -170,3 +170,43 @@ def test_order_checked_only_where_a_sequence_has_several_segments():
     with pytest.raises(PlanError, match="seq 0 is backwarded out of order at slice 1"):
         make_plan(slices=slices, fwd=[(0,), (1,)], bwd=[(0,), (1,)],
                   lengths={0: 8, 1: 3, 2: 2}).validate()
+
+
+def test_result_changing_fields_are_typed_and_round_trip(tmp_path):
+    """Document map, memory verdict and attention redistribution are Plan fields (format 2),
+    written and read back exactly; bad types are PlanErrors naming the field."""
+    from slimpack.plan import DocumentMap
+
+    base = make_plan(slices=slimpack_style_slices(), fwd=[[0], [1, 2], [3]],
+                     bwd=[[3], [1, 2], [0]], lengths={0: 300, 1: 100, 2: 50})
+    plan = dataclasses.replace(base, documents=DocumentMap(pieces={1: (7, 4096)},
+                                                           samples={2: ((8, 20), (9, 30))}),
+                               memory_fits=False, attention_redistribution=True)
+    plan.save(tmp_path / "p.json")
+    back = Plan.load(tmp_path / "p.json")
+    assert back.documents == plan.documents and back.memory_fits is False
+    assert back.attention_redistribution is True
+    # Piece 1 counts for document 7, sample 2 for documents 8 and 9 (MFU's numerator).
+    assert back.document_lengths() == {0: 300, 7: 100, 8: 20, 9: 30}
+    data = plan.to_dict()
+    with pytest.raises(PlanError, match="memory_fits must be true, false or null"):
+        Plan.from_dict({**data, "memory_fits": "yes"})
+    with pytest.raises(PlanError, match="attention_redistribution must be true or false"):
+        Plan.from_dict({**data, "attention_redistribution": 1})
+    with pytest.raises(PlanError, match=r"documents.pieces\['1'\] must be a pair"):
+        Plan.from_dict({**data, "documents": {"pieces": {"1": [7]}}})
+    with pytest.raises(PlanError, match="unknown keys"):
+        Plan.from_dict({**data, "documents": {"piece": {}}})
+
+
+def test_format_1_plans_read_with_their_metadata_lifted_into_fields():
+    base = make_plan(slices=slimpack_style_slices(), fwd=[[0], [1, 2], [3]],
+                     bwd=[[3], [1, 2], [0]], lengths={0: 300, 1: 100, 2: 50})
+    old = {**base.to_dict(), "format": "slimpack-plan/1",
+           "metadata": {"document_pieces": {"1": [7, 4096]}, "memory_fits": True,
+                        "attention_redistribution": True, "plan_seconds": 0.1}}
+    for key in ("documents", "memory_fits", "attention_redistribution"):
+        old.pop(key)
+    plan = Plan.from_dict(old)
+    assert plan.documents.pieces == {1: (7, 4096)} and plan.memory_fits is True
+    assert plan.attention_redistribution is True and plan.metadata == {"plan_seconds": 0.1}

@@ -140,8 +140,7 @@ def test_conservation_and_transfer_with_documents_and_cp():
 
 def test_off_when_the_flag_is_off():
     plan_on, _ = _one_sample(4, 8)
-    plan_off = dataclasses.replace(plan_on, metadata={**plan_on.metadata,
-                                                      "attention_redistribution": False})
+    plan_off = dataclasses.replace(plan_on, attention_redistribution=False)
     on = simulate(plan_on, model=MODEL, hardware=HW, cost=COST).record
     off = simulate(plan_off, model=MODEL, hardware=HW, cost=COST).record
     assert "attention_redistribution" not in off.extra

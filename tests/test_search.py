@@ -74,7 +74,9 @@ def test_compare_settings_check_their_caps():
     from slimpack.compare import CompareSettings
 
     assert CompareSettings(auto_parallel_top_k={"slimpack": 2}).top_k_for("slimpack") == 2
-    assert CompareSettings(auto_parallel_top_k={"slimpack": 2}).top_k_for("megatron") is None
+    with pytest.raises(ValueError, match="names no cap for 'megatron'"):
+        CompareSettings(auto_parallel_top_k={"slimpack": 2}).top_k_for("megatron")
+    assert CompareSettings(auto_parallel_top_k={"megatron": None}).top_k_for("megatron") is None
     with pytest.raises(ValueError, match="search_budget_s must be > 0"):
         CompareSettings(search_budget_s=0)
     with pytest.raises(ValueError, match="auto_parallel_top_k must be >= 1"):

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from slimpack.plan import Phase, Plan
+from slimpack.plan import DocumentMap, Phase, Plan
 from slimpack.schedules import Op
 from slimpack.sim.memory import plan_fits_memory
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
@@ -17,24 +17,27 @@ from slimpack.specs.training import TrainingSpec
 
 def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
                 sequence_lengths: dict[int, int], phases: list[Phase], started: float,
-                metadata: dict[str, Any], escalate_recompute: bool = False,
-                training: TrainingSpec | None = None,
+                metadata: dict[str, Any], training: TrainingSpec,
+                escalate_recompute: bool = False, documents: DocumentMap | None = None,
+                attention_redistribution: bool = False,
                 schedules: Mapping[int, list[list[Op]]] | None = None) -> Plan:
     """Build and validate the plan, then check memory with the simulator's own walk.
 
-    ``metadata['memory_fits']`` is :func:`slimpack.sim.memory.plan_fits_memory` of the final
+    ``Plan.memory_fits`` is :func:`slimpack.sim.memory.plan_fits_memory` of the final
     plan, so a planner never claims a fit the simulator denies. With ``escalate_recompute``
     (the method chose its recompute mode itself, "when memory forces it"), groups that do not
     fit move to the next costlier recompute mode until the plan fits or full recompute is
     reached; ``metadata['recompute']`` then names the mode(s) the plan runs. ``training``: the
-    cost model's TrainingSpec, whose ZeRO stage the simulator will charge (None: ZeRO-1).
+    cost model's recipe (:func:`slimpack.cost.model.training_of`), whose ZeRO stage the
+    simulator will charge: required, so no planner checks memory under another recipe.
     ``schedules``: op lists the planner already built for some group ids (recompute does not
     change them, so they hold for the escalated plans too).
     ``metadata['plan_seconds']`` is the wall time since ``started`` (``time.perf_counter``).
     """
     plan = Plan(method=method, model=model.name, parallel=parallel,
                 sequence_lengths=dict(sequence_lengths), phases=tuple(phases),
-                metadata=dict(metadata))
+                metadata=dict(metadata), documents=documents or DocumentMap(),
+                attention_redistribution=attention_redistribution)
     plan.validate()
     fits = plan_fits_memory(plan, model, hardware, training, schedules)
     while not fits and escalate_recompute:
@@ -46,7 +49,7 @@ def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parall
     modes = sorted({g.recompute for g in plan.groups()}, key=RECOMPUTE_MODES.index)
     if escalate_recompute or "recompute" in plan.metadata:
         plan.metadata["recompute"] = modes[0] if len(modes) == 1 else ",".join(modes)
-    plan.metadata["memory_fits"] = fits
+    plan = dataclasses.replace(plan, memory_fits=fits)
     plan.metadata["plan_seconds"] = time.perf_counter() - started
     return plan
 

@@ -35,9 +35,10 @@ from baselines.flexsp.assignment import Assignment, SPGroup, greedy, milp
 from baselines.flexsp.bucketing import dp_buckets
 from baselines.flexsp.constants import FlexSPConstants, from_cost_model, paper_a100_gpt7b
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
+from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import Phase, Plan
 from slimpack.planning import (
+    WALL_CLOCK_FALLBACK,
     Deadline,
     GroupLayout,
     aligned_blocks,
@@ -66,7 +67,7 @@ class FlexSPOptions:
     """Q of the DP bucketing (the paper's value)."""
     extra_microbatch_counts: int = 4
     """Try M_min .. M_min + this many micro-batch counts."""
-    time_limit_s: float = 60.0
+    time_limit_s: float | None = 60.0
     """Wall-clock safety net for the whole search (the greedy answer is always available);
     the node limit, not this, bounds the work in normal use."""
     mip_max_nodes: int = MIP_MAX_NODES
@@ -90,7 +91,7 @@ class FlexSPOptions:
             raise ValueError(f"flexsp: num_buckets must be >= 1, got {self.num_buckets}")
         if self.extra_microbatch_counts < 0:
             raise ValueError("flexsp: extra_microbatch_counts must be >= 0")
-        if not self.time_limit_s >= 0:
+        if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ValueError(f"flexsp: time_limit_s must be >= 0, got {self.time_limit_s}")
         if isinstance(self.mip_max_nodes, bool) or not isinstance(self.mip_max_nodes, int) or (
                 self.mip_max_nodes < 0):
@@ -134,8 +135,7 @@ def sp_pool_layout(parallel: ParallelSpec) -> ParallelSpec:
 def zero_stage_of(cost: CostModel) -> int:
     """The ZeRO stage the simulator will charge for ``cost`` (cost models without a
     TrainingSpec are priced with the distributed optimizer, ZeRO-1)."""
-    training = getattr(cost, "training", None)
-    return training.zero_stage if training is not None else 1
+    return training_of(cost).zero_stage
 
 
 def _one_per_microbatch(lengths: list[int], slots: int, k: FlexSPConstants) -> list[Assignment]:
@@ -334,6 +334,8 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     _, m, runs, answers = best
     phases = microbatch_phases(order, runs, answers, parallel, recompute)
     sources = [a.source for a in answers]
+    if fallback is None and stopped_by(sources, net_reached) == "time-limit":
+        fallback = WALL_CLOCK_FALLBACK.format(limit=opts.time_limit_s)
     return finish_plan(
         method="flexsp", model=model, hardware=hardware, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences}, phases=phases,
@@ -346,5 +348,5 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                   "mip_sub_mip_heuristics": opts.mip_sub_mip_heuristics,
                   "stopped_by": stopped_by(sources, net_reached), "zero_stage": zero_stage,
                   **({"fallback": fallback} if fallback is not None else {})},
-        escalate_recompute=opts.recompute == AUTO, training=getattr(cost, "training", None),
+        escalate_recompute=opts.recompute == AUTO, training=training_of(cost),
     )

@@ -40,9 +40,10 @@ from baselines.flexsp.planner import (
     zero_stage_of,
 )
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
+from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import Plan
 from slimpack.planning import (
+    WALL_CLOCK_FALLBACK,
     Deadline,
     build_options,
     num_slots,
@@ -60,7 +61,7 @@ class UlyssesOptions:
     context: int | None = None
     """Longest sequence training can meet: sizes ``ulysses-static``'s degree (default: the
     batch's longest). ``ulysses-adaptive`` sizes its degree from the batch alone."""
-    time_limit_s: float = 2.0
+    time_limit_s: float | None = 2.0
     """Wall-clock safety net for the round-count search (greedy rounds, milliseconds in
     practice: deterministic unless the net is reached, which ``metadata["stopped_by"]`` says)."""
     recompute: str = "auto"
@@ -71,7 +72,7 @@ class UlyssesOptions:
         if self.context is not None and not (isinstance(self.context, int) and self.context >= 1):
             raise ValueError(f"ulysses: context must be a positive number of tokens, "
                              f"got {self.context!r}")
-        if not self.time_limit_s >= 0:
+        if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ValueError(f"ulysses: time_limit_s must be >= 0, got {self.time_limit_s}")
         check_recompute("ulysses", self.recompute, allow_auto=True)
 
@@ -156,6 +157,8 @@ def _plan(mode: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
         "estimated_seconds": estimate, "zero_stage": zero_stage,
         "time_limit_s": opts.time_limit_s,
         "stopped_by": stopped_by([a.source for a in answers], net_reached)}
+    if metadata["stopped_by"] == "time-limit":
+        metadata["fallback"] = WALL_CLOCK_FALLBACK.format(limit=opts.time_limit_s)
     if choice.fallback is not None:
         metadata["fallback"] = choice.fallback
     return finish_plan(
@@ -163,7 +166,7 @@ def _plan(mode: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences},
         phases=phases, started=started, metadata=metadata,
         escalate_recompute=opts.recompute == AUTO,
-        training=getattr(cost, "training", None))
+        training=training_of(cost))
 
 
 def plan_static(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,

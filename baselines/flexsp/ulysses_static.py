@@ -9,6 +9,7 @@ from slimpack.planning.method import MethodSpec
 METHOD = MethodSpec(
     name="ulysses-static", planner=plan_static, options=UlyssesOptions,
     allows=is_sp_pool, reshape=sp_pool, paper_zero_stage=3,  # as FlexSP's evaluation ran it
+    compared=False,  # only FlexSP's own protocol (flexsp-headline) runs it
     summary=("DeepSpeed-Ulysses SP at one degree for the run, sized for "
              "the context's longest sequence (FlexSP's static baseline)"),
     source="FlexSP, arXiv 2412.01523 (its evaluation baselines); DeepSpeed-Ulysses, arXiv 2309.14509")

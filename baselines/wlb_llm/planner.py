@@ -22,9 +22,10 @@ from baselines.wlb_llm.outlier_queue import (
 )
 from baselines.wlb_llm.workload import Workload, fit_workload
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
+from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import Phase, Plan, Segment
 from slimpack.planning import (
+    WALL_CLOCK_FALLBACK,
     Deadline,
     GroupLayout,
     build_options,
@@ -66,7 +67,7 @@ class WLBOptions:
     """Streaming mode: arrival iteration of carried-over documents in this batch."""
     cp_sharding: str = "adaptive"
     recompute: str = "auto"
-    time_limit_s: float = 1.0
+    time_limit_s: float | None = 1.0
     """The packer is O(n M); past the limit, extra micro-batch counts are not tried."""
 
     def __post_init__(self) -> None:
@@ -82,7 +83,7 @@ class WLBOptions:
                              f"got {self.cp_sharding!r}")
         if isinstance(self.queue_state, dict):
             object.__setattr__(self, "queue_state", queues_from_dict(self.queue_state))
-        if not self.time_limit_s >= 0:
+        if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ValueError(f"wlb-llm: time_limit_s must be >= 0, got {self.time_limit_s}")
 
 
@@ -117,6 +118,11 @@ def _pack(docs: list[Doc], opts: WLBOptions, *, dp: int, context: int, s_max: in
         if not packing.carried or deadline.expired:
             return packing, m + extra
     return packing, m + tries - 1
+
+
+def _clock_cut(packing: IterationPacking, deadline: Deadline, streaming: bool) -> bool:
+    """The wall-clock net ended the re-packing while documents were left over (one-shot)."""
+    return not streaming and bool(packing.carried) and deadline.expired
 
 
 def _flush_carried(packing: IterationPacking, s_max: int, dp: int) -> list[list[Doc]]:
@@ -179,6 +185,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     workload = fit_workload(cost, tp=parallel.tp, cp=parallel.cp)
     packing, m = _pack(docs, opts, dp=parallel.dp, context=context, s_max=s_max,
                        workload=workload, deadline=deadline)
+    clock_cut = _clock_cut(packing, deadline, streaming)
     microbatches = [mb for mb in packing.microbatches if mb]
     if not streaming and packing.carried:
         microbatches += _flush_carried(packing, s_max, parallel.dp)
@@ -221,10 +228,12 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         "workload": {"attention_s_per_token2": workload.attention_s_per_token2,
                      "linear_s_per_token": workload.linear_s_per_token},
     }
+    if clock_cut:
+        metadata["fallback"] = WALL_CLOCK_FALLBACK.format(limit=opts.time_limit_s)
     if streaming:
         metadata["queue_state"] = queues_to_dict(packing.queues)
         metadata["carried"] = [list(d) for d in packing.carried]
     return finish_plan(method="wlb-llm", model=model, hardware=hardware, parallel=parallel,
                        sequence_lengths=trained, phases=[Phase(groups=tuple(groups))],
-                       started=started, metadata=metadata,
+                       started=started, metadata=metadata, training=training_of(cost),
                        escalate_recompute=opts.recompute == AUTO)

@@ -17,10 +17,10 @@ import seaborn as sns
 from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import (
-    ALL_METHODS,
     MEGATRON_BRACKET,
     SLIMPACK_SOURCE,
     TIMING_COLUMNS,
+    all_methods,
     best_record_rows,
 )
 from repro.figures import method_order, new_figure, placeholder, save
@@ -32,7 +32,7 @@ SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
 def points(quick: bool) -> list[Point]:
     return [{"model": MODEL, "dataset": DATASET, "context": CONTEXT, "num_gpus": GPUS,
              "global_batch": 4 * GPUS, "seed": seed, "hardware": HARDWARE,
-             "methods": list(ALL_METHODS)} for seed in (QUICK_SEEDS if quick else SEEDS)]
+             "methods": list(all_methods())} for seed in (QUICK_SEEDS if quick else SEEDS)]
 
 
 def run_point(point: Point) -> list[Row]:

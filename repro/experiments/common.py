@@ -13,8 +13,15 @@ import pandas as pd
 
 from repro.experiment import Point, Row
 
-ALL_METHODS = ("naive", "megatron", "megatron-causal", "megatron-dcp", "wlb-llm", "flexsp",
-               "slimpipe", "slimpack")
+
+def all_methods() -> tuple[str, ...]:
+    """Every method the suite compares, from the registry (``MethodSpec.compared``), in its
+    order: a method registered there joins every all-method experiment."""
+    from slimpack.methods import compared_method_names
+
+    return tuple(compared_method_names())
+
+
 BASELINE = "megatron"
 MEGATRON_BRACKET = ("megatron", "megatron-causal")
 """Megatron-LM with and without document masks: the paper does not say which it ran, so every
@@ -22,19 +29,13 @@ SlimPack-over-Megatron claim is shown against both (``Claim.bracket``), judged o
 SLIMPACK_SOURCE = "SlimPack arXiv 2509.26246"
 SLIMPIPE_SOURCE = "SlimPipe arXiv 2504.14519"
 TIMING_COLUMNS = ("plan_seconds", "sim_seconds")
-HARNESS_METHOD_OPTIONS = {"slimpack": {"time_limit_s": 600.0},
-                          "slimpipe": {"time_limit_s": 600.0},
-                          "wlb-llm": {"time_limit_s": 600.0}}
-"""Planner options every harness comparison uses unless an experiment overrides them.
-SlimPack's search is bounded by a count of slice lengths (``search_candidates``) and
-SlimPipe's by a count of trials (``max_trials``); their 30 s default time limits are safety
-nets for interactive use. At 33-134M tokens a loaded machine can reach them, and a
-clock-stopped search is machine-dependent, so the harness lifts the nets. WLB-LLM's packer
-re-packs with one more micro-batch per data-parallel rank while documents are left over
-(``MAX_EXTRA_MICROBATCHES`` times at most) under a 1 s default limit; at 134M tokens on 256
-GPUs one packing takes about 0.2 s here and the first leaves ~110 documents over, so a
-machine a few times slower would stop after it and flush them into extra micro-batches
-instead: lifted too."""
+HARNESS_METHOD_OPTIONS: dict[str, Any] = {"time_limit_s": None}
+"""Planner options every harness plan uses, for every method: no wall-clock safety net. Each
+planner's search is bounded by counts (SlimPack's ``search_candidates``, SlimPipe's
+``max_trials``, FlexSP's MILP node limit, WLB-LLM's extra micro-batch count); a clock-stopped
+search gives a plan that depends on the machine's load, so records never rely on one
+(:mod:`slimpack.planning.deadline`). An experiment cannot set a limit back
+(:func:`with_harness_options` refuses it)."""
 SEARCH_TOP_K = 3
 """Layouts simulated per method in a harness configuration search unless an experiment sets
 its own caps (``slimpack.compare.best_parallel``; records say whether a search finished)."""
@@ -99,14 +100,16 @@ def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
 
 def with_harness_options(methods: tuple[str, ...],
                          given: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """``given`` per-method options over :data:`HARNESS_METHOD_OPTIONS` (entries may be
-    ``"planner:variant"``; the planner's name picks its harness defaults)."""
+    """Every entry's options: ``given`` (entries may be ``"planner:variant"``) over
+    :data:`HARNESS_METHOD_OPTIONS`. A wall-clock limit in ``given`` is refused: the harness
+    never lets one decide a record."""
     out = {}
     for entry in methods:
-        defaults = HARNESS_METHOD_OPTIONS.get(entry.split(":")[0], {})
-        options = {**defaults, **(given or {}).get(entry, {})}
-        if options:
-            out[entry] = options
+        options = {**HARNESS_METHOD_OPTIONS, **(given or {}).get(entry, {})}
+        if options["time_limit_s"] is not None:
+            raise ValueError(f"{entry}: the harness plans without a wall-clock limit; "
+                             f"time_limit_s must be None, got {options['time_limit_s']!r}")
+        out[entry] = options
     return out
 
 
@@ -122,6 +125,7 @@ def simulate_planner(point: Point, method: str, experiment: str, batch: Any = No
     parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
     cost = default_cost_model(model, hardware)
     batch = batch if batch is not None else draw_batch(point, experiment)
+    options = with_harness_options((method,), {method: options})[method]
     plan = get_planner(method)(batch, model, hardware, parallel, cost, **options)
     record = sim.simulate(plan, model=model, hardware=hardware, cost=cost).record
     row = flatten(record.to_row())

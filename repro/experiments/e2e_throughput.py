@@ -28,9 +28,9 @@ import seaborn as sns
 from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import (
-    ALL_METHODS,
     SLIMPACK_SOURCE,
     TIMING_COLUMNS,
+    all_methods,
     bracket_speedups,
     compare_rows,
     speedups,
@@ -94,7 +94,7 @@ def points(quick: bool) -> list[Point]:
     def point(model: str, dataset: str, samples: int) -> Point:
         return {"model": model, "dataset": dataset, "context": CONTEXT, "num_gpus": GPUS,
                 "token_budget": samples * CONTEXT, "seed": 0, "hardware": HARDWARE,
-                "methods": list(ALL_METHODS), "search_top_k": SEARCH_TOP_K}
+                "methods": list(all_methods()), "search_top_k": SEARCH_TOP_K}
 
     smoke = [point(*SETTINGS[0], SMOKE_SAMPLES)]
     return smoke if quick else [point(m, d, SAMPLES) for m, d in SETTINGS] + smoke

@@ -16,9 +16,9 @@ from matplotlib.ticker import MaxNLocator
 from repro.analysis import select
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import (
-    ALL_METHODS,
     SLIMPACK_SOURCE,
     TIMING_COLUMNS,
+    all_methods,
     best_record_rows,
     fits_memory,
 )
@@ -31,7 +31,7 @@ CONTEXTS, QUICK_CONTEXTS = (128 * 1024, 256 * 1024), (256 * 1024,)
 def points(quick: bool) -> list[Point]:
     return [{"model": MODEL, "dataset": DATASET, "context": context, "num_gpus": GPUS,
              "global_batch": 4 * GPUS, "seed": 0, "hardware": HARDWARE,
-             "methods": list(ALL_METHODS)} for context in (QUICK_CONTEXTS if quick else CONTEXTS)]
+             "methods": list(all_methods())} for context in (QUICK_CONTEXTS if quick else CONTEXTS)]
 
 
 def run_point(point: Point) -> list[Row]:

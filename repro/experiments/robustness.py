@@ -26,7 +26,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import TIMING_COLUMNS
+from repro.experiments.common import TIMING_COLUMNS, with_harness_options
 from repro.figures import new_figure, placeholder, save
 
 SOURCE = "this suite (perturbed kernel-grounded cost model)"
@@ -46,9 +46,7 @@ COMPARISONS: dict[str, dict] = {
         "methods": ["megatron", "flexsp"], "model": "llama-7b", "hardware": "a100-80g",
         "num_gpus": 64, "parallel": {"tp": 8, "cp": 2}, "context": 128 * 1024,
         "batch": {"dataset": "commoncrawl", "num_sequences": 128},
-        # FlexSP's own limit: its MILP is node-limited, 60 s is only a safety net (a 2 s
-        # wall-clock limit here would make its plan depend on the machine's load).
-        "time_limit_s": None},
+        },
     "wlb-llm-vs-megatron-128k": {
         "methods": ["megatron", "wlb-llm"], "model": "llama-7b", "hardware": "h100-80g",
         "num_gpus": 64, "parallel": {"tp": 8, "cp": 2, "pp": 4}, "context": 128 * 1024,
@@ -95,7 +93,7 @@ def run_point(point: Point) -> list[Row]:
     batch = _batch(spec, spec["context"], point["seed"])
     records = compare(spec["methods"], batch, model, hardware, spec["num_gpus"], parallel=parallel,
                       cost=cost, context=spec["context"],
-                      time_limit_s=spec.get("time_limit_s", 2.0))
+                      method_options=with_harness_options(tuple(spec["methods"]), None))
     base = records[0]["tokens_per_s"]
     other = next((r["tokens_per_s"] for r in records if r["method"] == spec.get("bracket")),
                  None)

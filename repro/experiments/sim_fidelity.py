@@ -17,7 +17,13 @@ import seaborn as sns
 
 from repro.analysis import scalar, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, draw_batch, flatten
+from repro.experiments.common import (
+    SLIMPACK_SOURCE,
+    TIMING_COLUMNS,
+    draw_batch,
+    flatten,
+    with_harness_options,
+)
 from repro.figures import new_figure, placeholder, save
 
 HARDWARE = "h200-141g"
@@ -50,8 +56,9 @@ def run_point(point: Point) -> list[Row]:
     parallel = ParallelSpec(pp=2 if gpus >= 2 else 1, dp=max(1, gpus // 2) if gpus >= 2 else 1)
     cost = default_cost_model(model, hardware)
     batch = draw_batch(point, "sim-fidelity")
+    options = with_harness_options((point["method"],), None)[point["method"]]
     plan = cmp.plan_method(point["method"], batch, model, hardware, parallel, cost,
-                           context=point["context"])
+                           context=point["context"], **options)
     simulated = sim.simulate(plan, model=model, hardware=hardware, cost=cost).record
     config = config_mod.RuntimeConfig(device="cuda" if cuda else "cpu",
                                       dtype="bf16" if cuda else "fp32",

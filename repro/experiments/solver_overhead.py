@@ -15,7 +15,7 @@ import seaborn as sns
 
 from repro.analysis import select
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import ALL_METHODS, SLIMPACK_SOURCE, TIMING_COLUMNS, draw_batch
+from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, all_methods, draw_batch
 from repro.figures import method_order, new_figure, placeholder, save
 
 HARDWARE, MODEL, DATASET, CONTEXT, GPUS = "h800-80g", "llama-13b", "commoncrawl", 256 * 1024, 256
@@ -26,7 +26,7 @@ BATCHES, QUICK_BATCHES = (256, 512, 1024, 2048, 4096), (512, 2048)
 def points(quick: bool) -> list[Point]:
     return [{"model": MODEL, "dataset": DATASET, "context": CONTEXT, "num_gpus": GPUS,
              "global_batch": gb, "seed": 0, "hardware": HARDWARE, "parallel": PARALLEL,
-             "methods": list(ALL_METHODS)} for gb in (QUICK_BATCHES if quick else BATCHES)]
+             "methods": list(all_methods())} for gb in (QUICK_BATCHES if quick else BATCHES)]
 
 
 def run_point(point: Point) -> list[Row]:

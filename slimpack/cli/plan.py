@@ -86,6 +86,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp_p.add_argument("--jobs", type=positive_int, default=None,
                        help="methods run at once, each in its own process (default: the CPUs "
                             "this process may use; the table is the same for any count)")
+    cmp_p.add_argument("--search-layouts", type=positive_int, default=None, metavar="N",
+                       help="with --auto-parallel: simulate at most N layouts per method, the "
+                            "same cap for every method (default: every memory-feasible layout "
+                            "not pruned by the step lower bound). A count, never wall time: "
+                            "the table is the same on every machine")
     cmp_p.set_defaults(handler=run_compare)
 
     list_p = subparsers.add_parser("methods", help="list the methods, or one method's options")
@@ -206,15 +211,17 @@ def run_plan(args: argparse.Namespace) -> int:
                        token_budget=args.token_budget,
                        seed=args.seed)
     options = method_options([args.method], args.option, prefixed=False)[args.method]
+    if args.time_limit is not None:
+        options["time_limit_s"] = args.time_limit
     if parallel is None:
         found = best_parallel(args.method, batch, model, hardware, args.gpus, cost,
-                              context=args.context, time_limit_s=args.time_limit, **options)
+                              context=args.context, **options)
         plan, parallel = found.plan, found.parallel
     else:
         parallel.validate_for_model(model)
         plan = plan_method(args.method, batch, model, hardware, parallel, cost,
-                           context=args.context, time_limit_s=args.time_limit, **options)
-    fits = plan.metadata.get("memory_fits")
+                           context=args.context, **options)
+    fits = plan.memory_fits
     if fits is False:
         print(f"slimpack plan: warning: the {args.method} plan does not fit in "
               f"{hardware.name} memory ({_peak_note(plan, model, hardware)}); try more "
@@ -261,6 +268,9 @@ def run_compare(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; allowed: {', '.join(method_names())}")
     options = method_options(methods, args.option, prefixed=True)
+    if args.search_layouts is not None and not args.auto_parallel:
+        raise ValueError("--search-layouts caps the --auto-parallel search; give --auto-parallel "
+                         "or drop it")
     model, hardware, cost = _specs(args)
     parallel = parallel_from_args(args)
     if parallel is not None:
@@ -274,6 +284,7 @@ def run_compare(args: argparse.Namespace) -> int:
     rows = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
                    time_limit_s=args.time_limit, method_options=options, progress=True,
+                   auto_parallel_top_k=args.search_layouts,
                    method_costs=method_costs, jobs=args.jobs or usable_cpus())
     if args.json:
         print(strict_json({"records": rows}, indent=1))

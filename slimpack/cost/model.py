@@ -20,6 +20,7 @@ from slimpack.cost.flops import Piece, as_piece_list, head_flops, linear_flops_p
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 from slimpack.specs.recompute import check_recompute
+from slimpack.specs.training import TrainingSpec
 
 TILE = 128
 """FlashAttention's query/key tile edge, in tokens."""
@@ -212,3 +213,11 @@ class AnalyticCostModel:
 def sequence_pieces(lengths: Iterable[int]) -> list[Piece]:
     """Whole documents, no prefix: the pieces of a packed micro-batch on one device."""
     return [(int(n), 0) for n in lengths]
+
+
+def training_of(cost: CostModel) -> TrainingSpec:
+    """The training recipe a cost model prices (ZeRO stage, dtype, kernels): the one place
+    planners and the simulator read it, so both charge the same recipe. A cost model without
+    one (the analytic reference model) prices the default recipe."""
+    training = getattr(cost, "training", None)
+    return training if training is not None else TrainingSpec()

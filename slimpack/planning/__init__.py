@@ -6,7 +6,7 @@ from slimpack.planning.auto_parallel import (
     auto_parallel_candidates,
     estimate_fixed_length_step,
 )
-from slimpack.planning.deadline import Deadline
+from slimpack.planning.deadline import WALL_CLOCK_FALLBACK, Deadline
 from slimpack.planning.estimates import (
     document_seconds,
     imbalance_degree,
@@ -34,6 +34,7 @@ from slimpack.planning.packing import (
 from slimpack.planning.ranks import aligned_blocks, num_slots, replica_groups, slot_ranks
 
 __all__ = [
+    "WALL_CLOCK_FALLBACK",
     "Candidate",
     "Deadline",
     "GroupLayout",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 
@@ -20,9 +21,9 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(fd)
 
 
-def new_highs(*, time_limit_s: float, mip_rel_gap: float, threads: int = 1,
+def new_highs(*, time_limit_s: float | None, mip_rel_gap: float, threads: int = 1,
               mip_max_nodes: int | None = None, sub_mip_heuristics: bool = True):
-    """A HiGHS instance with logging off, a time limit and an explicit MIP gap (HiGHS's
+    """A HiGHS instance with logging off, a time limit (None or inf: none) and an explicit MIP gap (HiGHS's
     default gap is 1e-4 and it reports "Optimal" at that gap, so callers set theirs).
 
     ``mip_max_nodes`` bounds the branch-and-bound by deterministic work: HiGHS's MIP on one
@@ -40,7 +41,8 @@ def new_highs(*, time_limit_s: float, mip_rel_gap: float, threads: int = 1,
     with _quiet_stdout():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
+    if time_limit_s is not None and math.isfinite(time_limit_s):
+        h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
     h.setOptionValue("threads", int(threads))
     if mip_max_nodes is not None:

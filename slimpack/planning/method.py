@@ -67,6 +67,11 @@ class MethodSpec:
     """Largest pipeline degree the configuration search tries for the method."""
     vpp_options: tuple[int, ...] = (1, 2)
     """Virtual pipeline degrees the configuration search tries (vpp > 1 needs pp > 1)."""
+    compared: bool = True
+    """Whether the suite's method comparisons (``slimpack.methods.compared_method_names``:
+    the harness's all-method experiments, figures' order) include the method. False for the
+    suite's unsliced reference and for baselines that only one paper's protocol runs
+    (FlexSP's Ulysses baselines)."""
     paper_zero_stage: int | None = None
     """The ZeRO stage the method's paper ran it with, where that differs from the suite's
     default (1, Megatron-LM's distributed optimizer): ``slimpack compare`` prices the method

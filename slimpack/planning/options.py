@@ -22,12 +22,16 @@ def build_options(cls: type[T], method: str, options: dict[str, Any]) -> T:
     return cls(**options)
 
 
-def check_time_limit(method: str, time_limit_s: float) -> None:
-    """A planner's time limit is a finite number of seconds > 0."""
-    if not (isinstance(time_limit_s, int | float) and math.isfinite(time_limit_s)
-            and time_limit_s > 0):
-        raise ValueError(f"{method}: time_limit_s must be a finite number of seconds > 0, "
-                         f"got {time_limit_s!r}")
+def check_time_limit(method: str, time_limit_s: float | None) -> None:
+    """A planner's ``time_limit_s``: None (no wall-clock safety net: the harness plans so, see
+    :mod:`slimpack.planning.deadline`) or a finite number of seconds > 0."""
+    if time_limit_s is None:
+        return
+    if isinstance(time_limit_s, bool) or not (isinstance(time_limit_s, int | float)
+                                              and math.isfinite(time_limit_s)
+                                              and time_limit_s > 0):
+        raise ValueError(f"{method}: time_limit_s must be None (no wall-clock limit) or a "
+                         f"finite number of seconds > 0, got {time_limit_s!r}")
 
 
 def describe_options(cls: type) -> list[tuple[str, str, str]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from slimpack.cost.flops import mfu, model_flops
 from slimpack.cost.kernel_model import default_cost_model
-from slimpack.cost.model import CostModel
+from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import Group, Plan
 from slimpack.planning.gc_pause import gc_paused
 from slimpack.records import OpTiming, StepRecord
@@ -88,7 +88,7 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
     used_schedules: dict[int, list[list[Op]]] = {}
     slice_cache: dict = {}
     # SlimPipe's attention redistribution between paired pipeline ranks (its plan flags it).
-    redistribute = bool(plan.metadata.get("attention_redistribution"))
+    redistribute = plan.attention_redistribution
     redistributed = []
     for phase in plan.phases:
         for group in phase.groups:
@@ -102,7 +102,7 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
             costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
                                 slice_cache=slice_cache, price_cache=price_cache)
             memory = group_memory(group, model=model, dp=plan.parallel.dp,
-                                  training=getattr(cost, "training", None))
+                                  training=training_of(cost))
             if redistribute and group.pp > 1:
                 costs, stats = redistribute_group(group, ops, costs, model=model, cost=cost,
                                                   gpus_per_node=gpus_per_node)
@@ -117,12 +117,10 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
                 for r in group.stage_ranks(s):
                     rank_free[r] = timeline.compute_end[s]
             runs.append(_GroupRun(group=group, costs=costs, memory=memory, timeline=timeline))
-    # Cost models that carry a TrainingSpec (KernelCostModel) also price the ZeRO stage's
-    # traffic and the optimizer step; the others keep the distributed-optimizer sync alone.
-    training = getattr(cost, "training", None)
+    # Every cost model prices its recipe's ZeRO traffic (the analytic one the default recipe);
+    # only those with an optimizer model (KernelCostModel) add the optimizer step.
     sync = dp_sync(plan, [(r.group, r.timeline) for r in runs], model=model, comm=cost.comm,
-                   overlap=overlap_dp_sync,
-                   zero_stage=training.zero_stage if training is not None else 1,
+                   overlap=overlap_dp_sync, zero_stage=training_of(cost).zero_stage,
                    optimizer_step=getattr(cost, "optimizer_step_seconds", None))
     record = _record(plan, runs, sync, model=model, hardware=hardware, trace=trace,
                      wall_s=time.perf_counter() - wall)

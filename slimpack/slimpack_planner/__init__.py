@@ -16,6 +16,7 @@ Every component has a switch (``no_slicing``, ``no_asymmetric``, ``no_dp_aware``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
-from slimpack.planning.deadline import Deadline
+from slimpack.planning.deadline import WALL_CLOCK_FALLBACK, Deadline
 from slimpack.planning.gc_pause import gc_paused
 from slimpack.slimpack_planner.assemble import (
     BuildContext,
@@ -84,9 +85,15 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
                                    fit_tokens=max_tokens_in_flight(ctx, parallel.cp))
     merge_choices = (True,) if opts.no_dp_merge else (True, False)
     if not opts.search:
-        best, tried = _first_fit(ctx, candidates, deadline)
+        best, tried, cut = _first_fit(ctx, candidates, deadline)
     else:
-        best, tried = _search(ctx, candidates, merge_choices, deadline)
+        best, tried, cut = _search(ctx, candidates, merge_choices, deadline)
+    if cut:
+        best.metadata["fallback"] = WALL_CLOCK_FALLBACK.format(limit=opts.time_limit_s)
+    # Every group's peak is the simulator's own memory walk (assemble.peaks_and_schedule),
+    # so the verdict is the simulator's.
+    best = dataclasses.replace(best, memory_fits=bool(
+        best.metadata["slimpack"]["peak_bytes"] <= hardware.usable_memory_bytes))
     best.metadata["plan_seconds"] = deadline.elapsed_s
     best.metadata["search"] = tried
     return best  # validated where it was built (heuristic) or simulated (search)
@@ -120,6 +127,8 @@ def _build_deadline(deadline: Deadline, reserve_s: float) -> Deadline:
     """The deadline a later candidate's build runs under: the planner's, less ``reserve_s``
     for what must follow the build (its validation) and the :data:`LIMIT_MARGIN`, so an
     interrupted or finished build still leaves room to return within the limit."""
+    if deadline.time_limit_s is None:
+        return deadline
     margin = LIMIT_MARGIN * deadline.time_limit_s
     return Deadline(time_limit_s=max(deadline.time_limit_s - reserve_s - margin, 0.0),
                     started=deadline.started)
@@ -139,7 +148,7 @@ def _num_units(plan: Plan) -> int:
 
 
 def _first_fit(ctx: BuildContext, candidates: list[int | None],
-               deadline: Deadline) -> tuple[Plan, list[dict]]:
+               deadline: Deadline) -> tuple[Plan, list[dict], bool]:
     """Heuristic mode: the first candidate whose schedule fits memory (no timing at all).
 
     The check walks each group's op order (exactly the simulator's memory accounting), so a
@@ -151,16 +160,19 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
     tried: list[dict] = []
     last_s = validate_s = 0.0
     last_slice: int | None = None
+    cut = False  # the wall-clock net stopped it before a fitting candidate was found
     for s in candidates:
         build_deadline = None  # the first candidate is always finished: the last resort
         if best is not None:
             build_deadline = _build_deadline(deadline, 2 * validate_s)
             if build_deadline.remaining_s < _predicted_build_s(last_s, last_slice, s):
-                break  # it would not finish in time: stop before starting it
+                cut = True  # it would not finish in time: stop before starting it
+                break
         started = time.perf_counter()
         try:
             candidate = build_plan(ctx, s, use_merge=True, deadline=build_deadline)
         except OutOfTime:
+            cut = True
             break
         validate_started = time.perf_counter()
         candidate.validate()
@@ -171,14 +183,17 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
                       "built_s": deadline.elapsed_s})
         if peak < best_peak:
             best, best_peak = candidate, peak
-        if peak <= budget or deadline.expired:
+        if peak <= budget:
+            break
+        if deadline.expired:
+            cut = True
             break
     assert best is not None
-    return best, tried
+    return best, tried, cut
 
 
 def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tuple[bool, ...],
-            deadline: Deadline) -> tuple[Plan, list[dict]]:
+            deadline: Deadline) -> tuple[Plan, list[dict], bool]:
     from slimpack.sim import simulate
 
     best: Plan | None = None
@@ -204,7 +219,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                 if build_deadline.remaining_s < predicted + 2 * sim_seconds:
                     # Not enough time left to build and judge another candidate: stop
                     # before starting one (its build would stop at the deadline, wasted).
-                    return best, tried
+                    return best, tried, True
             build_started = time.perf_counter()
             # Once a plan that fits is held, a candidate whose group overflows memory cannot
             # win (the build's peaks are the simulator's): its build stops at that group and
@@ -214,7 +229,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                 candidate = build_plan(ctx, s, use_merge=use_merge, deadline=build_deadline,
                                        stop_over_bytes=budget if holds_fit else None)
             except OutOfTime:
-                return best, tried
+                return best, tried, True
             except OverMemory as over:
                 if use_merge:
                     merged_outliers = over.outliers
@@ -243,7 +258,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                     best = candidate.validate()
                     tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
                                   "built_s": built_s, "simulated": False})
-                return best, tried
+                return best, tried, True
             sim_started = time.perf_counter()
             # simulate() validates the plan first: the plan kept is a validated one.
             record = simulate(candidate, model=ctx.model, hardware=ctx.hardware,
@@ -258,4 +273,4 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
             if best_key is None or key < best_key:
                 best, best_key = candidate, key
     assert best is not None
-    return best, tried
+    return best, tried, False

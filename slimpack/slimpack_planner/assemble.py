@@ -9,7 +9,7 @@ from slimpack.cost.memory import (
     activation_bytes_per_token_per_layer,
     model_state_bytes,
 )
-from slimpack.cost.model import CostModel
+from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import Group, Phase, Plan
 from slimpack.planning.deadline import Deadline
 from slimpack.sim.costs import layers_per_virtual_stage
@@ -140,7 +140,7 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     if stop_over_bytes is not None:
         # Each phase's longest sequence alone may put it over the limit: check both phases
         # before packing either (a group's own check would come only after earlier groups).
-        training = getattr(ctx.cost, "training", None)
+        training = training_of(ctx.cost)
         for seqs, merged in ((decision.outliers, decision.merge_factor), (regular, 1)):
             if seqs:
                 floor_bytes = _peak_floor_bytes(ctx, max(lengths[s] for s in seqs), merged,
@@ -255,7 +255,7 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
     checking a packing costs several times its layout.
     """
     budget = ctx.hardware.usable_memory_bytes * ctx.options.memory_headroom
-    training = getattr(ctx.cost, "training", None)
+    training = training_of(ctx.cost)
     if stop_over_bytes is not None:
         floor_bytes = _peak_floor_bytes(ctx, max(seqs.values()), len(replicas), training)
         if floor_bytes > stop_over_bytes:

@@ -22,10 +22,10 @@ class SlimPackOptions:
     the search by count, not time, keeps plans identical from run to run."""
     milp: bool = False
     """Refine phase 1 with a HiGHS MILP (warm-started from the heuristic)."""
-    time_limit_s: float = 30.0
+    time_limit_s: float | None = 30.0
     """Wall-clock safety net for the whole planner; a search that hits it returns the best plan
     so far (and is then no longer deterministic)."""
-    milp_time_limit_s: float = 1.0
+    milp_time_limit_s: float | None = 1.0
     no_slicing: bool = False
     """Ablation: whole sequences only (no cutting long sequences into slices)."""
     no_asymmetric: bool = False
@@ -66,8 +66,11 @@ class SlimPackOptions:
             raise ValueError("SlimPackOptions.slice_candidates must be positive multiples of 128")
         if self.search_candidates < 1:
             raise ValueError(f"SlimPackOptions.search_candidates must be >= 1, got {self.search_candidates}")
-        if self.time_limit_s <= 0 or self.milp_time_limit_s <= 0:
-            raise ValueError("SlimPackOptions.time_limit_s and milp_time_limit_s must be > 0")
+        for name in ("time_limit_s", "milp_time_limit_s"):
+            limit = getattr(self, name)
+            if limit is not None and not limit > 0:
+                raise ValueError(f"SlimPackOptions.{name} must be None (no wall-clock limit) "
+                                 f"or > 0 seconds, got {limit!r}")
         if self.cp_sharding not in ("per-sequence", "per-document"):
             raise ValueError(
                 f"SlimPackOptions.cp_sharding must be per-sequence or per-document, got {self.cp_sharding!r}"

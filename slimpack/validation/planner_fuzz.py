@@ -108,8 +108,8 @@ def run(cases: int, *, seed: int = 0, grace_s: float = 0.0) -> PlannerFuzzResult
             continue
         if plan.num_tokens != batch.num_tokens:
             failures.append(f"{label}: {plan.num_tokens} tokens planned of {batch.num_tokens}")
-        fits = plan.metadata.get("memory_fits")
-        if fits is not None and bool(fits) == bool(record.oom):
+        fits = plan.memory_fits
+        if fits is None or fits == bool(record.oom):
             failures.append(f"{label}: planner says memory_fits={fits}, simulator oom={record.oom}")
         if elapsed > SLACK * TIME_LIMIT_S + grace_s:
             failures.append(f"{label}: planned in {elapsed:.2f} s > {SLACK} x {TIME_LIMIT_S} s")
