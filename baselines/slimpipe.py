@@ -251,8 +251,5 @@ def _pipelined(parallel: ParallelSpec) -> bool:
 METHOD = MethodSpec(
     name="slimpipe", planner=plan, options=SlimPipeOptions, schedule_family="slimpipe",
     allows=_pipelined,
-    # Its artifact runs deep, interleaved pipelines (e.g. pp 8 with vpp 5 for llama-13b at
-    # 256K, the 14.78 GiB memory example): search them.
-    max_pp=32, vpp_options=(1, 2, 3, 4, 5),
     summary="uniform sequence slices, slice-level 1F1B, attention redistribution",
     source="SlimPipe, arXiv 2504.14519")

@@ -30,13 +30,15 @@ from slimpack.planning.auto_parallel import (
     auto_parallel_candidates,
     estimate_fixed_length_step,
 )
+from slimpack.planning.method import SEARCH_SPACE
 from slimpack.records import StepRecord
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 RECORD_KEYS = ("method", "step_time_s", "tokens_per_s", "mfu", "bubble_fraction",
                "peak_memory_gib", "oom", "imbalance_degree", "speedup_vs_first",
                "step_over_ideal", "plan_seconds", "parallel", "recompute", "offload", "num_tokens",
-               "search", "search_exhaustive", "fallback", "error")
+               "search", "search_exhaustive", "search_space", "layouts_candidates",
+               "layouts_simulated", "layouts_pruned", "fallback", "error")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,8 +178,9 @@ def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpu
     """The memory-feasible layouts of ``gpus`` GPUs that method ``method`` runs on."""
     spec = get_method(method)
     candidates = spec.candidates(auto_parallel_candidates(
-        model, hardware, gpus, context, schedule=spec.schedule_family, max_pp=spec.max_pp,
-        vpp_options=spec.vpp_options))
+        model, hardware, gpus, context, schedule=spec.schedule_family,
+        max_cp=SEARCH_SPACE.max_cp, max_pp=SEARCH_SPACE.max_pp,
+        vpp_options=SEARCH_SPACE.vpp_options))
     if candidate_filter is not None:
         candidates = [c for c in candidates if candidate_filter(c)]
     return candidates
@@ -317,8 +320,7 @@ def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Har
             plan = plan_method(method, batch, model, hardware, parallel, cost, context=context,
                                **options)
             rec = _simulate(plan, model, hardware, cost)
-        row = _record(method, plan, rec, used) | {
-            "search": search, "search_exhaustive": found.exhaustive if found else True}
+        row = _record(method, plan, rec, used) | search_columns(search, found)
         clock_stop = [t["stopped"] for t in (found.tried if found else ())
                       if "stopped" in t and t["stopped"].startswith("budget_s")]
         if clock_stop:
@@ -328,9 +330,20 @@ def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Har
     except (ValueError, RuntimeError) as exc:
         fallback = used or ParallelSpec.for_world(gpus)
         row = _record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}") | {
-            "search": search, "search_exhaustive": None}
+            **search_columns(search, None), "search_exhaustive": None}
     row["zero_stage"] = training_of(cost).zero_stage
     return row
+
+
+def search_columns(search: str, found: SearchResult | None) -> dict[str, Any]:
+    """What a record says about the layout search behind it: the space, and how many layouts
+    it held, simulated and pruned (None for a fixed layout), so a reader can check that no
+    method was searched less than another."""
+    return {"search": search, "search_exhaustive": found.exhaustive if found else True,
+            "search_space": SEARCH_SPACE.describe() if found else "fixed layout",
+            "layouts_candidates": found.candidates if found else None,
+            "layouts_simulated": found.simulated if found else None,
+            "layouts_pruned": found.pruned if found else None}
 
 
 def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: HardwareSpec,

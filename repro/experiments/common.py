@@ -180,7 +180,7 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
     narrows its layouts (e.g. vpp == 1 for plain 1F1B) and ``labels`` renames entries in the
     rows. A method that cannot be planned gets a row with ``error`` set, never silence.
     """
-    from slimpack.compare import best_parallel
+    from slimpack.compare import best_parallel, search_columns
     from slimpack.cost.kernel_model import default_cost_model
     from slimpack.specs import hardware_preset, model_preset
 
@@ -201,6 +201,9 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
             rows.append({"method": label, "error": f"{type(exc).__name__}: {exc}"})
             continue
         row = flatten(found.record.to_row())
+        row.update(flatten(search_columns(
+            f"{found.simulated} of {found.candidates} layouts simulated, "
+            f"{found.pruned} pruned by bound", found)))
         row.update(method=label, error="",
                    plan_seconds=float(found.plan.metadata.get("plan_seconds", 0.0)),
                    parallel=jsonable(found.parallel.to_dict()),

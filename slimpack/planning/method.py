@@ -35,6 +35,34 @@ class Planner(Protocol):
                  parallel: ParallelSpec, cost: CostModel, **options: Any) -> Plan: ...
 
 
+@dataclass(frozen=True, kw_only=True)
+class LayoutSpace:
+    """The (tp, cp, pp, vpp) layouts a configuration search may try; dp is what is left."""
+
+    max_cp: int = 32
+    max_pp: int = 32
+    vpp_options: tuple[int, ...] = (1, 2, 3, 4, 5)
+    """tp is a power of two up to a node's GPUs (Megatron-LM practice)."""
+
+    def __post_init__(self) -> None:
+        if self.max_cp < 1 or self.max_pp < 1 or not self.vpp_options or \
+                min(self.vpp_options) < 1:
+            raise ValueError(f"LayoutSpace: max_cp, max_pp and vpp_options must be >= 1, got "
+                             f"{self.max_cp}, {self.max_pp}, {self.vpp_options}")
+
+    def describe(self) -> str:
+        return (f"tp<=gpus/node cp<={self.max_cp} pp<={self.max_pp} "
+                f"vpp in {{{','.join(map(str, self.vpp_options))}}}")
+
+
+SEARCH_SPACE = LayoutSpace()
+"""The one layout space every method is searched over (issue 24, "equal terms"): the union of
+what the papers run, pp up to 32 and vpp up to 5 (SlimPipe's artifact: pp 8 with vpp 5 for
+llama-13b at 256K), cp up to 32 (Megatron-LM at 256K+). A method narrows it only by what it
+cannot run (``MethodSpec.allows``: SlimPipe needs pp > 1, the Ulysses baselines pp = 1), never
+by a smaller search."""
+
+
 def any_layout(parallel: ParallelSpec) -> bool:
     """The default ``allows``: the method runs on every (tp, cp, pp, vpp, dp) layout."""
     return True
@@ -63,10 +91,6 @@ class MethodSpec:
     """Which parallel layouts the method runs on (e.g. SlimPipe needs pp > 1)."""
     reshape: Callable[[Sequence[Candidate]], list[Candidate]] = keep_layouts
     """Turns the memory-feasible layouts into the method's own (e.g. FlexSP's SP pool)."""
-    max_pp: int = 16
-    """Largest pipeline degree the configuration search tries for the method."""
-    vpp_options: tuple[int, ...] = (1, 2)
-    """Virtual pipeline degrees the configuration search tries (vpp > 1 needs pp > 1)."""
     compared: bool = True
     """Whether the suite's method comparisons (``slimpack.methods.compared_method_names``:
     the harness's all-method experiments, figures' order) include the method. False for the
@@ -83,9 +107,6 @@ class MethodSpec:
                              f"{SCHEDULE_FAMILIES}, got {self.schedule_family!r}")
         if not dataclasses.is_dataclass(self.options):
             raise ValueError(f"MethodSpec {self.name}: options must be a dataclass type")
-        if self.max_pp < 1 or not self.vpp_options or min(self.vpp_options) < 1:
-            raise ValueError(f"MethodSpec {self.name}: max_pp and vpp_options must be >= 1, got "
-                             f"{self.max_pp}, {self.vpp_options}")
         if self.paper_zero_stage is not None and self.paper_zero_stage not in ZERO_STAGES:
             raise ValueError(f"MethodSpec {self.name}: paper_zero_stage must be None or one of "
                              f"{ZERO_STAGES}, got {self.paper_zero_stage!r}")
