@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from repro.analysis import load_records
+from repro.diagnosis import report_lines
 from repro.experiment import Claim
 from repro.registry import experiment_names, resolve_experiment
 
@@ -135,6 +136,7 @@ def render_report(results_dir: Path, registry: str = "repro.registry") -> str:
         *_table(claims),
         "",
         *_not_reproduced(claims),
+        *report_lines(lambda name: load_records(results_dir, name)),
         "## Consistency checks",
         "",
         "Checks that hold by construction of a schedule or a model, or test the suite against "

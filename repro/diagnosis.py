@@ -1,0 +1,163 @@
+"""Where SlimPack is not the fastest method: one line per setting, from the records alone.
+
+Issue 24 asks for a diagnosis of every setting SlimPack loses (which method wins, by how
+much, why). The records carry what decides it: each method's layout, its search (layouts
+simulated of the candidates), its bubble fraction and step over its balanced ideal, recompute
+and offload. The cause is named from those columns by fixed rules (:func:`cause`), so a reader
+can check every line against the CSV; it is a pointer to where to look, not a proof.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from repro.experiments.common import fits_memory
+
+CHALLENGER = "slimpack"
+
+
+def _layout(cell: object) -> str:
+    try:
+        p = json.loads(str(cell))
+    except (TypeError, ValueError):
+        return str(cell)
+    text = f"tp{p['tp']} cp{p['cp']} pp{p['pp']} dp{p['dp']}"
+    return text + (f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "")
+
+
+def _num(row: pd.Series, column: str) -> float:
+    value = pd.to_numeric(pd.Series([row.get(column)]), errors="coerce").iloc[0]
+    return float(value) if pd.notna(value) else math.nan
+
+
+def cause(ours: pd.Series, winner: pd.Series) -> str:
+    """The first rule that holds, in this order:
+
+    1. ``search``: the winner's layout is not the one SlimPack ran and SlimPack's search was
+       capped (``layouts_simulated`` < its candidates less those pruned): a layout it did not
+       try may be faster. ``planner``: the layouts differ and the search was not capped, so
+       SlimPack's own plan on the winner's layout is the slower one.
+    2. ``bubble``: SlimPack's bubble fraction exceeds the winner's by more than 2 points.
+    3. ``balance``: SlimPack's step over its ideal exceeds the winner's by more than 2%.
+    4. ``recompute`` / ``offload``: SlimPack recomputes or offloads where the winner does not.
+    5. ``kernel work``: none of the above: the same balance and bubble, so the difference is
+       the work priced per kernel (slice shapes, CP sharding), a cost-model term.
+    """
+    same_layout = _layout(ours.get("parallel")) == _layout(winner.get("parallel"))
+    simulated, candidates = _num(ours, "layouts_simulated"), _num(ours, "layouts_candidates")
+    pruned = _num(ours, "layouts_pruned")
+    capped = (not math.isnan(simulated) and not math.isnan(candidates)
+              and simulated + (0 if math.isnan(pruned) else pruned) < candidates)
+    if not same_layout and capped:
+        return (f"search: SlimPack simulated {simulated:.0f} of {candidates:.0f} layouts "
+                f"and not the winner's")
+    if not same_layout and not math.isnan(candidates):
+        return ("planner: SlimPack's search held the winner's layout (simulated, or pruned by "
+                "the bound), and SlimPack's plan there is slower than the winner's")
+    bubble = _num(ours, "bubble_fraction") - _num(winner, "bubble_fraction")
+    if bubble > 0.02:
+        return f"bubble: SlimPack's bubble fraction is {100 * bubble:.0f} points higher"
+    balance = _num(ours, "step_over_ideal") / _num(winner, "step_over_ideal")
+    if balance > 1.02:
+        return f"balance: SlimPack's step over its ideal is {balance:.2f}x the winner's"
+    for column in ("recompute", "offload"):
+        a, b = str(ours.get(column, "")), str(winner.get(column, ""))
+        if a != b and a not in ("none", "0.0", "0", "nan", ""):
+            return f"{column}: SlimPack runs {column} {a}, the winner {b}"
+    return "kernel work: same bubble and balance; the difference is per-kernel work"
+
+
+def losses(frame: pd.DataFrame, keys: list[str], *, value: str = "tokens_per_s",
+           label: callable | None = None) -> tuple[float, list[str]]:
+    """(share of settings SlimPack wins, one diagnosis line per setting it loses). A setting is
+    a group of ``keys`` holding SlimPack and another method; only methods that fit memory and
+    planned can win (a plan over memory does not run), and a setting where none fits is
+    left out."""
+    if frame.empty or CHALLENGER not in set(frame.get("method", [])):
+        return math.nan, []
+    frame = frame.assign(_fits=fits_memory(frame))
+    wins = settings = 0
+    lines = []
+    for key, group in frame.groupby(keys, dropna=False):
+        fitting = group[group["_fits"]]
+        if fitting.empty or group["method"].nunique() < 2 or \
+                not (group["method"] == CHALLENGER).any():
+            continue
+        settings += 1
+        best = fitting.loc[pd.to_numeric(fitting[value]).idxmax()]
+        if best["method"] == CHALLENGER:
+            wins += 1
+            continue
+        name = label(key) if label else ", ".join(map(str, key if isinstance(key, tuple)
+                                                      else (key,)))
+        ours = fitting[fitting["method"] == CHALLENGER]
+        if ours.empty:
+            lines.append(f"{name}: {best['method']} wins; memory: SlimPack's plan does not "
+                         f"fit (or failed to plan)")
+            continue
+        mine = ours.iloc[0]
+        ratio = float(best[value]) / float(mine[value])
+        lines.append(f"{name}: {best['method']} {ratio:.2f}x faster ({_layout(best['parallel'])}"
+                     f" vs SlimPack's {_layout(mine['parallel'])}); {cause(mine, best)}")
+    return (wins / settings if settings else math.nan), lines
+
+
+SETTING_EXPERIMENTS: dict[str, list[str]] = {
+    "e2e-throughput": ["point_key"], "paper-scale": ["dataset", "seed", "token_budget"],
+    "batch-size": ["point_key"], "scalability": ["point_key"], "balance": ["point_key"],
+    "memory": ["point_key"], "outliers": ["point_key"], "solver-overhead": ["point_key"]}
+"""The experiments whose points are settings SlimPack is compared in (one workload, every
+method), and what makes a setting: a point, or for ``paper-scale`` (one method per point) the
+workload columns. Left out: sensitivity corners (``robustness``), ablations, FlexSP's own
+protocol (no SlimPack)."""
+DESCRIBE = ("model", "dataset", "context", "num_gpus", "global_batch", "token_budget", "seed")
+
+
+def _settings(frame: pd.DataFrame, keys: list[str]) -> int:
+    """How many settings :func:`losses` judged (its rule for what counts)."""
+    fits = fits_memory(frame)
+    return sum(1 for _, g in frame.assign(_fits=fits).groupby(keys, dropna=False)
+               if g["_fits"].any() and g["method"].nunique() >= 2
+               and (g["method"] == CHALLENGER).any())
+
+
+def describe_setting(group: pd.DataFrame) -> str:
+    row = group.iloc[0]
+    parts = [f"{c} {row[c]}" for c in DESCRIBE if c in group.columns and pd.notna(row[c])]
+    return ", ".join(parts)
+
+
+def report_lines(records_of: callable) -> list[str]:
+    """The report's section: per experiment, the share of settings SlimPack wins and a line
+    per loss. ``records_of(name)`` returns an experiment's records."""
+    from slimpack.methods import method_names
+
+    registered = set(method_names())
+    lines, won, total = [], 0, 0
+    for name, keys in SETTING_EXPERIMENTS.items():
+        frame = records_of(name)
+        if frame.empty or "method" not in frame.columns:
+            continue
+        frame = frame[frame["method"].isin(registered)]
+        labels = {key: describe_setting(g) for key, g in frame.groupby(keys, dropna=False)}
+        share, losses_here = losses(frame, keys, label=labels.__getitem__)
+        if math.isnan(share):
+            continue
+        n = _settings(frame, keys)
+        won += round(share * n)
+        total += n
+        lines.append(f"- **{name}**: SlimPack fastest in {round(share * n)} of {n} settings.")
+        lines += [f"  - {line}" for line in losses_here]
+    if not total:
+        return []
+    return ["## Where SlimPack is not the fastest", "",
+            f"Over {total} settings of {len(SETTING_EXPERIMENTS)} experiments (methods that "
+            f"fit memory only), SlimPack has the highest throughput in {won} "
+            f"({100 * won / total:.0f}%). Each loss names the winner, the two layouts and the "
+            "first of these causes that the records show (`repro/diagnosis.py`): a capped "
+            "search that did not try the winner's layout, a larger pipeline bubble, a worse "
+            "balance (step over its ideal), recompute or offload, else per-kernel work.", "",
+            *lines, ""]

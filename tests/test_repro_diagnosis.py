@@ -1,0 +1,45 @@
+"""The report's diagnosis of settings SlimPack does not win (repro/diagnosis.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from repro.diagnosis import cause, losses
+
+LAYOUT_A = json.dumps({"tp": 2, "cp": 4, "pp": 8, "dp": 2, "vpp": 2})
+LAYOUT_B = json.dumps({"tp": 1, "cp": 4, "pp": 16, "dp": 2, "vpp": 5})
+
+
+def _row(method: str, tokens: float, *, layout: str = LAYOUT_A, oom: bool = False,
+         bubble: float = 0.05, over: float = 1.10, simulated: int | None = 3,
+         candidates: int | None = 100, pruned: int | None = 0, setting: str = "s1") -> dict:
+    return {"point_key": setting, "method": method, "tokens_per_s": tokens, "parallel": layout,
+            "oom": oom, "error": "", "bubble_fraction": bubble, "step_over_ideal": over,
+            "recompute": "none", "offload": 0.0, "layouts_simulated": simulated,
+            "layouts_candidates": candidates, "layouts_pruned": pruned}
+
+
+def test_a_method_over_memory_never_wins_and_shares_count_settings():
+    frame = pd.DataFrame([
+        _row("slimpack", 100.0), _row("megatron", 150.0, oom=True),  # s1: SlimPack wins
+        _row("slimpack", 100.0, setting="s2"), _row("slimpipe", 120.0, setting="s2"),
+    ])
+    share, lines = losses(frame, ["point_key"])
+    assert share == 0.5 and len(lines) == 1
+    assert lines[0].startswith("s2: slimpipe 1.20x faster")
+
+
+def test_causes_follow_the_rules_in_order():
+    ours = pd.Series(_row("slimpack", 100.0))
+    assert cause(ours, pd.Series(_row("slimpipe", 130.0, layout=LAYOUT_B))).startswith(
+        "search: SlimPack simulated 3 of 100")
+    uncapped = pd.Series(_row("slimpack", 100.0, simulated=40, pruned=60))
+    assert cause(uncapped, pd.Series(_row("slimpipe", 130.0, layout=LAYOUT_B))).startswith(
+        "planner")
+    assert cause(ours, pd.Series(_row("megatron", 130.0, bubble=0.01))).startswith(
+        "bubble: SlimPack's bubble fraction is 4 points higher")
+    assert cause(ours, pd.Series(_row("megatron", 130.0, over=1.0))).startswith(
+        "balance: SlimPack's step over its ideal is 1.10x")
+    assert cause(ours, pd.Series(_row("megatron", 130.0))).startswith("kernel work")
