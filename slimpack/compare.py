@@ -33,6 +33,7 @@ from slimpack.planning.auto_parallel import (
 from slimpack.planning.method import SEARCH_SPACE
 from slimpack.records import StepRecord
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.specs.training import TrainingSpec
 
 RECORD_KEYS = ("method", "step_time_s", "tokens_per_s", "mfu", "bubble_fraction",
                "peak_memory_gib", "oom", "imbalance_degree", "speedup_vs_first",
@@ -106,6 +107,21 @@ def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareS
         plan = dataclasses.replace(plan, memory_fits=plan_fits_memory(
             plan, model, hardware, training_of(cost)))
     return plan
+
+
+def paper_recipe_costs(methods: Sequence[str], model: ModelSpec, hardware: HardwareSpec,
+                       ) -> dict[str, CostModel]:
+    """The default cost model under each method's paper recipe, for the methods whose paper ran
+    them under another ZeRO stage than the suite's default (``MethodSpec.paper_zero_stage``:
+    FlexSP and its Ulysses baselines under ZeRO-3): the ``method_costs`` that price every
+    method as its paper ran it (``slimpack compare`` and the harness)."""
+    default = TrainingSpec().zero_stage
+    out: dict[str, CostModel] = {}
+    for method in methods:
+        stage = get_method(method.split(":")[0]).paper_zero_stage
+        if stage is not None and stage != default:
+            out[method] = default_cost_model(model, hardware, TrainingSpec(zero_stage=stage))
+    return out
 
 
 def _simulate(plan: Plan, model: ModelSpec, hardware: HardwareSpec, cost: CostModel,

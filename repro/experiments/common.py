@@ -75,7 +75,7 @@ def flatten(record: dict[str, Any]) -> Row:
 def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
                  **extra: Any) -> list[Row]:
     """One row per method from ``slimpack.compare.compare`` on the point's workload."""
-    from slimpack.compare import compare
+    from slimpack.compare import compare, paper_recipe_costs
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
     batch = extra.pop("batch", None) or draw_batch(point, experiment)
@@ -84,11 +84,16 @@ def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
     extra.setdefault("auto_parallel_top_k", SEARCH_TOP_K)
     extra.setdefault("search_budget_s", None)
     extra["method_options"] = with_harness_options(methods, extra.get("method_options"))
+    model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
+    # Every method priced under its paper's recipe (FlexSP and the Ulysses baselines ZeRO-3)
+    # unless the experiment gives its own costs; the records carry ``zero_stage``.
+    if extra.get("cost") is None:
+        extra["method_costs"] = {**paper_recipe_costs(methods, model, hardware),
+                                 **(extra.get("method_costs") or {})}
     parallel = None
     if point.get("parallel"):
         parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
-    records = compare(list(methods), batch, model_preset(point["model"]),
-                      hardware_preset(point["hardware"]), point["num_gpus"], parallel=parallel,
+    records = compare(list(methods), batch, model, hardware, point["num_gpus"], parallel=parallel,
                       auto_parallel=parallel is None, context=point["context"], **extra)
     rows = []
     for record in records:
@@ -180,12 +185,14 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
     narrows its layouts (e.g. vpp == 1 for plain 1F1B) and ``labels`` renames entries in the
     rows. A method that cannot be planned gets a row with ``error`` set, never silence.
     """
-    from slimpack.compare import best_parallel, search_columns
+    from slimpack.compare import best_parallel, paper_recipe_costs, search_columns
     from slimpack.cost.kernel_model import default_cost_model
+    from slimpack.cost.model import training_of
     from slimpack.specs import hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
     cost = default_cost_model(model, hardware)
+    recipe = paper_recipe_costs(methods, model, hardware)  # e.g. FlexSP under ZeRO-3
     batch = batch if batch is not None else draw_batch(point, experiment)
     rows = []
     for entry in methods:
@@ -194,7 +201,8 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
         keep = None if candidate_filter is None else (
             lambda c, entry=entry: candidate_filter(entry, c))
         try:
-            found = best_parallel(method, batch, model, hardware, point["num_gpus"], cost,
+            found = best_parallel(method, batch, model, hardware, point["num_gpus"],
+                                  recipe.get(entry, cost),
                                   context=point["context"], top_k=top_k, candidate_filter=keep,
                                   **with_harness_options(methods, method_options).get(entry, {}))
         except (ValueError, RuntimeError) as exc:
@@ -208,6 +216,7 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
                    plan_seconds=float(found.plan.metadata.get("plan_seconds", 0.0)),
                    parallel=jsonable(found.parallel.to_dict()),
                    recompute=",".join(sorted({g.recompute for g in found.plan.groups()})),
-                   offload=max(g.offload for g in found.plan.groups()))
+                   offload=max(g.offload for g in found.plan.groups()),
+                   zero_stage=training_of(recipe.get(entry, cost)).zero_stage)
         rows.append(row)
     return rows
