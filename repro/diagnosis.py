@@ -113,7 +113,8 @@ SETTING_EXPERIMENTS: dict[str, list[str]] = {
 method), and what makes a setting: a point, or for ``paper-scale`` (one method per point) the
 workload columns. Left out: sensitivity corners (``robustness``), ablations, FlexSP's own
 protocol (no SlimPack)."""
-DESCRIBE = ("model", "dataset", "context", "num_gpus", "global_batch", "token_budget", "seed")
+DESCRIBE = ("model", "dataset", "context", "num_gpus", "global_batch", "token_budget", "seed",
+            "protocol")
 
 
 def _settings(frame: pd.DataFrame, keys: list[str]) -> int:
@@ -142,6 +143,8 @@ def report_lines(records_of: callable) -> list[str]:
         if frame.empty or "method" not in frame.columns:
             continue
         frame = frame[frame["method"].isin(registered)]
+        if "protocol" in frame.columns:  # e2e-throughput: each protocol's rows are a setting
+            keys = [*keys, "protocol"]
         labels = {key: describe_setting(g) for key, g in frame.groupby(keys, dropna=False)}
         share, losses_here = losses(frame, keys, label=labels.__getitem__)
         if math.isnan(share):
