@@ -54,6 +54,10 @@ class SlimPackOptions:
     """How a MicroPack is split over CP ranks: "per-sequence" (the packed buffer in 2*cp
     zigzag chunks, so short documents stay whole) or "per-document" (every document in 2*cp
     chunks: balanced attention, but short documents shatter into part-empty attention tiles)."""
+    vocab_parallel_pp: bool = True
+    """With pp > 1, spread the LM head and loss over the pipeline ranks (SlimPipe's vocabulary
+    parallelism) instead of running them on the last stage. False gives a plan the CPU
+    runtime can execute today (it refuses ``vocab_parallel_pp`` at pp > 1)."""
     memory_headroom: float = 0.9
     """Fraction of usable device memory the planner lets activations and states take."""
 
