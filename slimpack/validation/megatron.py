@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from slimpack.specs.training import TrainingSpec
 VALIDATION_DIR = Path(__file__).resolve().parents[2] / "datasets" / "validation"
 DEFAULT_FILE = VALIDATION_DIR / "megatron_published_a100.json"
 METRICS = ("iteration_time", "achieved_tflops_per_gpu", "mfu", "layer_fwd_plus_bwd_time",
-           "per_layer_fwd_bwd_overhead_vs_baseline")
+           "per_layer_fwd_bwd_overhead_vs_baseline", "model_tflops_per_gpu")
 """Metrics a record is compared on, first measured one wins."""
 A100_PEAK = 312e12
 
@@ -89,6 +90,7 @@ class ValidationRow:
                 "abs_error_pct": 100 * abs(self.bias), "recompute": c.recompute,
                 "sequence_parallel": c.training.sequence_parallel,
                 "zero_stage": c.training.zero_stage, "num_gpus": c.parallel.world,
+                "hardware": c.hardware.name, "precision": c.training.dtype, "cp": c.parallel.cp,
                 "step_time_s": self.step_time_s}
 
 
@@ -204,6 +206,18 @@ def korthikanti_flops(case: Case) -> float:
     return 72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
 
 
+def nemo_model_flops(case: Case) -> float:
+    """NeMo's model FLOPs of one iteration for the Llama family as its tables of 2024 counted
+    them (``nemo/utils/flops_formulas.py``, ``llama2``, before the causal discount of NVIDIA/NeMo
+    commit 6251117f4c, 2025-08-09): ``gbs*s*L*h^2*(12 + 12*g/a + 18*f/h + 12*s/h + 6*V/(L*h))``.
+    It reproduces the NeMo 24.07 summary's 780 TFLOP/s for Llama2-7B from its 16,934 tokens/s/GPU."""
+    m, s = case.model, case.seq_len
+    h, L = m.hidden, m.num_layers
+    return case.gbs * s * L * h * h * (12 + 12 * m.num_kv_heads / m.num_heads
+                                       + 18 * m.ffn_hidden / h + 12 * s / h
+                                       + 6 * m.vocab_size / (L * h))
+
+
 def _cost(case: Case, **scales: float) -> KernelCostModel:
     return KernelCostModel(model=case.model, hardware=case.hardware, training=case.training,
                            **scales)
@@ -248,6 +262,10 @@ def predict(case: Case, **scales: float) -> ValidationRow:
         pred = narayanan_flops(case) / (step * world) / 1e12
         return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
                              step_time_s=step)
+    if case.metric == "model_tflops_per_gpu":
+        pred = nemo_model_flops(case) / (step * world) / 1e12
+        return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
+                             step_time_s=step)
     if case.metric == "mfu":
         pred = 100 * korthikanti_flops(case) / (step * world * A100_PEAK)
         return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
@@ -255,9 +273,13 @@ def predict(case: Case, **scales: float) -> ValidationRow:
     raise ValueError(f"metric must be one of {METRICS}, got {case.metric!r}")
 
 
-def validate(records: list[dict[str, Any]] | None = None, **scales: float) -> ValidationReport:
-    """Express, simulate and compare every record with a measured number."""
+def validate(records: list[dict[str, Any]] | None = None, *,
+             express_fn: Callable[[dict[str, Any]], Case | Skipped] | None = None,
+             **scales: float) -> ValidationReport:
+    """Express (with ``express_fn``, default :func:`express`), simulate and compare every
+    record with a measured number."""
     records = load_records() if records is None else records
+    express_fn = express if express_fn is None else express_fn
     rows: list[ValidationRow] = []
     skipped: list[Skipped] = []
     measured = 0
@@ -265,12 +287,56 @@ def validate(records: list[dict[str, Any]] | None = None, **scales: float) -> Va
         if not any(m.get("kind") == "measured" for m in record.get("measurements", [])):
             continue
         measured += 1
-        case = express(record)
+        case = express_fn(record)
         if isinstance(case, Skipped):
             skipped.append(case)
         else:
             rows.append(predict(case, **scales))
     return ValidationReport(rows=rows, skipped=skipped, measured_records=measured)
+
+
+GPU_BANDS = ((1, 64), (65, 512), (513, 2048), (2049, None))
+"""GPU-count bands of the breakdown (inclusive)."""
+
+
+def _band(world: int) -> str:
+    for lo, hi in GPU_BANDS:
+        if world >= lo and (hi is None or world <= hi):
+            return f"{lo}-{hi} GPUs" if hi is not None else f">{lo - 1} GPUs"
+    raise ValueError(f"num_gpus must be >= 1, got {world}")
+
+
+def _group_order(item: tuple[str, list[float]]) -> tuple[int, str]:
+    """GPU bands by their first count (so 65-512 precedes 513-2048), other groups by name."""
+    head = item[0].lstrip(">").split("-")[0].split(" ")[0]
+    return (int(head), item[0]) if head.isdigit() else (0, item[0])
+
+
+def breakdown(report: ValidationReport) -> dict[str, dict[str, dict[str, float]]]:
+    """Median signed bias and median |error| (percent) and row count per hardware, precision,
+    context parallelism (cp = 1 vs cp > 1) and GPU-count band."""
+    keys = {"hardware": lambda r: r.case.hardware.name,
+            "precision": lambda r: r.case.training.dtype,
+            "cp": lambda r: "cp>1" if r.case.parallel.cp > 1 else "cp=1",
+            "gpus": lambda r: _band(r.case.parallel.world)}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name, key in keys.items():
+        groups: dict[str, list[float]] = {}
+        for r in report.rows:
+            groups.setdefault(key(r), []).append(r.bias)
+        out[name] = {g: {"rows": len(b), "median_bias_pct": 100 * statistics.median(b),
+                         "median_abs_error_pct": 100 * statistics.median(abs(x) for x in b)}
+                     for g, b in sorted(groups.items(), key=_group_order)}
+    return out
+
+
+def format_breakdown(report: ValidationReport) -> list[str]:
+    lines = []
+    for name, groups in breakdown(report).items():
+        parts = [f"{g} n={int(v['rows'])} bias {v['median_bias_pct']:+.1f}% "
+                 f"|err| {v['median_abs_error_pct']:.1f}%" for g, v in groups.items()]
+        lines.append(f"  by {name}: " + "; ".join(parts))
+    return lines
 
 
 def format_report(report: ValidationReport) -> str:
@@ -286,4 +352,6 @@ def format_report(report: ValidationReport) -> str:
                  f"median |error| {summ['median_abs_error_pct']:.1f}%; median bias <10B "
                  f"{summ['median_bias_small_pct']:+.1f}%, >100B {summ['median_bias_large_pct']:+.1f}% "
                  f"(spread {summ['size_bias_spread_pts']:.1f} pts)")
+    if report.rows:
+        lines.extend(format_breakdown(report))
     return "\n".join(lines)
