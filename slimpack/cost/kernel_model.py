@@ -32,6 +32,9 @@ from slimpack.specs.recompute import check_recompute
 from slimpack.specs.training import TrainingSpec
 
 BF16 = 2
+FP8_CAST_BYTES = 4
+"""HBM bytes per element of one Transformer Engine ``cast_transpose``: read bf16 (2 B), write
+the fp8 tensor and its transpose (1 B each)."""
 OPTIMIZER_BYTES_PER_PARAM = 34
 """Adam step on one parameter of the local shard, fp32 master weights: read master, m, v,
 gradient (16 B), write master, m, v (12 B) and the bf16 copy (2 B), plus one more read of the
@@ -75,9 +78,12 @@ class KernelCostModel:
         object.__setattr__(self, "comm", CommModel(hardware=hw))
 
     # -- kernels -----------------------------------------------------------------------------
-    def _gemm(self, m: float, n: float, k: float, batch: int = 1) -> float:
+    def _gemm(self, m: float, n: float, k: float, batch: int = 1,
+              dtype: str | None = None) -> float:
+        """A GEMM in the recipe's precision (``dtype`` overrides: the LM head stays bf16)."""
         return K.gemm_seconds(self.hardware, int(m), int(n), int(k), batch=batch,
-                              dtype=self.training.dtype) / self.gemm_scale
+                              dtype=self.training.dtype if dtype is None else dtype) \
+            / self.gemm_scale
 
     def _linear_shapes(self, tokens: int, tp: int) -> list[tuple[int, int, int]]:
         """(m, n, k) of the forward GEMMs of one layer on one TP rank (fused QKV, out
@@ -97,6 +103,44 @@ class KernelCostModel:
         for m, n, k in self._linear_shapes(tokens, tp):
             fwd += self._gemm(m, n, k)
             bwd += self._gemm(m, k, n) + self._gemm(k, n, m)
+        return PassTimes(forward_s=fwd, backward_s=bwd)
+
+    def fp8_cast_times(self, tokens: int, tp: int = 1) -> PassTimes:
+        """Transformer Engine's FP8 casts of one layer (0 for bf16), memory-bound.
+
+        TE casts each FP8 GEMM operand with ``cast_transpose`` (read bf16, write the fp8 tensor
+        and its fp8 transpose for the weight-gradient GEMM, amax taken in the same pass):
+        ``FP8_CAST_BYTES`` = 4 B per element. Forward: the inputs of the out-projection and of
+        the down-projection (the QKV and up-projection inputs come out of the fused norm
+        already in fp8, TE's LayerNormLinear: no extra pass); backward: the incoming output
+        gradient of all four GEMMs. Weights are cast once per step (first micro-batch), not
+        priced per layer."""
+        if self.training.dtype != "fp8":
+            return ZERO_TIMES
+        shapes = self._linear_shapes(tokens, tp)
+        fwd = sum(m * k for m, _, k in (shapes[1], shapes[3]))
+        bwd = sum(m * n for m, n, _ in shapes)
+        return PassTimes(forward_s=K.memory_seconds(self.hardware, fwd * FP8_CAST_BYTES),
+                         backward_s=K.memory_seconds(self.hardware, bwd * FP8_CAST_BYTES))
+
+    def overlapped_tp_times(self, tokens: int, tp: int) -> PassTimes:
+        """GEMMs plus TP communication of one layer with userbuffers-style overlap.
+
+        Transformer Engine splits each all-gather + GEMM (and GEMM + reduce-scatter) into
+        ``tp`` ring steps: ``tp`` GEMMs of ``m/tp`` rows run while the next chunk travels, so
+        a pair costs ``max(tp * gemm(m/tp), comm) + comm/tp`` (the smaller GEMMs' own tile and
+        wave efficiency, and one chunk's transfer that nothing hides: the first all-gather
+        chunk or the last reduce-scatter chunk). Forward pairs: AG+QKV, proj+RS, AG+up,
+        down+RS; backward: the data-gradient GEMMs with the mirrored collectives; the
+        weight-gradient GEMMs run whole."""
+        shapes = self._linear_shapes(tokens, tp)
+        c = self.tp_comm_seconds(tokens, tp) / 4  # one AG or RS of the layer activations
+        chunk = -(-tokens // tp)
+        fwd = bwd = 0.0
+        for m, n, k in shapes:
+            fwd += max(tp * self._gemm(m * chunk / tokens, n, k), c) + c / tp
+            bwd += max(tp * self._gemm(m * chunk / tokens, k, n), c) + c / tp
+            bwd += self._gemm(k, n, m)
         return PassTimes(forward_s=fwd, backward_s=bwd)
 
     def attention_times(self, pieces: Sequence[Piece], tp: int = 1) -> PassTimes:
@@ -306,17 +350,17 @@ class KernelCostModel:
         return token_part
 
     def _token_times(self, tokens: int, tp: int) -> PassTimes:
-        """GEMMs, elementwise work and (exposed) TP communication of one layer."""
-        lin = self.linear_times(tokens, tp)
+        """GEMMs, elementwise work, FP8 casts and (exposed) TP communication of one layer."""
         elem = self.elementwise_times(tokens, tp)
-        comm = self.tp_comm_seconds(tokens, tp)
-        if self.training.tp_comm_overlap:
-            comm_f = max(0.0, comm - lin.forward_s)
-            comm_b = max(0.0, comm - lin.backward_s)
+        cast = self.fp8_cast_times(tokens, tp)
+        if self.training.tp_comm_overlap and tp > 1:
+            lin_comm = self.overlapped_tp_times(tokens, tp)
         else:
-            comm_f = comm_b = comm
-        return PassTimes(forward_s=lin.forward_s + elem.forward_s + comm_f,
-                         backward_s=lin.backward_s + elem.backward_s + comm_b)
+            lin = self.linear_times(tokens, tp)
+            comm = self.tp_comm_seconds(tokens, tp)
+            lin_comm = PassTimes(forward_s=lin.forward_s + comm, backward_s=lin.backward_s + comm)
+        return PassTimes(forward_s=lin_comm.forward_s + elem.forward_s + cast.forward_s,
+                         backward_s=lin_comm.backward_s + elem.backward_s + cast.backward_s)
 
     def head_times(self, tokens: int, *, tp: int = 1, vocab_shards: int = 1) -> PassTimes:
         if tokens <= 0:
@@ -332,8 +376,10 @@ class KernelCostModel:
         h = self.model.hidden
         # Logits and cross entropy in fp32: write logits, read them for softmax, write grads.
         loss = K.memory_seconds(self.hardware, tokens * v * 4 * 3)
-        fwd = self._gemm(tokens, v, h) + loss / 2
-        bwd = self._gemm(tokens, h, v) + self._gemm(h, v, tokens) + loss / 2
+        # The output layer runs outside Transformer Engine's fp8 region: bf16 in FP8 recipes.
+        fwd = self._gemm(tokens, v, h, dtype="bf16") + loss / 2
+        bwd = (self._gemm(tokens, h, v, dtype="bf16") + self._gemm(h, v, tokens, dtype="bf16")
+               + loss / 2)
         return PassTimes(forward_s=fwd, backward_s=bwd)
 
     def optimizer_step_seconds(self, local_params: float) -> float:

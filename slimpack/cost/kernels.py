@@ -72,7 +72,7 @@ class AttentionConstants:
 GEMM_CONSTANTS: dict[tuple[str, str], GemmConstants] = {
     ("ampere", "bf16"): GemmConstants(eta=0.90, k0=416.0, launch_s=6.0e-6),
     ("hopper", "bf16"): GemmConstants(eta=0.84, k0=32.0, launch_s=6.0e-6),
-    ("hopper", "fp8"): GemmConstants(eta=0.783, k0=32.0, launch_s=6.0e-6),
+    ("hopper", "fp8"): GemmConstants(eta=0.64, k0=544.0, launch_s=0.0),
 }
 ATTENTION_CONSTANTS: dict[str, AttentionConstants] = {
     "ampere": AttentionConstants(eta_fwd=0.73, eta_bwd=0.71, row_fwd=0.0, row_bwd=2.05, d0=6.8),

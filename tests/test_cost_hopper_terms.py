@@ -1,0 +1,66 @@
+"""Kernel-level terms of the Hopper/FP8 recipe (docs/cost-model.md, "Hopper and FP8 terms"):
+each checked on a hand-computed number."""
+
+from __future__ import annotations
+
+import pytest
+
+from slimpack.cost import kernels
+from slimpack.cost.kernel_model import KernelCostModel
+from slimpack.specs import hardware_preset, model_preset
+from slimpack.specs.training import TrainingSpec
+
+H100 = hardware_preset("h100")
+LLAMA7 = model_preset("llama-7b")  # h 4096, MHA (kv 4096), ffn 11008
+
+
+def test_fp8_casts_are_cast_transpose_bytes_over_hbm():
+    """TE cast_transpose: read 2 B, write fp8 + transpose (1 B each) = 4 B per element.
+    llama-7b, 8192 tokens, tp 1. Forward: inputs of out-proj (4096) and down-proj (11008):
+    8192*15104*4 B = 494,927,872 B; backward: output gradients of QKV (12288), out-proj
+    (4096), gate+up (22016) and down (4096): 8192*42496*4 B = 1,392,508,928 B; both at 80% of
+    3.35 TB/s (2.68e12 B/s): 184.7 us and 519.6 us."""
+    cost = KernelCostModel(model=LLAMA7, hardware=H100, training=TrainingSpec(dtype="fp8"))
+    t = cost.fp8_cast_times(8192, tp=1)
+    assert t.forward_s == pytest.approx(494_927_872 / 2.68e12, rel=1e-9)
+    assert t.backward_s == pytest.approx(1_392_508_928 / 2.68e12, rel=1e-9)
+    bf16 = KernelCostModel(model=LLAMA7, hardware=H100)
+    assert bf16.fp8_cast_times(8192, tp=1).forward_s == 0.0
+
+
+def test_lm_head_stays_bf16_in_the_fp8_recipe():
+    """Megatron-core runs the output layer outside Transformer Engine's fp8 autocast."""
+    fp8 = KernelCostModel(model=LLAMA7, hardware=H100, training=TrainingSpec(dtype="fp8"))
+    bf16 = KernelCostModel(model=LLAMA7, hardware=H100)
+    assert fp8.head_times(8192, tp=2) == bf16.head_times(8192, tp=2)
+    assert fp8.linear_times(8192, tp=2).forward_s < bf16.linear_times(8192, tp=2).forward_s
+
+
+def test_userbuffers_overlap_is_chunked_gemms_plus_one_unhidden_chunk():
+    """One AG+GEMM pair at tp 2 costs max(2 * gemm(m/2), c) + c/2. Checked on the QKV pair of
+    llama-7b, 8192 tokens: GEMM-bound here, so the pair is the two half GEMMs plus half of
+    one all-gather of 8192*4096*2 B over NVLink."""
+    tr = TrainingSpec(tp_comm_overlap=True)
+    cost = KernelCostModel(model=LLAMA7, hardware=H100, training=tr)
+    c = cost.tp_comm_seconds(8192, 2) / 4
+    assert c == pytest.approx(cost.comm.all_gather(8192 * 4096 * 2, 2, intra_node=True))
+    half = kernels.gemm_seconds(H100, 4096, 6144, 4096)  # QKV on one rank: n = 12288/2
+    assert 2 * half > c  # GEMM-bound
+    qkv_pair = 2 * half + c / 2
+    full = cost.overlapped_tp_times(8192, 2)
+    # the other three pairs and the weight-gradient GEMMs by the same rule: the forward is
+    # never cheaper than its chunked GEMMs plus four unhidden chunks
+    shapes = cost._linear_shapes(8192, 2)
+    chunked = sum(2 * kernels.gemm_seconds(H100, m // 2, n, k) for m, n, k in shapes)
+    assert full.forward_s >= chunked + 4 * c / 2 - 1e-12
+    assert qkv_pair == pytest.approx(2 * kernels.gemm_seconds(H100, 4096, 6144, 4096) + c / 2)
+    # overlap is not free: slower than the GEMMs alone, faster than GEMMs then communication
+    serial = KernelCostModel(model=LLAMA7, hardware=H100)
+    lin = serial.linear_times(8192, 2)
+    assert lin.forward_s < full.forward_s < lin.forward_s + serial.tp_comm_seconds(8192, 2)
+
+
+def test_overlap_off_or_tp_one_keeps_the_serial_price():
+    on = KernelCostModel(model=LLAMA7, hardware=H100, training=TrainingSpec(tp_comm_overlap=True))
+    off = KernelCostModel(model=LLAMA7, hardware=H100)
+    assert on.layer_times([(4096, 0)], tp=1) == off.layer_times([(4096, 0)], tp=1)
