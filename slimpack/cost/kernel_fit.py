@@ -16,8 +16,9 @@ rows set which constant:
   ratio: the FlashAttention-2 seqlen sweep (Ampere, RTX A5000); forward ``eta`` of ``ampere``
   from the FlashAttention-2 paper's stated A100 asymptote. ``hopper``: ``row_fwd`` from the
   FlashAttention-3 sweep on a PCIe H100, ``eta_fwd`` from the FlashAttention-3 paper's 740
-  TFLOP/s; no cited Hopper backward sweep, so its backward takes Ampere's row overhead and
-  ratio (*reconstructed*). ``d0`` from the head-dim 64/128 pair on H20.
+  TFLOP/s; Hopper backward ``eta_bwd, row_bwd`` from FlashAttention-3's H100 backward sweep
+  (tritonbench PR #1256, head dim 128, 1K-8K tokens). ``d0`` from the head-dim 64/128 pair
+  on H20.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def fit_gemm(rows: Iterable[dict[str, str]]) -> dict[tuple[str, str], K.GemmCons
 def _saturation_fit(nq: np.ndarray, eff: np.ndarray) -> tuple[float, float]:
     """(eta, row) minimising log error of ``eff = eta * nq / (nq + row)`` (non-causal)."""
     best = None
-    for row in np.arange(0.0, 8.0001, 0.05):
+    for row in np.arange(0.0, 16.0001, 0.05):
         shape = nq / (nq + row)
         eta = float(np.exp(np.mean(np.log(eff / shape))))
         loss = float(np.sum(np.log(eta * shape / eff) ** 2))
@@ -155,12 +156,14 @@ def fit_attention(rows: Iterable[dict[str, str]]) -> dict[str, K.AttentionConsta
     _, row_fh = _saturation_fit(*_sweep(rows, "h100-pcie-80g", "fa3", "fwd"))
     stated_h100, nq_h100 = _stated(rows, "h100-sxm-80g", "fa3")
     eta_fh = stated_h100 * (nq_h100 + row_fh) / nq_h100
+    # Hopper backward: FlashAttention-3's own H100 backward sweep (tritonbench PR #1256).
+    eta_bh, row_bh = _saturation_fit(*_sweep(rows, "h100-sxm-80g", "fa3", "bwd"))
     r2 = lambda x: round(float(x), 2)  # noqa: E731
     return {
         "ampere": K.AttentionConstants(eta_fwd=r2(eta_fa), eta_bwd=r2(eta_fa * bwd_ratio),
                                        row_fwd=r2(row_f), row_bwd=r2(row_b), d0=d0),
-        "hopper": K.AttentionConstants(eta_fwd=r2(eta_fh), eta_bwd=r2(eta_fh * bwd_ratio),
-                                       row_fwd=r2(row_fh), row_bwd=r2(row_b), d0=d0),
+        "hopper": K.AttentionConstants(eta_fwd=r2(eta_fh), eta_bwd=r2(eta_bh),
+                                       row_fwd=r2(row_fh), row_bwd=r2(row_bh), d0=d0),
     }
 
 

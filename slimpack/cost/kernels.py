@@ -76,7 +76,7 @@ GEMM_CONSTANTS: dict[tuple[str, str], GemmConstants] = {
 }
 ATTENTION_CONSTANTS: dict[str, AttentionConstants] = {
     "ampere": AttentionConstants(eta_fwd=0.73, eta_bwd=0.71, row_fwd=0.0, row_bwd=2.05, d0=6.8),
-    "hopper": AttentionConstants(eta_fwd=0.76, eta_bwd=0.74, row_fwd=1.95, row_bwd=2.05, d0=6.8),
+    "hopper": AttentionConstants(eta_fwd=0.76, eta_bwd=0.65, row_fwd=1.95, row_bwd=8.25, d0=6.8),
 }
 
 NETWORK_EFFICIENCY: dict[str, tuple[float, float]] = {
