@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("bf16", "fp8")
+GRAD_DTYPES = ("fp32", "bf16")
 ZERO_STAGES = (0, 1, 3)
 ATTENTION_KERNELS = ("flash", "unfused")
 
@@ -34,6 +35,11 @@ class TrainingSpec:
     attention_kernel: str = "flash"
     """``flash`` (FlashAttention-2/3) or ``unfused`` (Megatron-LM 2021-22: QK^T and PV batched
     GEMMs around a fused scale-mask-softmax and dropout that materialise s x s scores)."""
+    grad_dtype: str = "fp32"
+    """Data-parallel gradient buffers: ``fp32`` (Megatron-LM accumulates and reduces bf16
+    runs' gradients in fp32: 4 B per parameter) or ``bf16`` (NeMo's Apex
+    ``distributed_fused_adam`` with ``grad_sync_dtype: bf16``, as NVIDIA's H100 recipes run
+    it: 2 B per parameter; the fp32 master weights and Adam moments stay sharded)."""
     dropout: bool = False
     """Hidden and attention-probability dropout (GPT-3 recipes): its masks and the extra
     elementwise passes are priced; the s x s attention mask only for ``unfused``."""
@@ -42,6 +48,9 @@ class TrainingSpec:
         if self.dtype not in DTYPES:
             raise ValueError(f"TrainingSpec.dtype must be one of {', '.join(DTYPES)}, "
                              f"got {self.dtype!r}")
+        if self.grad_dtype not in GRAD_DTYPES:
+            raise ValueError(f"TrainingSpec.grad_dtype must be one of {', '.join(GRAD_DTYPES)}, "
+                             f"got {self.grad_dtype!r}")
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"TrainingSpec.zero_stage must be one of {ZERO_STAGES}, "
                              f"got {self.zero_stage!r}")

@@ -81,6 +81,9 @@ class ValidationRow:
     bias: float
     """Published time / predicted time - 1 (positive: the model is too fast)."""
     step_time_s: float | None = None
+    fits: bool | None = None
+    """Whether the simulator's memory walk fits the run in the GPU's usable memory (every
+    published run ran, so False is a memory-model error); None for per-layer metrics."""
 
     def as_dict(self) -> dict[str, Any]:
         c = self.case
@@ -91,7 +94,7 @@ class ValidationRow:
                 "sequence_parallel": c.training.sequence_parallel,
                 "zero_stage": c.training.zero_stage, "num_gpus": c.parallel.world,
                 "hardware": c.hardware.name, "precision": c.training.dtype, "cp": c.parallel.cp,
-                "step_time_s": self.step_time_s}
+                "step_time_s": self.step_time_s, "fits": self.fits}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,8 +118,15 @@ class ValidationReport:
     def size_bias_spread_pts(self) -> float:
         return abs(self.median_bias_pct(below_b=10) - self.median_bias_pct(above_b=100))
 
+    @property
+    def predicted_not_to_fit(self) -> list[str]:
+        """Records that ran but that the simulator's memory walk says do not fit."""
+        return [r.case.record_id for r in self.rows if r.fits is False]
+
     def summary(self) -> dict[str, float]:
         return {"expressible": len(self.rows), "measured_records": self.measured_records,
+                "simulated": sum(r.fits is not None for r in self.rows),
+                "predicted_not_to_fit": len(self.predicted_not_to_fit),
                 "median_abs_error_pct": self.median_abs_error_pct,
                 "median_bias_small_pct": self.median_bias_pct(below_b=10),
                 "median_bias_large_pct": self.median_bias_pct(above_b=100),
@@ -223,8 +233,8 @@ def _cost(case: Case, **scales: float) -> KernelCostModel:
                            **scales)
 
 
-def simulate_step(case: Case, **scales: float) -> float:
-    """Simulated iteration time (s) of the case's whole global batch."""
+def simulate_case(case: Case, **scales: float):  # noqa: ANN201 (a StepRecord)
+    """The simulator's record of the case's whole global batch (step time, peak memory)."""
     from slimpack.compare import plan_method
     from slimpack.sim import simulate
 
@@ -232,7 +242,12 @@ def simulate_step(case: Case, **scales: float) -> float:
     batch = Batch.from_lengths([case.seq_len] * case.gbs, source=case.record_id)
     plan = plan_method("megatron", batch, case.model, case.hardware, case.parallel, cost,
                        context=case.mbs * case.seq_len, recompute=case.recompute)
-    return simulate(plan, model=case.model, hardware=case.hardware, cost=cost).record.step_time_s
+    return simulate(plan, model=case.model, hardware=case.hardware, cost=cost).record
+
+
+def simulate_step(case: Case, **scales: float) -> float:
+    """Simulated iteration time (s) of the case's whole global batch."""
+    return simulate_case(case, **scales).step_time_s
 
 
 def _layer_seconds(case: Case, cost: KernelCostModel, recompute: str) -> float:
@@ -253,23 +268,24 @@ def predict(case: Case, **scales: float) -> ValidationRow:
         pred = 100 * (ratio - 1)
         return ValidationRow(case=case, predicted=pred,
                              bias=(1 + case.published / 100) / ratio - 1)
-    step = simulate_step(case, **scales)
+    record = simulate_case(case, **scales)
+    step, fits = record.step_time_s, not record.oom
     world = case.parallel.world
     if case.metric == "iteration_time":
         return ValidationRow(case=case, predicted=step, bias=case.published / step - 1,
-                             step_time_s=step)
+                             step_time_s=step, fits=fits)
     if case.metric == "achieved_tflops_per_gpu":
         pred = narayanan_flops(case) / (step * world) / 1e12
         return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
-                             step_time_s=step)
+                             step_time_s=step, fits=fits)
     if case.metric == "model_tflops_per_gpu":
         pred = nemo_model_flops(case) / (step * world) / 1e12
         return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
-                             step_time_s=step)
+                             step_time_s=step, fits=fits)
     if case.metric == "mfu":
         pred = 100 * korthikanti_flops(case) / (step * world * A100_PEAK)
         return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
-                             step_time_s=step)
+                             step_time_s=step, fits=fits)
     raise ValueError(f"metric must be one of {METRICS}, got {case.metric!r}")
 
 
@@ -353,5 +369,9 @@ def format_report(report: ValidationReport) -> str:
                  f"{summ['median_bias_small_pct']:+.1f}%, >100B {summ['median_bias_large_pct']:+.1f}% "
                  f"(spread {summ['size_bias_spread_pts']:.1f} pts)")
     if report.rows:
+        lines.append(f"  memory: {summ['predicted_not_to_fit']} of {summ['simulated']} simulated "
+                     f"runs (all of which ran) predicted not to fit"
+                     + (f": {', '.join(report.predicted_not_to_fit)}"
+                        if report.predicted_not_to_fit else ""))
         lines.extend(format_breakdown(report))
     return "\n".join(lines)
