@@ -76,3 +76,27 @@ def test_hopper_attention_backward_follows_fa3s_h100_sweep():
         assert eff * 989 == pytest.approx(published, rel=0.03), s
     causal = kernels.attention_efficiency(H100, 8192, head_dim=128, backward=True, causal=True)
     assert causal * 989 == pytest.approx(538.7, rel=0.07)
+
+
+def test_fp8_activation_storage_halves_the_saved_gemm_inputs():
+    """llama-7b: 12h + 4kv + 6ffn = 131,584 B per token per layer in bf16; Transformer Engine
+    keeps the four GEMM inputs in fp8: 3h + ffn = 23,296 B less (108,288 B)."""
+    from slimpack.cost.memory import activation_bytes_per_token_per_layer as act
+    assert act(LLAMA7) == 131_584
+    assert act(LLAMA7, fp8=True) == 108_288
+    assert act(LLAMA7, "selective", fp8=True) == 12 * 4096 + 4 * 4096 + 2 * 11008 - 23_296
+    assert act(LLAMA7, "full", fp8=True) == act(LLAMA7, "full") == 2 * 4096
+
+
+def test_bf16_gradient_buffers_save_two_bytes_per_parameter():
+    """Distributed optimizer over dp 8: 2 (bf16 weights) + 4 (fp32 grads) + 12/8 = 7.5 B per
+    parameter; bf16 gradient buffers (NeMo distributed_fused_adam, grad_sync_dtype bf16):
+    5.5 B."""
+    from slimpack.cost.memory import model_state_bytes
+    fp32 = model_state_bytes(LLAMA7, dp=8)
+    bf16 = model_state_bytes(LLAMA7, dp=8, grad_bytes=2)
+    assert bf16 / fp32 == pytest.approx(5.5 / 7.5, rel=1e-12)
+    with pytest.raises(ValueError, match="grad_bytes"):
+        model_state_bytes(LLAMA7, grad_bytes=1)
+    with pytest.raises(ValueError, match="grad_dtype"):
+        TrainingSpec(grad_dtype="fp16")
