@@ -118,3 +118,24 @@ def test_a_run_that_ran_fits_the_simulated_memory(records):
     fp32 = json.loads(json.dumps(rec))
     fp32["training"]["grad_dtype"] = "fp32"
     assert validate([fp32], express_fn=express_hopper).predicted_not_to_fit == [rec["id"]]
+
+
+def test_published_runs_the_suite_cannot_express_are_listed_with_the_reason(records):
+    """Megatron-Bridge 25.11 DGX-H100 rows: MoE (expert parallelism), Llama3 8B FP8 with
+    recompute of 5 layers, Llama 3.1 405B whose 8x8 layer chunks do not divide 126 layers."""
+    by_id = {r["id"]: r for r in records}
+    reasons = {rid: express_hopper(by_id[rid]) for rid in (
+        "bridge2511-gpt-oss-120b-bf16-64gpu", "bridge2511-qwen3-30b-a3b-fp8cs-16gpu",
+        "bridge2511-llama3-8b-fp8cs-8gpu", "bridge2511-llama3.1-405b-fp8cs-1024gpu")}
+    assert all(isinstance(s, Skipped) for s in reasons.values())
+    assert "expert parallelism" in reasons["bridge2511-gpt-oss-120b-bf16-64gpu"].reason
+    assert "layer count" in reasons["bridge2511-llama3-8b-fp8cs-8gpu"].reason
+    assert "126" in reasons["bridge2511-llama3.1-405b-fp8cs-1024gpu"].reason
+
+
+def test_tokens_per_second_per_gpu_is_the_batch_over_step_and_gpus(records):
+    """Megatron-Bridge's Tokens/sec/GPU: gbs * seq / (step * GPUs)."""
+    rec = next(r for r in records if r["id"] == "bridge2511-llama3-70b-fp8cs-64gpu")
+    row = validate([rec], express_fn=express_hopper).rows[0]
+    assert row.predicted == pytest.approx(128 * 8192 / (row.step_time_s * 64), rel=1e-12)
+    assert row.bias == pytest.approx(row.predicted / 1602 - 1, rel=1e-12)

@@ -1,7 +1,8 @@
 """The Hopper development set: published H100 training runs (``hopper_published.json``).
 
 Each record cites the file, table, column and row its number was read from (NVIDIA's DGX Cloud
-Benchmarking recipes, release v24.11.1, and the NeMo long-sequence performance page), with the
+Benchmarking recipes, release v24.11.1, the NeMo long-sequence performance page and the
+Megatron-Bridge 25.11 performance summary), with the
 configuration the run used (model shape and recipe from the recipe's own YAML). Like the A100
 set, these runs only validate: no constant anywhere is fitted to them.
 
@@ -22,7 +23,7 @@ from slimpack.specs.training import TrainingSpec
 from slimpack.validation.megatron import Case, Skipped
 
 HOPPER_FILE = Path(__file__).resolve().parent / "hopper_published.json"
-HOPPER_METRICS = ("iteration_time", "model_tflops_per_gpu")
+HOPPER_METRICS = ("iteration_time", "model_tflops_per_gpu", "tokens_per_sec_per_gpu")
 PRECISIONS = ("bf16", "fp8")
 _GPU_PRESETS = {"H100": "h100-80g", "H800": "h800-80g", "H200": "h200-141g"}
 
@@ -78,7 +79,8 @@ def express_hopper(record: dict[str, Any]) -> Case | Skipped:
     if p.get("ep", 1) != 1:
         return Skipped(record_id=rid, reason="expert parallelism (MoE) is not in this set's scope")
     if record.get("recompute") not in ("none", "selective", "full"):
-        return Skipped(record_id=rid, reason=f"recompute {record.get('recompute')!r} not modelled")
+        return Skipped(record_id=rid, reason=f"recompute {record.get('recompute')!r} not modelled "
+                                             f"(recompute by layer count is not expressible)")
     mlp = _mlp(m.get("arch", ""))
     if mlp is None:
         return Skipped(record_id=rid, reason=f"MLP of {m.get('arch')!r} not modelled")

@@ -33,7 +33,8 @@ from slimpack.specs.training import TrainingSpec
 VALIDATION_DIR = Path(__file__).resolve().parents[2] / "datasets" / "validation"
 DEFAULT_FILE = VALIDATION_DIR / "megatron_published_a100.json"
 METRICS = ("iteration_time", "achieved_tflops_per_gpu", "mfu", "layer_fwd_plus_bwd_time",
-           "per_layer_fwd_bwd_overhead_vs_baseline", "model_tflops_per_gpu")
+           "per_layer_fwd_bwd_overhead_vs_baseline", "model_tflops_per_gpu",
+           "tokens_per_sec_per_gpu")
 """Metrics a record is compared on, first measured one wins."""
 A100_PEAK = 312e12
 
@@ -276,6 +277,10 @@ def predict(case: Case, **scales: float) -> ValidationRow:
                              step_time_s=step, fits=fits)
     if case.metric == "achieved_tflops_per_gpu":
         pred = narayanan_flops(case) / (step * world) / 1e12
+        return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
+                             step_time_s=step, fits=fits)
+    if case.metric == "tokens_per_sec_per_gpu":
+        pred = case.gbs * case.seq_len / (step * world)
         return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
                              step_time_s=step, fits=fits)
     if case.metric == "model_tflops_per_gpu":
