@@ -101,11 +101,14 @@ def test_cli_hopper_set_prints_rows_and_the_breakdown(capsys, tmp_path, records)
     assert main(["validate", "--set", "hopper", "--records", str(small)]) == 0
     out = capsys.readouterr().out
     assert records[0]["id"] in out and records[-1]["id"] in out
-    assert "expressible 2 of 2 measured" in out
+    # the last record is a MoE run: listed as not expressible, with its reason
+    assert "expressible 1 of 2 measured" in out
+    assert f"{records[-1]['id']}" in out and "skipped: expert parallelism" in out
     assert "by precision:" in out and "by cp:" in out and "by gpus:" in out
     assert main(["validate", "--set", "hopper", "--records", str(small), "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["summary"]["expressible"] == 2 and "breakdown" in payload
+    assert payload["summary"]["expressible"] == 1 and "breakdown" in payload
+    assert payload["skipped"][0]["record"] == records[-1]["id"]
 
 
 def test_a_run_that_ran_fits_the_simulated_memory(records):
