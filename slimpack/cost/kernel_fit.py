@@ -17,8 +17,11 @@ rows set which constant:
   from the FlashAttention-2 paper's stated A100 asymptote. ``hopper``: ``row_fwd`` from the
   FlashAttention-3 sweep on a PCIe H100, ``eta_fwd`` from the FlashAttention-3 paper's 740
   TFLOP/s; Hopper backward ``eta_bwd, row_bwd`` from FlashAttention-3's H100 backward sweep
-  (tritonbench PR #1256, head dim 128, 1K-8K tokens). ``d0`` from the head-dim 64/128 pair
-  on H20.
+  (tritonbench PR #1256, head dim 128, 1K-8K tokens). ``hopper-fa2`` (FlashAttention-2-class
+  kernels on Hopper, as containers before FlashAttention-3 ran them): the FlashAttention-3
+  paper's stated 35% utilization of FlashAttention-2 on an H100 as the forward asymptote, with
+  FlashAttention-2's row overheads and backward/forward ratio. ``d0`` from the head-dim
+  64/128 pair on H20.
 """
 
 from __future__ import annotations
@@ -158,8 +161,14 @@ def fit_attention(rows: Iterable[dict[str, str]]) -> dict[str, K.AttentionConsta
     eta_fh = stated_h100 * (nq_h100 + row_fh) / nq_h100
     # Hopper backward: FlashAttention-3's own H100 backward sweep (tritonbench PR #1256).
     eta_bh, row_bh = _saturation_fit(*_sweep(rows, "h100-sxm-80g", "fa3", "bwd"))
+    # FlashAttention-2-class kernels on Hopper (before FlashAttention-3): the paper's stated 35%
+    # utilization as the forward asymptote; FA2's own row overheads and bwd/fwd ratio.
+    stated_fa2h, nq_fa2h = _stated(rows, "h100-sxm-80g", "fa2")
+    eta_f2h = stated_fa2h * (nq_fa2h + row_f) / nq_fa2h
     r2 = lambda x: round(float(x), 2)  # noqa: E731
     return {
+        "hopper-fa2": K.AttentionConstants(eta_fwd=r2(eta_f2h), eta_bwd=r2(eta_f2h * bwd_ratio),
+                                           row_fwd=r2(row_f), row_bwd=r2(row_b), d0=d0),
         "ampere": K.AttentionConstants(eta_fwd=r2(eta_fa), eta_bwd=r2(eta_fa * bwd_ratio),
                                        row_fwd=r2(row_f), row_bwd=r2(row_b), d0=d0),
         "hopper": K.AttentionConstants(eta_fwd=r2(eta_fh), eta_bwd=r2(eta_bh),
@@ -193,10 +202,13 @@ def residuals(directory: Path | None = None) -> list[dict[str, object]]:
         hw = HardwareSpec(name=r["gpu"], peak_tflops=float(r["peak_tflops"]), memory_gib=80,
                           hbm_tbps=2.0, intra_node_gbps=1, inter_node_gbps=1,
                           kernel_family=family)
-        if (r["kernel"] == "fa2" and family == "hopper") or "FP8" in r["location"]:
-            continue  # FlashAttention-2 on Hopper and FP8 attention are not priced
+        if "FP8" in r["location"]:
+            continue  # FP8 attention is not priced
+        consts = (K.ATTENTION_CONSTANTS["hopper-fa2"]
+                  if r["kernel"] == "fa2" and family == "hopper" else None)
         eff = K.attention_efficiency(hw, int(r["seqlen"]), head_dim=int(r["head_dim"]),
-                                     backward=r["pass"] == "bwd", causal=r["causal"] == "1")
+                                     backward=r["pass"] == "bwd", causal=r["causal"] == "1",
+                                     consts=consts)
         out.append({"kernel": f"{r['kernel']}-{r['pass']}", "gpu": r["gpu"],
                     "shape": f"s={r['seqlen']} d={r['head_dim']} causal={r['causal']}",
                     "role": r["role"], "published": float(r["tflops"]),

@@ -56,6 +56,9 @@ class KernelCostModel:
     _token_cache: dict = field(init=False, repr=False, compare=False)
     """(tokens, tp) -> the token-only part of a layer (GEMMs, elementwise, TP comm): planners
     price the same unit sizes many times."""
+    _attn: K.AttentionConstants | None = field(init=False, repr=False, compare=False)
+    """FlashAttention constants: ``None`` (the hardware family's) unless the recipe names
+    FlashAttention-2-class kernels on Hopper."""
     _head_cache: dict = field(init=False, repr=False, compare=False)
     """(tokens, tp, vocab_shards) -> :meth:`head_times`: the simulator prices the head of
     every unit, and units repeat token counts across groups and layouts."""
@@ -63,6 +66,9 @@ class KernelCostModel:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_token_cache", {})
         object.__setattr__(self, "_head_cache", {})
+        object.__setattr__(self, "_attn", K.ATTENTION_CONSTANTS["hopper-fa2"]
+                           if self.hardware.kernel_family == "hopper"
+                           and self.training.hopper_attention == "fa2" else None)
         for name in ("gemm_scale", "attention_fwd_scale", "attention_bwd_scale",
                      "network_scale"):
             if not getattr(self, name) > 0:
@@ -149,9 +155,11 @@ class KernelCostModel:
         if self.training.attention_kernel == "flash":
             tiles, queries = K.attention_work(pieces)
             f = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                            head_dim=mdl.head_dim, backward=False)
+                                            head_dim=mdl.head_dim, backward=False,
+                                            consts=self._attn)
             b = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                            head_dim=mdl.head_dim, backward=True)
+                                            head_dim=mdl.head_dim, backward=True,
+                                            consts=self._attn)
             return PassTimes(forward_s=f / self.attention_fwd_scale,
                              backward_s=b / self.attention_bwd_scale)
         # Unfused: the full s x s scores are computed (masking does not skip work).
@@ -277,10 +285,12 @@ class KernelCostModel:
         kernels, attention from the sums; zero where ``tokens`` is (no pieces)."""
         mdl, hw = self.model, self.hardware
         attn_f = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                             head_dim=mdl.head_dim, backward=False) \
+                                             head_dim=mdl.head_dim, backward=False,
+                                            consts=self._attn) \
             / self.attention_fwd_scale
         attn_b = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                             head_dim=mdl.head_dim, backward=True) \
+                                             head_dim=mdl.head_dim, backward=True,
+                                            consts=self._attn) \
             / self.attention_bwd_scale
         # The token-only part: one cached price per distinct token count.
         counts, where = np.unique(linear_tokens, return_inverse=True)
@@ -322,10 +332,12 @@ class KernelCostModel:
         heads = mdl.num_heads / tp if heads is None else heads
         attn = PassTimes(
             forward_s=K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                                  head_dim=mdl.head_dim, backward=False)
+                                                  head_dim=mdl.head_dim, backward=False,
+                                            consts=self._attn)
             / self.attention_fwd_scale,
             backward_s=K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                                   head_dim=mdl.head_dim, backward=True)
+                                                   head_dim=mdl.head_dim, backward=True,
+                                            consts=self._attn)
             / self.attention_bwd_scale)
         return self._combine(tokens, attn, tp, recompute)
 

@@ -102,7 +102,9 @@ def express_hopper(record: dict[str, Any]) -> Case | Skipped:
                             tp_comm_overlap=bool(record.get("training", {}).get("tp_comm_overlap")),
                             zero_stage=3 if "fsdp" in p.get("dp_sharding", "").lower() else 1,
                             grad_dtype=record.get("training", {}).get("grad_dtype", "fp32"),
-                            attention_kernel="flash", dropout=False)
+                            attention_kernel="flash", dropout=False,
+                            hopper_attention=record.get("training", {}).get("hopper_attention",
+                                                                            "fa3"))
     return Case(record_id=rid, source=record["source"]["work"], params_b=float(m["params_b"]),
                 model=model, hardware=hardware, parallel=parallel, training=training,
                 recompute=record["recompute"], seq_len=m["seq_len"], mbs=p["mbs"], gbs=p["gbs"],
