@@ -126,3 +126,14 @@ def test_fa2_generation_attention_on_hopper_runs_at_the_stated_35_percent():
                 [(8192, 0)]))
     with pytest.raises(ValueError, match="hopper_attention"):
         TrainingSpec(hopper_attention="fa4")
+
+
+def test_hopper_collectives_run_at_the_nccl_maintainers_effective_bandwidth():
+    """nccl-tests issue #212: NVLink4's 450 GB/s line rate gives an effective 370 GB/s bus
+    bandwidth (0.82); issue #290: NDR 400 Gb/s gives 46-48 GB/s per NIC (0.94 of 50). A
+    1 GiB all-gather over 8 GPUs of a node: 7/8 * 2^30 B / 369 GB/s + 7 * 5 us."""
+    cost = KernelCostModel(model=LLAMA7, hardware=H100)
+    t = cost.comm.all_gather(2**30, 8, intra_node=True)
+    assert t == pytest.approx(7 / 8 * 2**30 / (450e9 * 0.82) + 7 * 5e-6, rel=1e-9)
+    assert cost.comm.p2p(2**30, intra_node=False) == pytest.approx(
+        15e-6 + 2**30 / (50e9 * 0.94), rel=1e-9)

@@ -11,7 +11,8 @@ rows set which constant:
   its speedup against (TFLOPS / speedup: the class of per-tensor cuBLASLt GEMMs Transformer
   Engine runs; DeepGEMM's own block-scaled numbers are held out).
 * Network efficiency (NCCL bus bandwidth over link bandwidth, intra- and inter-node):
-  ``nccl.csv`` all-reduce runs on A100 nodes.
+  ``nccl.csv`` all-reduce runs on A100 nodes (``ampere``); the NCCL maintainers' effective
+  NVLink4 (370 of 450 GB/s) and NDR (46-48 of 50 GB/s per NIC) figures (``hopper``).
 * Attention ``row_fwd, row_bwd`` (per-query-tile overhead) and the backward/forward asymptote
   ratio: the FlashAttention-2 seqlen sweep (Ampere, RTX A5000); forward ``eta`` of ``ampere``
   from the FlashAttention-2 paper's stated A100 asymptote. ``hopper``: ``row_fwd`` from the
@@ -73,12 +74,13 @@ class FitResult:
 
 
 def fit_network(rows: Iterable[dict[str, str]]) -> dict[str, tuple[float, float]]:
-    """Bus bandwidth / link bandwidth of the fit rows: NVLink (intra) and InfiniBand (inter);
-    Hopper takes Ampere's (no cited Hopper run)."""
+    """Bus bandwidth / link bandwidth of the fit rows: NVLink (intra) and InfiniBand (inter):
+    Ampere from NVLink3 and HDR runs, Hopper from the NCCL maintainers' NVLink4 and NDR
+    figures (nccl-tests issues #212 and #290)."""
     rows = [r for r in rows if r["role"] == "fit"]
     ratio = {r["link"]: float(r["busbw_gbps"]) / float(r["link_gbps"]) for r in rows}
-    pair = (round(ratio["nvlink3"], 2), round(ratio["ib-hdr"], 2))
-    return {"ampere": pair, "hopper": pair}
+    return {"ampere": (round(ratio["nvlink3"], 2), round(ratio["ib-hdr"], 2)),
+            "hopper": (round(ratio["nvlink4"], 2), round(ratio["ib-ndr"], 2))}
 
 
 def _gemm_loss(hw: HardwareSpec, rows: list[dict[str, str]], c: K.GemmConstants,
