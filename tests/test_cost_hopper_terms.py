@@ -137,3 +137,17 @@ def test_hopper_collectives_run_at_the_nccl_maintainers_effective_bandwidth():
     assert t == pytest.approx(7 / 8 * 2**30 / (450e9 * 0.82) + 7 * 5e-6, rel=1e-9)
     assert cost.comm.p2p(2**30, intra_node=False) == pytest.approx(
         15e-6 + 2**30 / (50e9 * 0.94), rel=1e-9)
+
+
+def test_rotary_embedding_is_q_and_k_read_and_written_in_bf16():
+    """llama-7b at tp 2: q 4096/2 and k 4096/2 per token, read + write 2 B each = 16,384 B per
+    token; 8192 tokens at 80% of 3.35 TB/s = 50.1 us, forward and backward alike. GPT-3 style
+    models (learned absolute positions, ``rope=False``) pay nothing."""
+    from dataclasses import replace
+    cost = KernelCostModel(model=LLAMA7, hardware=H100)
+    assert cost.rope_bytes_per_token(2) == 16_384
+    no_rope = KernelCostModel(model=replace(LLAMA7, rope=False), hardware=H100)
+    with_rope, without = cost.elementwise_times(8192, 2), no_rope.elementwise_times(8192, 2)
+    assert with_rope.forward_s - without.forward_s == pytest.approx(8192 * 16_384 / 2.68e12)
+    assert with_rope.backward_s - without.backward_s == pytest.approx(8192 * 16_384 / 2.68e12)
+    assert no_rope.rope_bytes_per_token(2) == 0.0

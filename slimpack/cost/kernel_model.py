@@ -183,7 +183,8 @@ class KernelCostModel:
 
     def elementwise_times(self, tokens: int, tp: int = 1) -> PassTimes:
         """Memory-bound work of one layer: two norms (read+write h), two residual adds (read
-        2h, write h), dropout masks, the MLP activation; backward moves about twice the bytes
+        2h, write h), dropout masks, the MLP activation, the rotary embedding of q and k
+        (:meth:`rope_bytes_per_token`); backward moves about twice the bytes of the others
         (*reconstructed* op count). Without sequence parallelism the norms, residuals and
         dropouts run replicated on every TP rank."""
         mdl, tr = self.model, self.training
@@ -192,7 +193,17 @@ class KernelCostModel:
         act = (6 if mdl.mlp == "swiglu" else 4) * ffn
         per_token = replicated / (tp if tr.sequence_parallel else 1) + act / tp
         f = K.memory_seconds(self.hardware, tokens * per_token * BF16 / 2)
-        return PassTimes(forward_s=f, backward_s=2 * f)
+        rope = K.memory_seconds(self.hardware, tokens * self.rope_bytes_per_token(tp))
+        return PassTimes(forward_s=f + rope, backward_s=2 * f + rope)
+
+    def rope_bytes_per_token(self, tp: int = 1) -> float:
+        """Rotary embedding of one token's queries and keys on one TP rank (0 without RoPE):
+        the fused kernel reads and writes them in bf16, 4 B per element, forward and again on
+        their gradients backward; KV heads replicate past tp."""
+        mdl = self.model
+        if not mdl.rope:
+            return 0.0
+        return 2 * BF16 * (mdl.q_dim / tp + max(mdl.kv_dim / tp, mdl.head_dim))
 
     def tp_comm_seconds(self, tokens: int, tp: int) -> float:
         """Per pass: two all-reduces of the layer's activations, or with sequence parallelism

@@ -87,7 +87,7 @@ def express_hopper(record: dict[str, Any]) -> Case | Skipped:
     model = ModelSpec(name=m["name"], num_layers=m["layers"], hidden=m["hidden"],
                       ffn_hidden=m["ffn"], num_heads=m["heads"], num_kv_heads=m["kv_heads"],
                       vocab_size=m["vocab"], tied_embeddings="untied" not in m.get("arch", ""),
-                      mlp=mlp)
+                      mlp=mlp, rope="rope" in m.get("arch", "").lower())
     parallel = ParallelSpec(tp=p["tp"], pp=p["pp"], cp=p.get("cp", 1), dp=p["dp"],
                             vpp=p.get("vpp", 1),
                             gpus_per_node=record["hardware"].get("gpus_per_node", 8))

@@ -188,7 +188,8 @@ def express(record: dict[str, Any]) -> Case | Skipped:
     model = ModelSpec(name=m.get("name", rid), num_layers=m["layers"], hidden=m["hidden"],
                       ffn_hidden=m["ffn"], num_heads=m["heads"], num_kv_heads=m["kv_heads"],
                       vocab_size=m["vocab"], tied_embeddings="tied" in arch,
-                      mlp="gelu" if "gelu" in arch.lower() else "swiglu")
+                      mlp="gelu" if "gelu" in arch.lower() else "swiglu",
+                      rope="rope" in arch.lower())  # GPT-3: learned absolute positions
     parallel = ParallelSpec(tp=p["tp"], pp=p["pp"], dp=p["dp"], vpp=p.get("vpp", 1),
                             gpus_per_node=8)
     if parallel.world != p["num_gpus"]:
