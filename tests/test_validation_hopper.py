@@ -142,3 +142,17 @@ def test_tokens_per_second_per_gpu_is_the_batch_over_step_and_gpus(records):
     row = validate([rec], express_fn=express_hopper).rows[0]
     assert row.predicted == pytest.approx(128 * 8192 / (row.step_time_s * 64), rel=1e-12)
     assert row.bias == pytest.approx(row.predicted / 1602 - 1, rel=1e-12)
+
+
+def test_worker_processes_give_the_same_rows_in_the_same_order(records, capsys):
+    chosen = [r for r in records if r["id"] in ("dgxc-nemotron4-15b-fp8-16gpu",
+                                                "dgxc-llama3.1-8b-bf16-8gpu",
+                                                "bridge2511-qwen3-30b-a3b-fp8cs-16gpu")]
+    serial = validate(chosen, express_fn=express_hopper)
+    parallel = validate(chosen, express_fn=express_hopper, jobs=2)
+    assert [r.as_dict() for r in parallel.rows] == [r.as_dict() for r in serial.rows]
+    assert parallel.skipped == serial.skipped
+    with pytest.raises(ValueError, match="jobs"):
+        validate(chosen, express_fn=express_hopper, jobs=0)
+    assert main(["validate", "--set", "hopper", "--jobs", "0"]) == 2
+    assert "--jobs must be >= 1" in capsys.readouterr().out

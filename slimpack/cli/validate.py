@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from slimpack.jsonio import strict_json
 
@@ -23,19 +24,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"which records: {', '.join(SETS)} (default dev: the A100 runs)")
     p.add_argument("--records", default=None,
                    help="validation JSON replacing the chosen set's shipped file (not with all)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="worker processes simulating the records (default: up to 2)")
     p.add_argument("--json", action="store_true", help="rows, skipped records and summary as JSON")
     p.set_defaults(handler=run)
 
 
-def _reports(record_set: str, records: str | None):
+def _reports(record_set: str, records: str | None, jobs: int):
     from slimpack.validation import load_records, validate
     from slimpack.validation.hopper import express_hopper, load_hopper_records
 
     if record_set in ("dev", "all"):
-        yield "dev", validate(load_records(records if record_set == "dev" else None))
+        yield "dev", validate(load_records(records if record_set == "dev" else None), jobs=jobs)
     if record_set in ("hopper", "all"):
         yield "hopper", validate(load_hopper_records(records if record_set == "hopper" else None),
-                                 express_fn=express_hopper)
+                                 express_fn=express_hopper, jobs=jobs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
         print("slimpack validate: --records replaces one set's file; use it with --set dev or "
               "--set hopper, not all")
         return 2
-    reports = dict(_reports(args.record_set, args.records))
+    if args.jobs < 1:
+        print(f"slimpack validate: --jobs must be >= 1; got {args.jobs}")
+        return 2
+    reports = dict(_reports(args.record_set, args.records, args.jobs))
     if args.json:
         payload = {name: {"rows": [r.as_dict() for r in rep.rows],
                           "skipped": [{"record": s.record_id, "reason": s.reason}
