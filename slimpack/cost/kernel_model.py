@@ -32,6 +32,9 @@ from slimpack.specs.recompute import check_recompute
 from slimpack.specs.training import TrainingSpec
 
 BF16 = 2
+FP8_CAST_BYTES = 4
+"""HBM bytes per element of one Transformer Engine ``cast_transpose``: read bf16 (2 B), write
+the fp8 tensor and its transpose (1 B each)."""
 OPTIMIZER_BYTES_PER_PARAM = 34
 """Adam step on one parameter of the local shard, fp32 master weights: read master, m, v,
 gradient (16 B), write master, m, v (12 B) and the bf16 copy (2 B), plus one more read of the
@@ -53,6 +56,9 @@ class KernelCostModel:
     _token_cache: dict = field(init=False, repr=False, compare=False)
     """(tokens, tp) -> the token-only part of a layer (GEMMs, elementwise, TP comm): planners
     price the same unit sizes many times."""
+    _attn: K.AttentionConstants | None = field(init=False, repr=False, compare=False)
+    """FlashAttention constants: ``None`` (the hardware family's) unless the recipe names
+    FlashAttention-2-class kernels on Hopper."""
     _head_cache: dict = field(init=False, repr=False, compare=False)
     """(tokens, tp, vocab_shards) -> :meth:`head_times`: the simulator prices the head of
     every unit, and units repeat token counts across groups and layouts."""
@@ -60,6 +66,9 @@ class KernelCostModel:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_token_cache", {})
         object.__setattr__(self, "_head_cache", {})
+        object.__setattr__(self, "_attn", K.ATTENTION_CONSTANTS["hopper-fa2"]
+                           if self.hardware.kernel_family == "hopper"
+                           and self.training.hopper_attention == "fa2" else None)
         for name in ("gemm_scale", "attention_fwd_scale", "attention_bwd_scale",
                      "network_scale"):
             if not getattr(self, name) > 0:
@@ -75,9 +84,12 @@ class KernelCostModel:
         object.__setattr__(self, "comm", CommModel(hardware=hw))
 
     # -- kernels -----------------------------------------------------------------------------
-    def _gemm(self, m: float, n: float, k: float, batch: int = 1) -> float:
+    def _gemm(self, m: float, n: float, k: float, batch: int = 1,
+              dtype: str | None = None) -> float:
+        """A GEMM in the recipe's precision (``dtype`` overrides: the LM head stays bf16)."""
         return K.gemm_seconds(self.hardware, int(m), int(n), int(k), batch=batch,
-                              dtype=self.training.dtype) / self.gemm_scale
+                              dtype=self.training.dtype if dtype is None else dtype) \
+            / self.gemm_scale
 
     def _linear_shapes(self, tokens: int, tp: int) -> list[tuple[int, int, int]]:
         """(m, n, k) of the forward GEMMs of one layer on one TP rank (fused QKV, out
@@ -99,15 +111,55 @@ class KernelCostModel:
             bwd += self._gemm(m, k, n) + self._gemm(k, n, m)
         return PassTimes(forward_s=fwd, backward_s=bwd)
 
+    def fp8_cast_times(self, tokens: int, tp: int = 1) -> PassTimes:
+        """Transformer Engine's FP8 casts of one layer (0 for bf16), memory-bound.
+
+        TE casts each FP8 GEMM operand with ``cast_transpose`` (read bf16, write the fp8 tensor
+        and its fp8 transpose for the weight-gradient GEMM, amax taken in the same pass):
+        ``FP8_CAST_BYTES`` = 4 B per element. Forward: the inputs of the out-projection and of
+        the down-projection (the QKV and up-projection inputs come out of the fused norm
+        already in fp8, TE's LayerNormLinear: no extra pass); backward: the incoming output
+        gradient of all four GEMMs. Weights are cast once per step (first micro-batch), not
+        priced per layer."""
+        if self.training.dtype != "fp8":
+            return ZERO_TIMES
+        shapes = self._linear_shapes(tokens, tp)
+        fwd = sum(m * k for m, _, k in (shapes[1], shapes[3]))
+        bwd = sum(m * n for m, n, _ in shapes)
+        return PassTimes(forward_s=K.memory_seconds(self.hardware, fwd * FP8_CAST_BYTES),
+                         backward_s=K.memory_seconds(self.hardware, bwd * FP8_CAST_BYTES))
+
+    def overlapped_tp_times(self, tokens: int, tp: int) -> PassTimes:
+        """GEMMs plus TP communication of one layer with userbuffers-style overlap.
+
+        Transformer Engine splits each all-gather + GEMM (and GEMM + reduce-scatter) into
+        ``tp`` ring steps: ``tp`` GEMMs of ``m/tp`` rows run while the next chunk travels, so
+        a pair costs ``max(tp * gemm(m/tp), comm) + comm/tp`` (the smaller GEMMs' own tile and
+        wave efficiency, and one chunk's transfer that nothing hides: the first all-gather
+        chunk or the last reduce-scatter chunk). Forward pairs: AG+QKV, proj+RS, AG+up,
+        down+RS; backward: the data-gradient GEMMs with the mirrored collectives; the
+        weight-gradient GEMMs run whole."""
+        shapes = self._linear_shapes(tokens, tp)
+        c = self.tp_comm_seconds(tokens, tp) / 4  # one AG or RS of the layer activations
+        chunk = -(-tokens // tp)
+        fwd = bwd = 0.0
+        for m, n, k in shapes:
+            fwd += max(tp * self._gemm(m * chunk / tokens, n, k), c) + c / tp
+            bwd += max(tp * self._gemm(m * chunk / tokens, k, n), c) + c / tp
+            bwd += self._gemm(k, n, m)
+        return PassTimes(forward_s=fwd, backward_s=bwd)
+
     def attention_times(self, pieces: Sequence[Piece], tp: int = 1) -> PassTimes:
         mdl, hw = self.model, self.hardware
         heads = mdl.num_heads / tp
         if self.training.attention_kernel == "flash":
             tiles, queries = K.attention_work(pieces)
             f = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                            head_dim=mdl.head_dim, backward=False)
+                                            head_dim=mdl.head_dim, backward=False,
+                                            consts=self._attn)
             b = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                            head_dim=mdl.head_dim, backward=True)
+                                            head_dim=mdl.head_dim, backward=True,
+                                            consts=self._attn)
             return PassTimes(forward_s=f / self.attention_fwd_scale,
                              backward_s=b / self.attention_bwd_scale)
         # Unfused: the full s x s scores are computed (masking does not skip work).
@@ -131,7 +183,8 @@ class KernelCostModel:
 
     def elementwise_times(self, tokens: int, tp: int = 1) -> PassTimes:
         """Memory-bound work of one layer: two norms (read+write h), two residual adds (read
-        2h, write h), dropout masks, the MLP activation; backward moves about twice the bytes
+        2h, write h), dropout masks, the MLP activation, the rotary embedding of q and k
+        (:meth:`rope_bytes_per_token`); backward moves about twice the bytes of the others
         (*reconstructed* op count). Without sequence parallelism the norms, residuals and
         dropouts run replicated on every TP rank."""
         mdl, tr = self.model, self.training
@@ -140,7 +193,17 @@ class KernelCostModel:
         act = (6 if mdl.mlp == "swiglu" else 4) * ffn
         per_token = replicated / (tp if tr.sequence_parallel else 1) + act / tp
         f = K.memory_seconds(self.hardware, tokens * per_token * BF16 / 2)
-        return PassTimes(forward_s=f, backward_s=2 * f)
+        rope = K.memory_seconds(self.hardware, tokens * self.rope_bytes_per_token(tp))
+        return PassTimes(forward_s=f + rope, backward_s=2 * f + rope)
+
+    def rope_bytes_per_token(self, tp: int = 1) -> float:
+        """Rotary embedding of one token's queries and keys on one TP rank (0 without RoPE):
+        the fused kernel reads and writes them in bf16, 4 B per element, forward and again on
+        their gradients backward; KV heads replicate past tp."""
+        mdl = self.model
+        if not mdl.rope:
+            return 0.0
+        return 2 * BF16 * (mdl.q_dim / tp + max(mdl.kv_dim / tp, mdl.head_dim))
 
     def tp_comm_seconds(self, tokens: int, tp: int) -> float:
         """Per pass: two all-reduces of the layer's activations, or with sequence parallelism
@@ -233,10 +296,12 @@ class KernelCostModel:
         kernels, attention from the sums; zero where ``tokens`` is (no pieces)."""
         mdl, hw = self.model, self.hardware
         attn_f = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                             head_dim=mdl.head_dim, backward=False) \
+                                             head_dim=mdl.head_dim, backward=False,
+                                            consts=self._attn) \
             / self.attention_fwd_scale
         attn_b = K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                             head_dim=mdl.head_dim, backward=True) \
+                                             head_dim=mdl.head_dim, backward=True,
+                                            consts=self._attn) \
             / self.attention_bwd_scale
         # The token-only part: one cached price per distinct token count.
         counts, where = np.unique(linear_tokens, return_inverse=True)
@@ -278,10 +343,12 @@ class KernelCostModel:
         heads = mdl.num_heads / tp if heads is None else heads
         attn = PassTimes(
             forward_s=K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                                  head_dim=mdl.head_dim, backward=False)
+                                                  head_dim=mdl.head_dim, backward=False,
+                                            consts=self._attn)
             / self.attention_fwd_scale,
             backward_s=K.attention_seconds_of_work(hw, tiles, queries, heads=heads,
-                                                   head_dim=mdl.head_dim, backward=True)
+                                                   head_dim=mdl.head_dim, backward=True,
+                                            consts=self._attn)
             / self.attention_bwd_scale)
         return self._combine(tokens, attn, tp, recompute)
 
@@ -306,17 +373,17 @@ class KernelCostModel:
         return token_part
 
     def _token_times(self, tokens: int, tp: int) -> PassTimes:
-        """GEMMs, elementwise work and (exposed) TP communication of one layer."""
-        lin = self.linear_times(tokens, tp)
+        """GEMMs, elementwise work, FP8 casts and (exposed) TP communication of one layer."""
         elem = self.elementwise_times(tokens, tp)
-        comm = self.tp_comm_seconds(tokens, tp)
-        if self.training.tp_comm_overlap:
-            comm_f = max(0.0, comm - lin.forward_s)
-            comm_b = max(0.0, comm - lin.backward_s)
+        cast = self.fp8_cast_times(tokens, tp)
+        if self.training.tp_comm_overlap and tp > 1:
+            lin_comm = self.overlapped_tp_times(tokens, tp)
         else:
-            comm_f = comm_b = comm
-        return PassTimes(forward_s=lin.forward_s + elem.forward_s + comm_f,
-                         backward_s=lin.backward_s + elem.backward_s + comm_b)
+            lin = self.linear_times(tokens, tp)
+            comm = self.tp_comm_seconds(tokens, tp)
+            lin_comm = PassTimes(forward_s=lin.forward_s + comm, backward_s=lin.backward_s + comm)
+        return PassTimes(forward_s=lin_comm.forward_s + elem.forward_s + cast.forward_s,
+                         backward_s=lin_comm.backward_s + elem.backward_s + cast.backward_s)
 
     def head_times(self, tokens: int, *, tp: int = 1, vocab_shards: int = 1) -> PassTimes:
         if tokens <= 0:
@@ -332,8 +399,10 @@ class KernelCostModel:
         h = self.model.hidden
         # Logits and cross entropy in fp32: write logits, read them for softmax, write grads.
         loss = K.memory_seconds(self.hardware, tokens * v * 4 * 3)
-        fwd = self._gemm(tokens, v, h) + loss / 2
-        bwd = self._gemm(tokens, h, v) + self._gemm(h, v, tokens) + loss / 2
+        # The output layer runs outside Transformer Engine's fp8 region: bf16 in FP8 recipes.
+        fwd = self._gemm(tokens, v, h, dtype="bf16") + loss / 2
+        bwd = (self._gemm(tokens, h, v, dtype="bf16") + self._gemm(h, v, tokens, dtype="bf16")
+               + loss / 2)
         return PassTimes(forward_s=fwd, backward_s=bwd)
 
     def optimizer_step_seconds(self, local_params: float) -> float:

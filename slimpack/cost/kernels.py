@@ -72,20 +72,23 @@ class AttentionConstants:
 GEMM_CONSTANTS: dict[tuple[str, str], GemmConstants] = {
     ("ampere", "bf16"): GemmConstants(eta=0.90, k0=416.0, launch_s=6.0e-6),
     ("hopper", "bf16"): GemmConstants(eta=0.84, k0=32.0, launch_s=6.0e-6),
-    ("hopper", "fp8"): GemmConstants(eta=0.783, k0=32.0, launch_s=6.0e-6),
+    ("hopper", "fp8"): GemmConstants(eta=0.64, k0=544.0, launch_s=0.0),
 }
 ATTENTION_CONSTANTS: dict[str, AttentionConstants] = {
     "ampere": AttentionConstants(eta_fwd=0.73, eta_bwd=0.71, row_fwd=0.0, row_bwd=2.05, d0=6.8),
-    "hopper": AttentionConstants(eta_fwd=0.76, eta_bwd=0.74, row_fwd=1.95, row_bwd=2.05, d0=6.8),
+    "hopper": AttentionConstants(eta_fwd=0.76, eta_bwd=0.65, row_fwd=1.95, row_bwd=8.25, d0=6.8),
+    # FlashAttention-2-class kernels on Hopper (TrainingSpec.hopper_attention="fa2").
+    "hopper-fa2": AttentionConstants(eta_fwd=0.35, eta_bwd=0.34, row_fwd=0.0, row_bwd=2.05,
+                                     d0=6.8),
 }
 
 NETWORK_EFFICIENCY: dict[str, tuple[float, float]] = {
     "ampere": (0.67, 0.96),
-    "hopper": (0.67, 0.96),
+    "hopper": (0.82, 0.94),
 }
-"""(intra-node, inter-node) NCCL bus bandwidth / link bandwidth, from nccl-tests all-reduce
-runs (datasets/kernels/nccl.csv). Hopper has no cited run here and takes Ampere's ratios
-(*reconstructed*)."""
+"""(intra-node, inter-node) NCCL bus bandwidth / link bandwidth (datasets/kernels/nccl.csv):
+Ampere from nccl-tests all-reduce runs, Hopper from the NCCL maintainers' figures (effective
+NVLink4 370 of 450 GB/s; NDR 46-48 of 50 GB/s per NIC)."""
 
 
 def _peak(hw: HardwareSpec, dtype: str) -> float:
@@ -200,11 +203,12 @@ def attention_seconds_of_work(hw: HardwareSpec, tiles: int, queries: int, *, hea
 
 
 def attention_efficiency(hw: HardwareSpec, seqlen: int, *, head_dim: int = 128,
-                         backward: bool = False, causal: bool = False) -> float:
+                         backward: bool = False, causal: bool = False,
+                         consts: AttentionConstants | None = None) -> float:
     """Throughput in the flash-attn benchmark's convention (``4*s^2*d`` per head, halved when
     causal, x2.5 backward) as a fraction of peak: what the kernel data tabulate."""
     t = attention_seconds(hw, [(seqlen, 0)], heads=1, head_dim=head_dim, backward=backward,
-                          causal=causal)
+                          causal=causal, consts=consts)
     flops = 4.0 * seqlen * seqlen * head_dim * (0.5 if causal else 1.0)
     if backward:
         flops *= BWD_ATTENTION_FLOP_RATIO

@@ -19,7 +19,8 @@ FP32 = 4
 SCHEDULE_KINDS = ("1f1b", "interleaved", "slimpipe")
 
 
-def activation_bytes_per_token_per_layer(model: ModelSpec, recompute: str = "none") -> int:
+def activation_bytes_per_token_per_layer(model: ModelSpec, recompute: str = "none", *,
+                                         fp8: bool = False) -> int:
     """Saved activation bytes per token per layer, before tp*cp sharding.
 
     * ``none``: ``12h + 4*kv_dim + 6*ffn*top_k`` (SlimPipe artifact; llama-13b 164,864 B).
@@ -27,12 +28,19 @@ def activation_bytes_per_token_per_layer(model: ModelSpec, recompute: str = "non
       input to the down projection is kept). *Reconstructed*: Megatron's selective mode with
       FlashAttention saves little else.
     * ``full``: only each layer's bf16 input is kept (``2h``).
+
+    ``fp8``: Transformer Engine saves the fp8 casts of the four GEMM inputs for the
+    weight-gradient GEMMs instead of their bf16 copies (1 B instead of 2 per element): the QKV
+    and up-projection inputs (``h`` each), the out-projection input (``h``) and the
+    down-projection input (``ffn``) shrink by half, ``3h + ffn`` bytes less (none under full
+    recompute, which keeps only the layer input).
     """
     h, kv, ffn = model.hidden, model.kv_dim, model.ffn_hidden * model.moe_top_k
+    saved_fp8 = 3 * h + ffn if fp8 else 0
     if recompute == "none":
-        return 12 * h + 4 * kv + 6 * ffn
+        return 12 * h + 4 * kv + 6 * ffn - saved_fp8
     if recompute == "selective":
-        return 12 * h + 4 * kv + 2 * ffn
+        return 12 * h + 4 * kv + 2 * ffn - saved_fp8
     if recompute == "full":
         return 2 * h
     raise ValueError(f"recompute must be one of none, selective, full; got {recompute!r}")
@@ -93,7 +101,7 @@ class MemoryEstimate:
 def model_state_bytes(model: ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
                       ep: int = 1, distributed_optimizer: bool = True,
                       include_embedding: bool = True, zero_stage: int | None = None,
-                      fp8: bool = False) -> float:
+                      fp8: bool = False, grad_bytes: int = FP32) -> float:
     """Parameters, gradients and Adam states on the heaviest pipeline rank.
 
     Mixed precision: bf16 parameters (2 B) + fp32 main gradients (4 B) + fp32 master weights
@@ -104,8 +112,12 @@ def model_state_bytes(model: ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1
     distributed optimizer, 3 shards parameters, gradients and optimizer states over dp*cp with
     16-bit gradients: ``(2 + 2 + K) * Psi / Nd`` with K = 12, the ZeRO paper's stage-3 formula
     (Rajbhandari et al. 2020, arXiv 1910.02054, section 5.3). ``fp8`` adds Transformer Engine's
-    fp8 weight copy (1 B per parameter; the bf16 weights stay).
+    fp8 weight copy (1 B per parameter; the bf16 weights stay). ``grad_bytes``: the
+    data-parallel gradient buffer per parameter (4 fp32, 2 with bf16 gradient reduction,
+    :attr:`~slimpack.specs.training.TrainingSpec.grad_dtype`), stages 0 and 1.
     """
+    if grad_bytes not in (BF16, FP32):
+        raise ValueError(f"grad_bytes must be 2 (bf16) or 4 (fp32), got {grad_bytes!r}")
     layers = model.num_layers / pp
     dense = model.attention_params_per_layer + 2 * model.hidden
     if model.is_moe:
@@ -125,7 +137,7 @@ def model_state_bytes(model: ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1
     if zero_stage == 3:
         return params * (BF16 + BF16 + 12 + extra) / (dp * cp)
     shard = dp * cp if zero_stage == 1 else 1
-    return params * (BF16 + FP32 + 12 / shard + extra)
+    return params * (BF16 + grad_bytes + 12 / shard + extra)
 
 
 def logits_bytes(model: ModelSpec, tokens: int, *, tp: int = 1, cp: int = 1,

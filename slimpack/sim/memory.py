@@ -66,7 +66,8 @@ def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
     embedding on the first stage, an untied LM head on the last (or spread over every stage
     with ``vocab_parallel_pp``), under ``training``'s ZeRO stage and precision."""
     zero = {} if training is None else {"zero_stage": training.zero_stage,
-                                        "fp8": training.dtype == "fp8"}
+                                        "fp8": training.dtype == "fp8",
+                                        "grad_bytes": 2 if training.grad_dtype == "bf16" else 4}
     states_no_embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp,
                                             include_embedding=False, **zero)
     embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, **zero) - states_no_embedding
@@ -97,7 +98,8 @@ def stage_constant_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, vpp: in
 def group_memory(group: Group, *, model: ModelSpec, dp: int,
                  training: TrainingSpec | None = None) -> GroupMemory:
     tp, cp, pp = group.tp, group.cp, group.pp
-    a = activation_bytes_per_token_per_layer(model, group.recompute)
+    a = activation_bytes_per_token_per_layer(
+        model, group.recompute, fp8=training is not None and training.dtype == "fp8")
     per_token = a / (tp * cp)
     # Loops written out over the slice index (no per-slice property calls): a planner runs
     # this once per candidate group, on ~10^5 slices. Same sums, in the same order.

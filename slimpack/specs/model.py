@@ -36,6 +36,9 @@ class ModelSpec:
     """Experts each token is routed to (MoE only)."""
     mlp: str = "swiglu"
     """``swiglu`` (gate, up, down: 3 matrices) or ``gelu`` (up, down: 2 matrices, GPT-3)."""
+    rope: bool = True
+    """Rotary position embedding applied to queries and keys in every layer (Llama, Nemotron);
+    False for GPT-3's learned absolute position embeddings (added once, at the input)."""
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_heads",

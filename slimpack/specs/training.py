@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("bf16", "fp8")
+GRAD_DTYPES = ("fp32", "bf16")
 ZERO_STAGES = (0, 1, 3)
 ATTENTION_KERNELS = ("flash", "unfused")
+HOPPER_ATTENTION = ("fa3", "fa2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +36,16 @@ class TrainingSpec:
     attention_kernel: str = "flash"
     """``flash`` (FlashAttention-2/3) or ``unfused`` (Megatron-LM 2021-22: QK^T and PV batched
     GEMMs around a fused scale-mask-softmax and dropout that materialise s x s scores)."""
+    grad_dtype: str = "fp32"
+    """Data-parallel gradient buffers: ``fp32`` (Megatron-LM accumulates and reduces bf16
+    runs' gradients in fp32: 4 B per parameter) or ``bf16`` (NeMo's Apex
+    ``distributed_fused_adam`` with ``grad_sync_dtype: bf16``, as NVIDIA's H100 recipes run
+    it: 2 B per parameter; the fp32 master weights and Adam moments stay sharded)."""
+    hopper_attention: str = "fa3"
+    """Which generation of FlashAttention-class kernels ``flash`` means on Hopper: ``fa3``
+    (FlashAttention-3 or cuDNN kernels of its generation, from July 2024) or ``fa2``
+    (FlashAttention-2-class kernels, as containers before FlashAttention-3 ran them). Ampere
+    has only the FlashAttention-2 generation; there this field changes nothing."""
     dropout: bool = False
     """Hidden and attention-probability dropout (GPT-3 recipes): its masks and the extra
     elementwise passes are priced; the s x s attention mask only for ``unfused``."""
@@ -42,9 +54,15 @@ class TrainingSpec:
         if self.dtype not in DTYPES:
             raise ValueError(f"TrainingSpec.dtype must be one of {', '.join(DTYPES)}, "
                              f"got {self.dtype!r}")
+        if self.grad_dtype not in GRAD_DTYPES:
+            raise ValueError(f"TrainingSpec.grad_dtype must be one of {', '.join(GRAD_DTYPES)}, "
+                             f"got {self.grad_dtype!r}")
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"TrainingSpec.zero_stage must be one of {ZERO_STAGES}, "
                              f"got {self.zero_stage!r}")
+        if self.hopper_attention not in HOPPER_ATTENTION:
+            raise ValueError(f"TrainingSpec.hopper_attention must be one of "
+                             f"{', '.join(HOPPER_ATTENTION)}, got {self.hopper_attention!r}")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(f"TrainingSpec.attention_kernel must be one of "
                              f"{', '.join(ATTENTION_KERNELS)}, got {self.attention_kernel!r}")

@@ -18,8 +18,10 @@ throughput - 1, for a recompute overhead ``(1 + published) / (1 + predicted) - 1
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,8 @@ from slimpack.specs.training import TrainingSpec
 VALIDATION_DIR = Path(__file__).resolve().parents[2] / "datasets" / "validation"
 DEFAULT_FILE = VALIDATION_DIR / "megatron_published_a100.json"
 METRICS = ("iteration_time", "achieved_tflops_per_gpu", "mfu", "layer_fwd_plus_bwd_time",
-           "per_layer_fwd_bwd_overhead_vs_baseline")
+           "per_layer_fwd_bwd_overhead_vs_baseline", "model_tflops_per_gpu",
+           "tokens_per_sec_per_gpu")
 """Metrics a record is compared on, first measured one wins."""
 A100_PEAK = 312e12
 
@@ -80,6 +83,9 @@ class ValidationRow:
     bias: float
     """Published time / predicted time - 1 (positive: the model is too fast)."""
     step_time_s: float | None = None
+    fits: bool | None = None
+    """Whether the simulator's memory walk fits the run in the GPU's usable memory (every
+    published run ran, so False is a memory-model error); None for per-layer metrics."""
 
     def as_dict(self) -> dict[str, Any]:
         c = self.case
@@ -89,7 +95,8 @@ class ValidationRow:
                 "abs_error_pct": 100 * abs(self.bias), "recompute": c.recompute,
                 "sequence_parallel": c.training.sequence_parallel,
                 "zero_stage": c.training.zero_stage, "num_gpus": c.parallel.world,
-                "step_time_s": self.step_time_s}
+                "hardware": c.hardware.name, "precision": c.training.dtype, "cp": c.parallel.cp,
+                "step_time_s": self.step_time_s, "fits": self.fits}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,8 +120,15 @@ class ValidationReport:
     def size_bias_spread_pts(self) -> float:
         return abs(self.median_bias_pct(below_b=10) - self.median_bias_pct(above_b=100))
 
+    @property
+    def predicted_not_to_fit(self) -> list[str]:
+        """Records that ran but that the simulator's memory walk says do not fit."""
+        return [r.case.record_id for r in self.rows if r.fits is False]
+
     def summary(self) -> dict[str, float]:
         return {"expressible": len(self.rows), "measured_records": self.measured_records,
+                "simulated": sum(r.fits is not None for r in self.rows),
+                "predicted_not_to_fit": len(self.predicted_not_to_fit),
                 "median_abs_error_pct": self.median_abs_error_pct,
                 "median_bias_small_pct": self.median_bias_pct(below_b=10),
                 "median_bias_large_pct": self.median_bias_pct(above_b=100),
@@ -175,7 +189,8 @@ def express(record: dict[str, Any]) -> Case | Skipped:
     model = ModelSpec(name=m.get("name", rid), num_layers=m["layers"], hidden=m["hidden"],
                       ffn_hidden=m["ffn"], num_heads=m["heads"], num_kv_heads=m["kv_heads"],
                       vocab_size=m["vocab"], tied_embeddings="tied" in arch,
-                      mlp="gelu" if "gelu" in arch.lower() else "swiglu")
+                      mlp="gelu" if "gelu" in arch.lower() else "swiglu",
+                      rope="rope" in arch.lower())  # GPT-3: learned absolute positions
     parallel = ParallelSpec(tp=p["tp"], pp=p["pp"], dp=p["dp"], vpp=p.get("vpp", 1),
                             gpus_per_node=8)
     if parallel.world != p["num_gpus"]:
@@ -204,13 +219,25 @@ def korthikanti_flops(case: Case) -> float:
     return 72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
 
 
+def nemo_model_flops(case: Case) -> float:
+    """NeMo's model FLOPs of one iteration for the Llama family as its tables of 2024 counted
+    them (``nemo/utils/flops_formulas.py``, ``llama2``, before the causal discount of NVIDIA/NeMo
+    commit 6251117f4c, 2025-08-09): ``gbs*s*L*h^2*(12 + 12*g/a + 18*f/h + 12*s/h + 6*V/(L*h))``.
+    It reproduces the NeMo 24.07 summary's 780 TFLOP/s for Llama2-7B from its 16,934 tokens/s/GPU."""
+    m, s = case.model, case.seq_len
+    h, L = m.hidden, m.num_layers
+    return case.gbs * s * L * h * h * (12 + 12 * m.num_kv_heads / m.num_heads
+                                       + 18 * m.ffn_hidden / h + 12 * s / h
+                                       + 6 * m.vocab_size / (L * h))
+
+
 def _cost(case: Case, **scales: float) -> KernelCostModel:
     return KernelCostModel(model=case.model, hardware=case.hardware, training=case.training,
                            **scales)
 
 
-def simulate_step(case: Case, **scales: float) -> float:
-    """Simulated iteration time (s) of the case's whole global batch."""
+def simulate_case(case: Case, **scales: float):  # noqa: ANN201 (a StepRecord)
+    """The simulator's record of the case's whole global batch (step time, peak memory)."""
     from slimpack.compare import plan_method
     from slimpack.sim import simulate
 
@@ -218,7 +245,12 @@ def simulate_step(case: Case, **scales: float) -> float:
     batch = Batch.from_lengths([case.seq_len] * case.gbs, source=case.record_id)
     plan = plan_method("megatron", batch, case.model, case.hardware, case.parallel, cost,
                        context=case.mbs * case.seq_len, recompute=case.recompute)
-    return simulate(plan, model=case.model, hardware=case.hardware, cost=cost).record.step_time_s
+    return simulate(plan, model=case.model, hardware=case.hardware, cost=cost).record
+
+
+def simulate_step(case: Case, **scales: float) -> float:
+    """Simulated iteration time (s) of the case's whole global batch."""
+    return simulate_case(case, **scales).step_time_s
 
 
 def _layer_seconds(case: Case, cost: KernelCostModel, recompute: str) -> float:
@@ -239,38 +271,107 @@ def predict(case: Case, **scales: float) -> ValidationRow:
         pred = 100 * (ratio - 1)
         return ValidationRow(case=case, predicted=pred,
                              bias=(1 + case.published / 100) / ratio - 1)
-    step = simulate_step(case, **scales)
+    record = simulate_case(case, **scales)
+    step, fits = record.step_time_s, not record.oom
     world = case.parallel.world
     if case.metric == "iteration_time":
         return ValidationRow(case=case, predicted=step, bias=case.published / step - 1,
-                             step_time_s=step)
+                             step_time_s=step, fits=fits)
     if case.metric == "achieved_tflops_per_gpu":
         pred = narayanan_flops(case) / (step * world) / 1e12
         return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
-                             step_time_s=step)
+                             step_time_s=step, fits=fits)
+    if case.metric == "tokens_per_sec_per_gpu":
+        pred = case.gbs * case.seq_len / (step * world)
+        return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
+                             step_time_s=step, fits=fits)
+    if case.metric == "model_tflops_per_gpu":
+        pred = nemo_model_flops(case) / (step * world) / 1e12
+        return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
+                             step_time_s=step, fits=fits)
     if case.metric == "mfu":
         pred = 100 * korthikanti_flops(case) / (step * world * A100_PEAK)
         return ValidationRow(case=case, predicted=pred, bias=pred / case.published - 1,
-                             step_time_s=step)
+                             step_time_s=step, fits=fits)
     raise ValueError(f"metric must be one of {METRICS}, got {case.metric!r}")
 
 
-def validate(records: list[dict[str, Any]] | None = None, **scales: float) -> ValidationReport:
-    """Express, simulate and compare every record with a measured number."""
+def validate(records: list[dict[str, Any]] | None = None, *,
+             express_fn: Callable[[dict[str, Any]], Case | Skipped] | None = None,
+             jobs: int = 1, **scales: float) -> ValidationReport:
+    """Express (with ``express_fn``, default :func:`express`), simulate and compare every
+    record with a measured number. ``jobs`` > 1 simulates the cases in that many worker
+    processes (each case is independent; rows keep the records' order, results identical)."""
     records = load_records() if records is None else records
-    rows: list[ValidationRow] = []
+    express_fn = express if express_fn is None else express_fn
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    cases: list[Case] = []
     skipped: list[Skipped] = []
     measured = 0
     for record in records:
         if not any(m.get("kind") == "measured" for m in record.get("measurements", [])):
             continue
         measured += 1
-        case = express(record)
+        case = express_fn(record)
         if isinstance(case, Skipped):
             skipped.append(case)
         else:
-            rows.append(predict(case, **scales))
+            cases.append(case)
+    one = functools.partial(predict, **scales)
+    if jobs > 1 and len(cases) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        # map keeps the input order: rows come back in the records' order.
+        with ProcessPoolExecutor(max_workers=min(jobs, len(cases))) as pool:
+            rows = list(pool.map(one, cases, chunksize=1))
+    else:
+        rows = [one(c) for c in cases]
     return ValidationReport(rows=rows, skipped=skipped, measured_records=measured)
+
+
+GPU_BANDS = ((1, 64), (65, 512), (513, 2048), (2049, None))
+"""GPU-count bands of the breakdown (inclusive)."""
+
+
+def _band(world: int) -> str:
+    for lo, hi in GPU_BANDS:
+        if world >= lo and (hi is None or world <= hi):
+            return f"{lo}-{hi} GPUs" if hi is not None else f">{lo - 1} GPUs"
+    raise ValueError(f"num_gpus must be >= 1, got {world}")
+
+
+def _group_order(item: tuple[str, list[float]]) -> tuple[int, str]:
+    """GPU bands by their first count (so 65-512 precedes 513-2048), other groups by name."""
+    head = item[0].lstrip(">").split("-")[0].split(" ")[0]
+    return (int(head), item[0]) if head.isdigit() else (0, item[0])
+
+
+def breakdown(report: ValidationReport) -> dict[str, dict[str, dict[str, float]]]:
+    """Median signed bias and median |error| (percent) and row count per hardware, precision,
+    context parallelism (cp = 1 vs cp > 1) and GPU-count band."""
+    keys = {"hardware": lambda r: r.case.hardware.name,
+            "precision": lambda r: r.case.training.dtype,
+            "cp": lambda r: "cp>1" if r.case.parallel.cp > 1 else "cp=1",
+            "gpus": lambda r: _band(r.case.parallel.world)}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name, key in keys.items():
+        groups: dict[str, list[float]] = {}
+        for r in report.rows:
+            groups.setdefault(key(r), []).append(r.bias)
+        out[name] = {g: {"rows": len(b), "median_bias_pct": 100 * statistics.median(b),
+                         "median_abs_error_pct": 100 * statistics.median(abs(x) for x in b)}
+                     for g, b in sorted(groups.items(), key=_group_order)}
+    return out
+
+
+def format_breakdown(report: ValidationReport) -> list[str]:
+    lines = []
+    for name, groups in breakdown(report).items():
+        parts = [f"{g} n={int(v['rows'])} bias {v['median_bias_pct']:+.1f}% "
+                 f"|err| {v['median_abs_error_pct']:.1f}%" for g, v in groups.items()]
+        lines.append(f"  by {name}: " + "; ".join(parts))
+    return lines
 
 
 def format_report(report: ValidationReport) -> str:
@@ -286,4 +387,10 @@ def format_report(report: ValidationReport) -> str:
                  f"median |error| {summ['median_abs_error_pct']:.1f}%; median bias <10B "
                  f"{summ['median_bias_small_pct']:+.1f}%, >100B {summ['median_bias_large_pct']:+.1f}% "
                  f"(spread {summ['size_bias_spread_pts']:.1f} pts)")
+    if report.rows:
+        lines.append(f"  memory: {summ['predicted_not_to_fit']} of {summ['simulated']} simulated "
+                     f"runs (all of which ran) predicted not to fit"
+                     + (f": {', '.join(report.predicted_not_to_fit)}"
+                        if report.predicted_not_to_fit else ""))
+        lines.extend(format_breakdown(report))
     return "\n".join(lines)
