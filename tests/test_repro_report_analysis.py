@@ -31,9 +31,13 @@ def test_e2e_analysis_is_computed_from_the_records():
         rows.append({"point_key": "p", "model": "llama-7b", "dataset": "commoncrawl",
                      "context": 65536, "num_gpus": 128, "token_budget": 512 * 65536, "seed": 0,
                      "method": method, "tokens_per_s": tps, "bubble_fraction": bubble,
-                     "step_over_ideal": ideal, "num_tokens": 1_130_000})
+                     "step_over_ideal": ideal, "num_tokens": 1_130_000, "oom": False,
+                     "error": "", "parallel": '{"tp": 8, "cp": 2, "pp": 4, "dp": 2, "vpp": 1}'})
     claims = {c.claim_id: c for c in e2e_throughput.claims(pd.DataFrame(rows))}
-    assert claims["slimpack-wins"].analysis == \
-        "Fastest method per setting: slimpipe 1 (of 1)."
+    analysis = claims["slimpack-wins"].analysis
+    assert analysis.startswith("Fastest method per setting (fitting memory): slimpipe 1 (of 1).")
+    # The loss is diagnosed: same layout, same bubble, balance 1.10 / 1.05 = 1.05x the winner's.
+    assert ("llama-7b commoncrawl: slimpipe 1.07x faster (tp8 cp2 pp4 dp2 vs SlimPack's tp8 cp2 "
+            "pp4 dp2); balance: SlimPack's step over its ideal is 1.05x the winner's") in analysis
     assert "1.40x its ideal (bubble fraction 20%) against SlimPack's 1.10x" in \
         claims["max-speedup"].analysis
