@@ -45,7 +45,7 @@ def test_tensor_or_context_parallel_plans_are_rejected():
     parallel = ParallelSpec(tp=2, pp=2)
     tp_group = dataclasses.replace(group, tp=2, ranks=parallel.replica_ranks(0))
     plan = dataclasses.replace(base, parallel=parallel, phases=(Phase(groups=(tp_group,)),))
-    with pytest.raises(ValueError, match="runtime runs tp=cp=1 for now"):
+    with pytest.raises(ValueError, match=r"group 0: tp=2 is not executed by the runtime"):
         check_runtime_plan(plan, TINY)
 
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from slimpack.plan import Group, Slice
 from slimpack.records import OpTiming
+from slimpack.runtime.activations import ActivationPolicy
 from slimpack.runtime.attention import choose_backend
 from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag
 from slimpack.runtime.config import RuntimeConfig
@@ -175,8 +176,9 @@ def _step(su: _Setup) -> RankResult:
         if group is None:
             continue
         layout = GroupLayout(group)
+        policy = ActivationPolicy(recompute=group.recompute, offload=group.offload)
         runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
-                               loss_scale=1.0 / denom)
+                               loss_scale=1.0 / denom, policy=policy)
                    for c in su.chunks]
         pipe = _Pipe(su.groups, rplan.num_blocks, device)
         inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}

@@ -1,8 +1,9 @@
 """Everything the runtime checks before a single process starts.
 
-A plan that cannot run (wrong world size, missing slices, tp/cp > 1, a schedule that would
-deadlock or mismatch p2p messages) fails here with a ValueError naming the problem, instead of
-hanging a job of N processes.
+A plan that cannot run (wrong world size, missing slices, a schedule that would deadlock or
+mismatch p2p messages, any field the executor does not implement: see
+:mod:`slimpack.runtime.capabilities`) fails here with a ValueError naming the problem, instead
+of hanging a job of N processes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slimpack.plan import Group, Plan, PlanError
+from slimpack.runtime.capabilities import (
+    check_group_fields,
+    check_model_supported,
+    check_plan_fields,
+)
 from slimpack.runtime.schedule import build_group_schedule
 from slimpack.specs.model import ModelSpec
 
@@ -42,8 +48,8 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
             f"plan is for {plan.world_size} processes ({plan.parallel.describe()}) but "
             f"{world_size} are available; run it with --nproc {plan.world_size} "
             f"(or torchrun --nproc-per-node {plan.world_size})")
-    if model.is_moe:
-        raise ValueError(f"the runtime runs dense models only for now; {model.name} is MoE")
+    check_model_supported(model)
+    check_plan_fields(plan)
     groups = list(plan.groups())
     pps = {g.pp for g in groups}
     vpps = {g.vpp for g in groups}
@@ -59,9 +65,7 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
     sources = set()
     notes = []
     for g in groups:
-        if g.tp != 1 or g.cp != 1:
-            raise ValueError(f"group {g.group_id} has tp={g.tp}, cp={g.cp}: the runtime runs "
-                             f"tp=cp=1 for now (pipeline and data parallelism only)")
+        check_group_fields(g, model)
         for stage, rank in enumerate(g.ranks):
             prev = stage_of_rank.setdefault(rank, stage)
             if prev != stage:
@@ -72,12 +76,6 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
         sources.add(source)
         check_schedule(g, ops)
         schedules[g.group_id] = ops
-        if g.recompute != "none":
-            notes.append(f"group {g.group_id}: recompute={g.recompute} not applied (runtime "
-                         f"keeps activations)")
-        if g.vocab_parallel_pp and pp > 1:
-            notes.append(f"group {g.group_id}: vocab_parallel_pp not applied (LM head runs on "
-                         f"the last stage)")
     return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
                        schedules=schedules, schedule_source="+".join(sorted(sources)),
                        notes=tuple(notes))

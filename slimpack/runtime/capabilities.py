@@ -1,0 +1,73 @@
+"""What the runtime executes, field by field: a plan field it cannot honour is refused here,
+before any process starts, with a ValueError naming the group, the field, its value and what
+is allowed (docs/architecture.md, runtime: "what the runtime executes").
+
+The rule is refuse, never ignore: a plan that asks for something the executor would silently
+skip (an offload share, a recompute mode, a sharding) would run a different training step
+than the one the simulator priced.
+"""
+
+from __future__ import annotations
+
+from slimpack.plan import Group, Plan
+from slimpack.specs.model import ModelSpec
+
+EXECUTED_RECOMPUTE = ("none", "selective", "full")
+"""selective: core attention recomputed in backward; full: each decoder layer recomputed."""
+
+EXECUTED_ZERO_STAGES = (0,)
+"""The runtime sums gradients over data parallelism with one all-reduce and takes no optimizer
+step: ZeRO-0. A plan stating another stage would be priced with sharded states it never gets."""
+
+
+def refuse(group: Group | None, field: str, value: object, allowed: str) -> ValueError:
+    """The one message shape every refusal uses (tests match on the field name)."""
+    where = f"group {group.group_id}: " if group is not None else "plan: "
+    return ValueError(f"{where}{field}={value!r} is not executed by the runtime; allowed: "
+                      f"{allowed}")
+
+
+def check_model_supported(model: ModelSpec) -> None:
+    if model.is_moe:
+        raise ValueError(f"model {model.name}: num_experts={model.num_experts} is not executed "
+                         f"by the runtime; allowed: 1 (dense models)")
+    if model.mlp != "swiglu":
+        raise ValueError(f"model {model.name}: mlp={model.mlp!r} is not executed by the "
+                         f"runtime; allowed: 'swiglu'")
+
+
+def check_plan_fields(plan: Plan) -> None:
+    """Plan-level fields the executor does not implement."""
+    stated = plan.metadata.get("zero_stage", getattr(plan, "zero_stage", None))
+    if stated is not None and stated not in EXECUTED_ZERO_STAGES:
+        raise refuse(None, "zero_stage", stated,
+                     f"{EXECUTED_ZERO_STAGES} (one data-parallel gradient all-reduce, no "
+                     f"optimizer step)")
+
+
+def check_group_fields(group: Group, model: ModelSpec) -> None:
+    """Per-group fields: degrees and features the executor runs, everything else refused."""
+    if group.cp != 1:
+        raise refuse(group, "cp", group.cp, "1 (context parallelism is not executed yet)")
+    # With cp = 1 there is nothing to shard or exchange, so every cp_sharding and cp_kind
+    # describes the same computation: accepted, not ignored.
+    if group.tp != 1:
+        raise refuse(group, "tp", group.tp, "1 (tensor parallelism is not executed yet)")
+    if group.recompute not in EXECUTED_RECOMPUTE:
+        raise refuse(group, "recompute", group.recompute, str(EXECUTED_RECOMPUTE))
+    if not 0.0 <= group.offload <= 1.0:
+        raise refuse(group, "offload", group.offload, "a share in [0, 1]")
+    if group.vocab_parallel_pp and group.pp > 1:
+        raise refuse(group, "vocab_parallel_pp", True,
+                     "false when pp > 1 (the LM head and loss run on the last stage)")
+
+
+def check_tensor_parallel(group: Group, model: ModelSpec) -> None:
+    """tp must split heads, kv heads, the MLP and the vocabulary evenly (no replicated kv
+    heads, no padded vocabulary)."""
+    tp = group.tp
+    for name, size in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
+                       ("ffn_hidden", model.ffn_hidden), ("vocab_size", model.vocab_size)):
+        if size % tp:
+            raise refuse(group, "tp", tp, f"a divisor of {name}={size} of {model.name} "
+                                          f"(heads, kv heads, MLP and vocabulary split evenly)")
