@@ -9,6 +9,8 @@ than the one the simulator priced.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from slimpack.plan import Group, Plan
 from slimpack.specs.model import ModelSpec
 
@@ -52,7 +54,7 @@ def check_group_fields(group: Group, model: ModelSpec) -> None:
     # With cp = 1 there is nothing to shard or exchange, so every cp_sharding and cp_kind
     # describes the same computation: accepted, not ignored.
     if group.tp != 1:
-        raise refuse(group, "tp", group.tp, "1 (tensor parallelism is not executed yet)")
+        check_tensor_parallel(group, model)
     if group.recompute not in EXECUTED_RECOMPUTE:
         raise refuse(group, "recompute", group.recompute, str(EXECUTED_RECOMPUTE))
     if not 0.0 <= group.offload <= 1.0:
@@ -71,3 +73,23 @@ def check_tensor_parallel(group: Group, model: ModelSpec) -> None:
         if size % tp:
             raise refuse(group, "tp", tp, f"a divisor of {name}={size} of {model.name} "
                                           f"(heads, kv heads, MLP and vocabulary split evenly)")
+
+
+def check_tp_layout(groups: Sequence[Group]) -> None:
+    """A rank keeps its weight shard for the whole step: one tp for every group, and each
+    rank's tensor-parallel peers (consecutive ranks of a stage, ``Group.ranks``) the same in
+    every group it is in."""
+    tps = sorted({g.tp for g in groups})
+    if len(tps) > 1:
+        raise refuse(None, "tp", tps, "one tp for all groups (a rank keeps its weight shard "
+                                      "for the step)")
+    peers: dict[int, tuple[tuple[int, ...], int]] = {}
+    for g in groups:
+        for start in range(0, len(g.ranks), g.tp):
+            ranks = tuple(g.ranks[start:start + g.tp])
+            for rank in ranks:
+                prev = peers.setdefault(rank, (ranks, g.group_id))
+                if prev[0] != ranks:
+                    raise refuse(g, "ranks", list(g.ranks),
+                                 f"rank {rank}'s tensor-parallel peers {list(prev[0])} (as in "
+                                 f"group {prev[1]}) in every group")

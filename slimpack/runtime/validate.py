@@ -15,6 +15,7 @@ from slimpack.runtime.capabilities import (
     check_group_fields,
     check_model_supported,
     check_plan_fields,
+    check_tp_layout,
 )
 from slimpack.runtime.schedule import build_group_schedule
 from slimpack.specs.model import ModelSpec
@@ -29,6 +30,9 @@ class RuntimePlan:
     vpp: int
     stage_of_rank: dict[int, int]
     """Pipeline stage of every rank that appears in some group (same in every phase)."""
+    slot_of_rank: dict[int, int]
+    """Position of every rank inside its stage's ``cp*tp`` ranks (same in every phase)."""
+    tp: int
     schedules: dict[int, list[list]]
     """group_id -> op lists per stage."""
     schedule_source: str
@@ -60,23 +64,31 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
     if model.num_layers % (pp * vpp):
         raise ValueError(f"pp*vpp = {pp}*{vpp} must divide num_layers = {model.num_layers} "
                          f"({model.name})")
+    check_tp_layout(groups)
     stage_of_rank: dict[int, int] = {}
+    slot_of_rank: dict[int, int] = {}
     schedules: dict[int, list[list]] = {}
     sources = set()
     notes = []
     for g in groups:
         check_group_fields(g, model)
-        for stage, rank in enumerate(g.ranks):
+        for i, rank in enumerate(g.ranks):
+            stage, slot = divmod(i, g.tp * g.cp)  # ranks ordered (pp, cp, tp)
             prev = stage_of_rank.setdefault(rank, stage)
             if prev != stage:
                 raise ValueError(f"rank {rank} is pipeline stage {prev} in one group and {stage} "
                                  f"in group {g.group_id}; the runtime keeps a rank's layers "
                                  f"fixed for the step")
+            if slot_of_rank.setdefault(rank, slot) != slot:
+                raise ValueError(f"rank {rank} holds position {slot_of_rank[rank]} of its "
+                                 f"stage in one group and {slot} in group {g.group_id}; the "
+                                 f"runtime keeps a rank's weight shard fixed for the step")
         ops, source = build_group_schedule(g)
         sources.add(source)
         check_schedule(g, ops)
         schedules[g.group_id] = ops
     return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
+                       slot_of_rank=slot_of_rank, tp=groups[0].tp,
                        schedules=schedules, schedule_source="+".join(sorted(sources)),
                        notes=tuple(notes))
 
