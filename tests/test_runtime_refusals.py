@@ -47,7 +47,17 @@ def test_vocab_parallel_pp_on_one_stage_is_the_same_computation_and_runs():
 
 def test_zero_stage_other_than_plain_data_parallel_is_refused():
     plan = dataclasses.replace(packed_plan(pp=2, dp=1), metadata={"zero_stage": 3})
-    _refused(plan, r"plan: zero_stage=3 is not executed by the runtime; allowed: \(0,\)")
+    _refused(plan, r"plan: zero_stage=3 is not executed by the runtime; allowed: \(0, 1\)")
+    # ZeRO-1 shards optimizer states; the runtime takes no optimizer step, so none to shard.
+    check_runtime_plan(dataclasses.replace(plan, metadata={"zero_stage": 1}), TINY)
+
+
+def test_attention_redistribution_across_pipeline_ranks_is_refused():
+    plan = dataclasses.replace(slimpipe_plan(pp=2, dp=1),
+                               metadata={"attention_redistribution": True})
+    _refused(plan, r"plan: attention_redistribution=True is not executed .* false when pp > 1")
+    check_runtime_plan(dataclasses.replace(slimpipe_plan(pp=1, dp=1),
+                                           metadata={"attention_redistribution": True}), TINY)
 
 
 def test_moe_and_gelu_models_are_refused_naming_the_field():

@@ -17,9 +17,11 @@ from slimpack.specs.model import ModelSpec
 EXECUTED_RECOMPUTE = ("none", "selective", "full")
 """selective: core attention recomputed in backward; full: each decoder layer recomputed."""
 
-EXECUTED_ZERO_STAGES = (0,)
+EXECUTED_ZERO_STAGES = (0, 1)
 """The runtime sums gradients over data parallelism with one all-reduce and takes no optimizer
-step: ZeRO-0. A plan stating another stage would be priced with sharded states it never gets."""
+step, so it holds no optimizer states: ZeRO-1's sharding of those states (and its
+reduce-scatter instead of all-reduce, the same sums) leaves the step it runs unchanged. ZeRO-3
+shards the parameters themselves (all-gathered per layer), which the runtime does not do."""
 
 
 def refuse(group: Group | None, field: str, value: object, allowed: str) -> ValueError:
@@ -38,13 +40,25 @@ def check_model_supported(model: ModelSpec) -> None:
                          f"runtime; allowed: 'swiglu'")
 
 
+def _plan_field(plan: Plan, name: str):  # noqa: ANN202 - any JSON value
+    """A plan-level setting: a typed ``Plan`` field where the IR has one, else the metadata
+    entry the planners write (the simulator reads the same place)."""
+    value = getattr(plan, name, None)
+    return plan.metadata.get(name) if value is None else value
+
+
 def check_plan_fields(plan: Plan) -> None:
     """Plan-level fields the executor does not implement."""
-    stated = plan.metadata.get("zero_stage", getattr(plan, "zero_stage", None))
+    stated = _plan_field(plan, "zero_stage")
     if stated is not None and stated not in EXECUTED_ZERO_STAGES:
         raise refuse(None, "zero_stage", stated,
                      f"{EXECUTED_ZERO_STAGES} (one data-parallel gradient all-reduce, no "
-                     f"optimizer step)")
+                     f"optimizer step; parameters are not sharded)")
+    # SlimPipe's attention redistribution ships KV between paired pipeline ranks; with one
+    # stage there is no pair, so the flag describes the plain computation.
+    if _plan_field(plan, "attention_redistribution") and any(g.pp > 1 for g in plan.groups()):
+        raise refuse(None, "attention_redistribution", True,
+                     "false when pp > 1 (attention runs where its slice is)")
 
 
 def check_group_fields(group: Group, model: ModelSpec) -> None:
