@@ -35,3 +35,11 @@ def test_run_refuses_a_context_parallel_plan_naming_cp(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", str(plan_path), "--model", "tiny"]) == 2
     assert "cp=2 is not executed by the runtime" in capsys.readouterr().err
+
+
+def test_parity_matrix_runs_a_named_case_and_reports_it(capsys):
+    from slimpack.runtime.parity_matrix import main as matrix
+
+    assert matrix(["--only", "tp2, asymmetric units"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tp2")]
+    assert len(rows) == 1 and rows[0].endswith("| yes |")
