@@ -6,6 +6,10 @@ receive between the same two ranks on one communicator can deadlock (1F1B's stea
 exactly that). With one communicator per direction each channel carries messages one way, in
 the order the schedule produces them, which :func:`validate.check_schedule` has checked.
 Every rank creates every group in the same order (``new_group`` is collective).
+
+With tensor (or context) parallelism a stage is ``cp*tp`` ranks; a rank talks to the rank at
+the same position ("slot") of the neighbouring stage, and sums gradients with the ranks of its
+stage and slot (they hold the same weight shard).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from slimpack.plan import Group
 from slimpack.runtime.validate import RuntimePlan
 
 Channel = tuple[int, int, str]
@@ -25,9 +30,11 @@ Channel = tuple[int, int, str]
 class PlanGroups:
     channels: dict[Channel, dist.ProcessGroup]
     dp_group: dist.ProcessGroup | None
-    """Ranks holding the same pipeline stage (their gradients are summed); None if alone."""
+    """Ranks holding the same pipeline stage and slot (their gradients are summed); None if
+    alone."""
     tied_group: dist.ProcessGroup | None
-    """Ranks holding a copy of a tied embedding (first and last stages), when pp > 1."""
+    """Ranks holding a copy of the same tied-embedding shard (first and last stages, same
+    slot), when pp > 1."""
 
     @classmethod
     def build(cls, rplan: RuntimePlan, *, rank: int, tied_embeddings: bool) -> PlanGroups:
@@ -37,27 +44,36 @@ class PlanGroups:
             for s in range(pp):
                 if pp == 1 or (s == pp - 1 and vpp == 1):
                     continue  # no edge, or the wrap-around edge only interleaving uses
-                a, b = group.ranks[s], group.ranks[(s + 1) % pp]
-                for key in ((a, b, "F"), (b, a, "B")):
-                    if key not in channels:
-                        channels[key] = dist.new_group(sorted({a, b}))
+                for slot in range(group.tp * group.cp):
+                    a = stage_rank(group, s, slot)
+                    b = stage_rank(group, (s + 1) % pp, slot)
+                    for key in ((a, b, "F"), (b, a, "B")):
+                        if key not in channels:
+                            channels[key] = dist.new_group(sorted({a, b}))
         mine = {k: g for k, g in channels.items() if rank in k[:2]}
-        by_stage: dict[int, list[int]] = {}
+        by_place: dict[tuple[int, int], list[int]] = {}
         for r, s in sorted(rplan.stage_of_rank.items()):
-            by_stage.setdefault(s, []).append(r)
+            by_place.setdefault((s, rplan.slot_of_rank[r]), []).append(r)
         dp_group = None
-        for s in range(pp):
-            ranks = by_stage.get(s, [])
+        for place in sorted(by_place):
+            ranks = by_place[place]
             g = dist.new_group(ranks) if len(ranks) > 1 else None
             if rank in ranks:
                 dp_group = g
         tied_group = None
         if tied_embeddings and pp > 1:
-            ranks = sorted(set(by_stage.get(0, [])) | set(by_stage.get(pp - 1, [])))
-            g = dist.new_group(ranks)
-            if rank in ranks:
-                tied_group = g
+            for slot in sorted({slot for _, slot in by_place}):
+                ranks = sorted(set(by_place.get((0, slot), []))
+                               | set(by_place.get((pp - 1, slot), [])))
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    tied_group = g
         return cls(channels=mine, dp_group=dp_group, tied_group=tied_group)
+
+
+def stage_rank(group: Group, stage: int, slot: int) -> int:
+    """The rank at position ``slot`` of ``stage`` (``Group.ranks`` is ordered (pp, cp, tp))."""
+    return group.ranks[stage * group.tp * group.cp + slot]
 
 
 def message_tag(unit: int, block: int, num_blocks: int) -> int:

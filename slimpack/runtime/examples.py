@@ -1,8 +1,9 @@
 """Hand-built plans of the three shapes the runtime must execute exactly.
 
 They exercise the runtime without any planner (tests, ``slimpack run --example``, the GPU
-check and the CPU sim-vs-real comparison). Token counts scale with ``scale``; every group
-gets different documents so data parallelism is not a copy of one replica.
+check and the CPU sim-vs-real comparison). Token counts scale with ``scale``; ``tp`` splits
+each pipeline stage over that many tensor-parallel ranks; every group gets different
+documents so data parallelism is not a copy of one replica.
 
 * ``slimpipe``: one long sequence per replica cut into ``num_slices`` equal slices, one slice
   per unit (SlimPipe's slice-level pipeline);
@@ -37,8 +38,8 @@ _PACKED: list[_Spec] = [
 
 
 def _plan(method: str, replicas: Sequence[_Spec], *, pp: int, dp: int, vpp: int, scale: int,
-          schedule: str) -> Plan:
-    parallel = ParallelSpec(pp=pp, dp=dp, vpp=vpp)
+          schedule: str, tp: int = 1) -> Plan:
+    parallel = ParallelSpec(tp=tp, pp=pp, dp=dp, vpp=vpp)
     groups, lengths = [], {}
     for d in range(dp):
         slices_spec, fwd, bwd = replicas[d % len(replicas)]
@@ -51,7 +52,8 @@ def _plan(method: str, replicas: Sequence[_Spec], *, pp: int, dp: int, vpp: int,
                 lengths[seg.seq_id] = max(lengths.get(seg.seq_id, 0), seg.end)
             slices.append(Slice(slice_id=i, segments=segments))
         groups.append(Group(
-            group_id=d, ranks=parallel.replica_ranks(d), pp=pp, vpp=vpp, slices=tuple(slices),
+            group_id=d, ranks=parallel.replica_ranks(d), tp=tp, pp=pp, vpp=vpp,
+            slices=tuple(slices),
             forward_units=tuple(Unit(slice_ids=tuple(u)) for u in fwd),
             backward_units=tuple(Unit(slice_ids=tuple(u)) for u in bwd), schedule=schedule))
     return Plan(method=method, parallel=parallel, sequence_lengths=lengths,
@@ -59,7 +61,7 @@ def _plan(method: str, replicas: Sequence[_Spec], *, pp: int, dp: int, vpp: int,
 
 
 def slimpipe_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
-                  num_slices: int = 4) -> Plan:
+                  num_slices: int = 4, tp: int = 1) -> Plan:
     """Even replicas train one sequence of ``16 * num_slices * scale`` tokens, odd ones
     ``12 * num_slices * scale``, cut in ``num_slices`` equal slices."""
     replicas: list[_Spec] = []
@@ -69,17 +71,19 @@ def slimpipe_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
                          [[i] for i in range(num_slices)],
                          [[i] for i in reversed(range(num_slices))]))
     return _plan("example-slimpipe", replicas, pp=pp, dp=dp, vpp=vpp, scale=1,
-                 schedule="slimpipe")
+                 schedule="slimpipe", tp=tp)
 
 
-def slimpack_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1) -> Plan:
+def slimpack_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
+                  tp: int = 1) -> Plan:
     return _plan("example-slimpack", _SLIMPACK, pp=pp, dp=dp, vpp=vpp, scale=scale,
-                 schedule="asymmetric")
+                 schedule="asymmetric", tp=tp)
 
 
-def packed_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1) -> Plan:
+def packed_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
+                tp: int = 1) -> Plan:
     return _plan("example-packed", _PACKED, pp=pp, dp=dp, vpp=vpp, scale=scale,
-                 schedule="1f1b" if vpp == 1 else "interleaved")
+                 schedule="1f1b" if vpp == 1 else "interleaved", tp=tp)
 
 
 EXAMPLES: dict[str, Callable[..., Plan]] = {

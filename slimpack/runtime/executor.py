@@ -22,15 +22,24 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from slimpack.plan import Group, Slice
+from slimpack.plan import Group
 from slimpack.records import OpTiming
+from slimpack.runtime.activations import ActivationPolicy
 from slimpack.runtime.attention import choose_backend
-from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag
+from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag, stage_rank
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.data import make_tokens, num_label_tokens
 from slimpack.runtime.layout import GroupLayout, slice_inputs
 from slimpack.runtime.slice_autograd import SliceRunner
 from slimpack.runtime.stage import EMBED, ModelChunk, build_chunks
+from slimpack.runtime.tensor_parallel import (
+    TPGroup,
+    all_reduce_replicated,
+    build_tp_chunks,
+    build_tp_group,
+    local_rows,
+    tp_rank_sets,
+)
 from slimpack.runtime.validate import RuntimePlan
 from slimpack.specs.model import ModelSpec
 
@@ -114,14 +123,17 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
     """
     # -- phase 1: set-up --------------------------------------------------------------------
     stage = rplan.stage_of_rank.get(rank)
-    chunks = ([] if stage is None else
-              build_chunks(spec, pp=rplan.pp, vpp=rplan.vpp, stage=stage, seed=config.seed,
-                           device=device, dtype=config.torch_dtype))
     groups = PlanGroups.build(rplan, rank=rank, tied_embeddings=spec.tied_embeddings)
+    tp = build_tp_group(tp_rank_sets(rplan.plan.groups()), rank) if rplan.tp > 1 else None
+    kw = {"pp": rplan.pp, "vpp": rplan.vpp, "stage": stage, "seed": config.seed,
+          "device": device, "dtype": config.torch_dtype}
+    chunks = ([] if stage is None else
+              build_tp_chunks(spec, tp, **kw) if tp is not None else build_chunks(spec, **kw))
     tokens = make_tokens(rplan.plan.sequence_lengths, vocab_size=spec.vocab_size,
                          seed=config.seed)
     setup = _Setup(rplan=rplan, spec=spec, config=config, rank=rank, stage=stage, device=device,
-                   chunks=chunks, groups=groups, tokens=tokens,
+                   chunks=chunks, groups=groups, tokens=tokens, tp=tp,
+                   slot=rplan.slot_of_rank.get(rank, 0),
                    backend=choose_backend(device, config.torch_dtype, config.attention))
     results = []
     for step in range(config.warmup_steps + config.measured_steps):
@@ -133,6 +145,9 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
     if return_grads:
         results[-1].grads = {}
         for c in chunks:
+            if tp is not None:  # shards gathered whole, to compare with the unsliced model
+                results[-1].grads.update(c.full_gradients())
+                continue
             for name, p in c.global_named_parameters():
                 results[-1].grads[name] = p.grad.detach().float().cpu().clone()
     return results
@@ -150,6 +165,18 @@ class _Setup:
     groups: PlanGroups
     tokens: dict[int, torch.Tensor]
     backend: str
+    tp: TPGroup | None
+    slot: int
+    """This rank's position in its stage's cp*tp ranks: it talks to the same slot next door."""
+
+    def rows(self, num_tokens: int) -> int:
+        """Rows of a slice's hidden states this rank holds (its sequence-parallel share)."""
+        return num_tokens if self.tp is None else local_rows(num_tokens, self.tp.size)
+
+    @property
+    def counts_loss(self) -> bool:
+        """Every tp rank computes the whole loss; only the first adds it to the report."""
+        return self.tp is None or self.tp.index == 0
 
 
 def _step(su: _Setup) -> RankResult:
@@ -166,6 +193,7 @@ def _step(su: _Setup) -> RankResult:
     op_groups: list[int] = []
     peak_tracked = float(model_state_bytes)
     busy = 0.0
+    loss_here = loss_sum if su.counts_loss else torch.zeros_like(loss_sum)
     dist.barrier()
     clock = _Clock(device, config.record_ops)
 
@@ -175,8 +203,9 @@ def _step(su: _Setup) -> RankResult:
         if group is None:
             continue
         layout = GroupLayout(group)
+        policy = ActivationPolicy(recompute=group.recompute, offload=group.offload)
         runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
-                               loss_scale=1.0 / denom)
+                               loss_scale=1.0 / denom, policy=policy)
                    for c in su.chunks]
         pipe = _Pipe(su.groups, rplan.num_blocks, device)
         inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}
@@ -184,10 +213,10 @@ def _step(su: _Setup) -> RankResult:
             start = clock.since_start()
             if op.kind == "F":
                 waited = _forward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
-                                  inputs, spec, dtype, clock, loss_sum)
+                                  inputs, spec, dtype, clock, loss_here, su)
             else:
                 waited = _backward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
-                                   spec, dtype, clock)
+                                   spec, dtype, clock, su)
             end = clock.since_start()
             busy += end - start - waited
             if config.record_ops:
@@ -210,6 +239,8 @@ def _step(su: _Setup) -> RankResult:
     # -- phase 3: gradient synchronisation ------------------------------------------------
     start = clock.since_start()
     _sync_gradients(su.chunks, su.groups, tied=spec.tied_embeddings)
+    if su.tp is not None:  # norm weights: each tp rank saw only its rows (sums commute)
+        all_reduce_replicated(su.chunks, su.tp)
     dist.all_reduce(loss_sum)  # only last blocks contribute; report the step's loss
     end = clock.since_start()
     if config.record_ops and stage is not None:
@@ -229,7 +260,7 @@ def _step(su: _Setup) -> RankResult:
 
 def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
              pipe: _Pipe, inputs: dict, spec: ModelSpec, dtype: torch.dtype, clock: _Clock,
-             loss_sum: torch.Tensor) -> float:
+             loss_sum: torch.Tensor, su: _Setup) -> float:
     """F of one unit on one chunk; returns seconds spent waiting for the receive."""
     slices = group.unit_slices(group.forward_units[unit])
     block, last = chunk * pp + stage, pp * group.vpp - 1
@@ -238,10 +269,12 @@ def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: S
         xs = [inputs[sl.slice_id][0] for sl in slices]
     else:
         t = clock.now()
-        buf = pipe.recv((_tokens(slices), spec.hidden), dtype, src=group.ranks[(stage - 1) % pp],
-                        dst=group.ranks[stage], kind="F", unit=unit, block=block)
+        sizes = [su.rows(sl.num_tokens) for sl in slices]
+        buf = pipe.recv((sum(sizes), spec.hidden), dtype,
+                        src=stage_rank(group, (stage - 1) % pp, su.slot),
+                        dst=stage_rank(group, stage, su.slot), kind="F", unit=unit, block=block)
         waited = clock.now() - t
-        xs = list(buf.split([sl.num_tokens for sl in slices]))
+        xs = list(buf.split(sizes))
         del buf
     outs = []
     for sl, x in zip(slices, xs, strict=True):
@@ -252,13 +285,16 @@ def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: S
         for out in outs:
             loss_sum += out
     else:
-        pipe.send(torch.cat(outs) if len(outs) > 1 else outs[0], src=group.ranks[stage],
-                  dst=group.ranks[(stage + 1) % pp], kind="F", unit=unit, block=block + 1)
+        pipe.send(torch.cat(outs) if len(outs) > 1 else outs[0],
+                  src=stage_rank(group, stage, su.slot),
+                  dst=stage_rank(group, (stage + 1) % pp, su.slot), kind="F", unit=unit,
+                  block=block + 1)
     return waited
 
 
 def _backward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
-              pipe: _Pipe, spec: ModelSpec, dtype: torch.dtype, clock: _Clock) -> float:
+              pipe: _Pipe, spec: ModelSpec, dtype: torch.dtype, clock: _Clock,
+              su: _Setup) -> float:
     """B of one backward unit on one chunk; returns seconds spent waiting for the receive."""
     slices = group.unit_slices(group.backward_units[unit])
     block, last = chunk * pp + stage, pp * group.vpp - 1
@@ -267,21 +303,21 @@ def _backward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: 
         d_outs: list[torch.Tensor | None] = [None] * len(slices)
     else:
         t = clock.now()
-        buf = pipe.recv((_tokens(slices), spec.hidden), dtype, src=group.ranks[(stage + 1) % pp],
-                        dst=group.ranks[stage], kind="B", unit=unit, block=block)
+        sizes = [su.rows(sl.num_tokens) for sl in slices]
+        buf = pipe.recv((sum(sizes), spec.hidden), dtype,
+                        src=stage_rank(group, (stage + 1) % pp, su.slot),
+                        dst=stage_rank(group, stage, su.slot), kind="B", unit=unit, block=block)
         waited = clock.now() - t
-        d_outs = list(buf.split([sl.num_tokens for sl in slices]))
+        d_outs = list(buf.split(sizes))
         del buf
     d_ins = [runner.backward(sl, d) for sl, d in zip(slices, d_outs, strict=True)]
     del d_outs
     if block > 0:
-        pipe.send(torch.cat(d_ins) if len(d_ins) > 1 else d_ins[0], src=group.ranks[stage],
-                  dst=group.ranks[(stage - 1) % pp], kind="B", unit=unit, block=block - 1)
+        pipe.send(torch.cat(d_ins) if len(d_ins) > 1 else d_ins[0],
+                  src=stage_rank(group, stage, su.slot),
+                  dst=stage_rank(group, (stage - 1) % pp, su.slot), kind="B", unit=unit,
+                  block=block - 1)
     return waited
-
-
-def _tokens(slices: list[Slice]) -> int:
-    return sum(sl.num_tokens for sl in slices)
 
 
 def _sync_gradients(chunks: list[ModelChunk], groups: PlanGroups, *, tied: bool) -> None:

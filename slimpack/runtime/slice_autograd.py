@@ -7,17 +7,19 @@ K/V are cached detached so later slices can attend to them.
 Backward of X takes (d hidden out, the dK/dV that later slices accumulated for X's own K/V)
 and produces d hidden in plus dK/dV for the earlier slices' K/V (the grads of X's leaves),
 which are added to those slices' accumulators. Because a sequence is backwarded in reverse
-slice order (Plan.validate), X's accumulator is complete when X runs backward. Nothing is
-recomputed, and the backward MicroPacks may group slices differently from the forward ones.
+slice order (Plan.validate), X's accumulator is complete when X runs backward. The backward
+MicroPacks may group slices differently from the forward ones. What the forward keeps (all of
+it, or recompute and offload as the group says) is :mod:`slimpack.runtime.activations`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from slimpack.plan import Slice
+from slimpack.runtime.activations import ActivationPolicy, SavedTensors
 from slimpack.runtime.attention import varlen_causal_attention
 from slimpack.runtime.layout import GroupLayout, SegmentPlace
 from slimpack.runtime.model import rope_tables
@@ -37,31 +39,18 @@ class SliceGraph:
     leaves: list[list[tuple[SegmentPlace, torch.Tensor, torch.Tensor]]]
     """Per layer: (earlier segment, its K leaf, its V leaf)."""
     saved_bytes: int = 0
-
-
-@dataclass(kw_only=True)
-class _SavedBytes:
-    """Counts unique storages saved for backward, excluding parameters (model state)."""
-
-    skip: set[int]
-    seen: set[int] = field(default_factory=set)
-    total: int = 0
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in self.skip and ptr not in self.seen:
-            self.seen.add(ptr)
-            self.total += storage.nbytes()
-        return t
+    """Device bytes autograd keeps for this graph (offloaded ones excluded)."""
+    offloaded_bytes: int = 0
 
 
 class SliceRunner:
     """Runs slices forward and backward on one model chunk of one group."""
 
     def __init__(self, chunk: ModelChunk, layout: GroupLayout, *, attention_backend: str,
-                 head_dim: int, loss_scale: float) -> None:
+                 head_dim: int, loss_scale: float,
+                 policy: ActivationPolicy | None = None) -> None:
         self.chunk = chunk
+        self.policy = policy or ActivationPolicy()
         self.loss_scale = loss_scale
         """1 / (labelled tokens of the whole step): the loss is a token-weighted mean."""
         self.layout = layout
@@ -91,30 +80,43 @@ class SliceRunner:
         leaves: list[list[tuple[SegmentPlace, torch.Tensor, torch.Tensor]]] = [
             [] for _ in self.chunk.layers]
 
-        def attend_for_layer(layer: int):
-            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                ks, vs = [], []
-                for seg, prefix in zip(lay.segments, lay.prefixes, strict=True):
+        saved = SavedTensors(skip=self._param_ptrs, offload=self.policy.offload)
+        core = self.policy.wrap_attention(
+            lambda q, kk, vv: varlen_causal_attention(q, kk, vv, lay.varlen,
+                                                      backend=self.backend))
+
+        def prefix_leaves(layer: int) -> list[tuple[SegmentPlace, torch.Tensor, torch.Tensor]]:
+            # Made once per layer: full recompute calls attend again in backward and must
+            # reuse these leaves, whose .grad is the dK/dV this slice owes the earlier ones.
+            if not leaves[layer]:
+                for prefix in lay.prefixes:
                     for earlier in prefix:
                         kc, vc = self.kv_cache[earlier.slice_id][layer]
-                        # Views of the cache made into leaves: no copy, and their .grad is
-                        # exactly the dK/dV this slice owes the earlier one.
-                        kl = kc[earlier.rows].detach().requires_grad_()
-                        vl = vc[earlier.rows].detach().requires_grad_()
-                        leaves[layer].append((earlier, kl, vl))
+                        # Views of the cache made into leaves: no copy.
+                        leaves[layer].append((earlier, kc[earlier.rows].detach().requires_grad_(),
+                                              vc[earlier.rows].detach().requires_grad_()))
+            return leaves[layer]
+
+        def attend_for_layer(layer: int):
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                saved.keep_on_device(k, v)  # the K/V cache stays on the device
+                own = iter(prefix_leaves(layer))
+                ks, vs = [], []
+                for seg, prefix in zip(lay.segments, lay.prefixes, strict=True):
+                    for _ in prefix:
+                        _, kl, vl = next(own)
                         ks.append(kl)
                         vs.append(vl)
                     ks.append(k[seg.rows])
                     vs.append(v[seg.rows])
                 kk = torch.cat(ks) if len(ks) > 1 else k
                 vv = torch.cat(vs) if len(vs) > 1 else v
-                return varlen_causal_attention(q, kk, vv, lay.varlen, backend=self.backend)
+                return core(q, kk, vv)
             return attend
 
-        counter = _SavedBytes(skip=self._param_ptrs)
-        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+        with saved.hooks():
             out, own_kv = self.chunk(x, cos=cos, sin=sin, attend_for_layer=attend_for_layer,
-                                     labels=labels)
+                                     labels=labels, run_layer=self.policy.run_layer)
             if self.chunk.is_last:
                 out = out * self.loss_scale
         if lay.has_consumers:
@@ -122,7 +124,7 @@ class SliceRunner:
         self.graphs[sl.slice_id] = SliceGraph(
             inp=None if self.chunk.is_first else x, out=out,
             own_kv=own_kv if lay.has_consumers else [], leaves=leaves,
-            saved_bytes=counter.total)
+            saved_bytes=saved.device_bytes, offloaded_bytes=saved.offloaded_bytes)
         return out.detach()
 
     # -- backward --------------------------------------------------------------------------
