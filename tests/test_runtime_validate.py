@@ -39,13 +39,13 @@ def test_unit_referring_to_a_missing_slice_fails_before_spawning():
     _fails_fast(plan, r"refer to missing slices \[7\]")
 
 
-def test_tensor_or_context_parallel_plans_are_rejected():
+def test_tensor_parallel_plans_are_rejected():
     base = packed_plan(pp=2, dp=1)
     group = next(base.groups())
     parallel = ParallelSpec(tp=2, pp=2)
     tp_group = dataclasses.replace(group, tp=2, ranks=parallel.replica_ranks(0))
     plan = dataclasses.replace(base, parallel=parallel, phases=(Phase(groups=(tp_group,)),))
-    with pytest.raises(ValueError, match="runtime runs tp=cp=1 for now"):
+    with pytest.raises(ValueError, match="runtime runs tp=1 for now"):
         check_runtime_plan(plan, TINY)
 
 

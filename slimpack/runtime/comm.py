@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from slimpack.plan import Group
 from slimpack.runtime.validate import RuntimePlan
 
 Channel = tuple[int, int, str]
@@ -37,10 +38,12 @@ class PlanGroups:
             for s in range(pp):
                 if pp == 1 or (s == pp - 1 and vpp == 1):
                     continue  # no edge, or the wrap-around edge only interleaving uses
-                a, b = group.ranks[s], group.ranks[(s + 1) % pp]
-                for key in ((a, b, "F"), (b, a, "B")):
-                    if key not in channels:
-                        channels[key] = dist.new_group(sorted({a, b}))
+                # One edge per (cp, tp) lane: lane j of stage s talks to lane j of s+1.
+                for a in group.stage_ranks(s):
+                    b = stage_peer(group, a, (s + 1) % pp)
+                    for key in ((a, b, "F"), (b, a, "B")):
+                        if key not in channels:
+                            channels[key] = dist.new_group(sorted({a, b}))
         mine = {k: g for k, g in channels.items() if rank in k[:2]}
         by_stage: dict[int, list[int]] = {}
         for r, s in sorted(rplan.stage_of_rank.items()):
@@ -58,6 +61,13 @@ class PlanGroups:
             if rank in ranks:
                 tied_group = g
         return cls(channels=mine, dp_group=dp_group, tied_group=tied_group)
+
+
+def stage_peer(group: Group, rank: int, stage: int) -> int:
+    """The rank of ``group`` at pipeline ``stage`` in ``rank``'s (cp, tp) lane: ranks are
+    ordered (pp, cp, tp), so a lane is an offset inside every stage's block."""
+    width = group.tp * group.cp
+    return group.ranks[stage * width + group.ranks.index(rank) % width]
 
 
 def message_tag(unit: int, block: int, num_blocks: int) -> int:

@@ -25,8 +25,10 @@ import torch.distributed as dist
 from slimpack.plan import Group, Slice
 from slimpack.records import OpTiming
 from slimpack.runtime.attention import choose_backend
-from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag
+from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag, stage_peer
 from slimpack.runtime.config import RuntimeConfig
+from slimpack.runtime.context_parallel import CpGroups, make_exchange
+from slimpack.runtime.cp_layout import local_inputs
 from slimpack.runtime.data import make_tokens, num_label_tokens
 from slimpack.runtime.layout import GroupLayout, slice_inputs
 from slimpack.runtime.slice_autograd import SliceRunner
@@ -68,6 +70,8 @@ class _Pipe:
         if src == dst:
             self.mailbox[(kind, unit, block)] = t
             return
+        if t.numel() == 0:  # a cp rank holding no row of the unit: the receiver knows
+            return
         group = self.groups.channels[(src, dst, kind)]
         buf = t.contiguous()  # held until the send completes: the backend reads it async
         work = dist.isend(buf, dst=dst, group=group, tag=message_tag(unit, block, self.num_blocks))
@@ -80,6 +84,8 @@ class _Pipe:
         if src == dst:
             return self.mailbox.pop((kind, unit, block))
         buf = torch.empty(shape, dtype=dtype, device=self.device)
+        if buf.numel() == 0:
+            return buf
         dist.irecv(buf, src=src, group=self.groups.channels[(src, dst, kind)],
                    tag=message_tag(unit, block, self.num_blocks)).wait()
         return buf
@@ -118,10 +124,11 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
               build_chunks(spec, pp=rplan.pp, vpp=rplan.vpp, stage=stage, seed=config.seed,
                            device=device, dtype=config.torch_dtype))
     groups = PlanGroups.build(rplan, rank=rank, tied_embeddings=spec.tied_embeddings)
+    cp_groups = CpGroups.build(list(rplan.plan.groups()), rank=rank)
     tokens = make_tokens(rplan.plan.sequence_lengths, vocab_size=spec.vocab_size,
                          seed=config.seed)
     setup = _Setup(rplan=rplan, spec=spec, config=config, rank=rank, stage=stage, device=device,
-                   chunks=chunks, groups=groups, tokens=tokens,
+                   chunks=chunks, groups=groups, cp_groups=cp_groups, tokens=tokens,
                    backend=choose_backend(device, config.torch_dtype, config.attention))
     results = []
     for step in range(config.warmup_steps + config.measured_steps):
@@ -148,6 +155,7 @@ class _Setup:
     device: torch.device
     chunks: list[ModelChunk]
     groups: PlanGroups
+    cp_groups: CpGroups
     tokens: dict[int, torch.Tensor]
     backend: str
 
@@ -175,19 +183,25 @@ def _step(su: _Setup) -> RankResult:
         if group is None:
             continue
         layout = GroupLayout(group)
+        exchange = make_exchange(group, layout, cp=su.cp_groups.of(group.group_id))
         runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
-                               loss_scale=1.0 / denom)
+                               loss_scale=1.0 / denom, exchange=exchange)
                    for c in su.chunks]
         pipe = _Pipe(su.groups, rplan.num_blocks, device)
         inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}
+        rows = {sl.slice_id: sl.num_tokens for sl in group.slices}
+        if group.cp > 1:  # this rank's rows of every slice (cp_layout), all layers and loss
+            inputs = {i: local_inputs(x, exchange.shard(i)) for i, x in inputs.items()}
+            rows = {i: exchange.shard(i).num_local for i in rows}
+        peers = _Peers(group, su.rank)
         for op in rplan.schedules[group.group_id][stage]:
             start = clock.since_start()
             if op.kind == "F":
                 waited = _forward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
-                                  inputs, spec, dtype, clock, loss_sum)
+                                  inputs, spec, dtype, clock, loss_sum, peers, rows)
             else:
                 waited = _backward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
-                                   spec, dtype, clock)
+                                   spec, dtype, clock, peers, rows)
             end = clock.since_start()
             busy += end - start - waited
             if config.record_ops:
@@ -229,7 +243,7 @@ def _step(su: _Setup) -> RankResult:
 
 def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
              pipe: _Pipe, inputs: dict, spec: ModelSpec, dtype: torch.dtype, clock: _Clock,
-             loss_sum: torch.Tensor) -> float:
+             loss_sum: torch.Tensor, peers: _Peers, rows: dict[int, int]) -> float:
     """F of one unit on one chunk; returns seconds spent waiting for the receive."""
     slices = group.unit_slices(group.forward_units[unit])
     block, last = chunk * pp + stage, pp * group.vpp - 1
@@ -238,10 +252,10 @@ def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: S
         xs = [inputs[sl.slice_id][0] for sl in slices]
     else:
         t = clock.now()
-        buf = pipe.recv((_tokens(slices), spec.hidden), dtype, src=group.ranks[(stage - 1) % pp],
-                        dst=group.ranks[stage], kind="F", unit=unit, block=block)
+        buf = pipe.recv((_tokens(slices, rows), spec.hidden), dtype, src=peers.at(stage - 1),
+                        dst=peers.at(stage), kind="F", unit=unit, block=block)
         waited = clock.now() - t
-        xs = list(buf.split([sl.num_tokens for sl in slices]))
+        xs = list(buf.split([rows[sl.slice_id] for sl in slices]))
         del buf
     outs = []
     for sl, x in zip(slices, xs, strict=True):
@@ -252,13 +266,14 @@ def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: S
         for out in outs:
             loss_sum += out
     else:
-        pipe.send(torch.cat(outs) if len(outs) > 1 else outs[0], src=group.ranks[stage],
-                  dst=group.ranks[(stage + 1) % pp], kind="F", unit=unit, block=block + 1)
+        pipe.send(torch.cat(outs) if len(outs) > 1 else outs[0], src=peers.at(stage),
+                  dst=peers.at(stage + 1), kind="F", unit=unit, block=block + 1)
     return waited
 
 
 def _backward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
-              pipe: _Pipe, spec: ModelSpec, dtype: torch.dtype, clock: _Clock) -> float:
+              pipe: _Pipe, spec: ModelSpec, dtype: torch.dtype, clock: _Clock, peers: _Peers,
+              rows: dict[int, int]) -> float:
     """B of one backward unit on one chunk; returns seconds spent waiting for the receive."""
     slices = group.unit_slices(group.backward_units[unit])
     block, last = chunk * pp + stage, pp * group.vpp - 1
@@ -267,21 +282,32 @@ def _backward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: 
         d_outs: list[torch.Tensor | None] = [None] * len(slices)
     else:
         t = clock.now()
-        buf = pipe.recv((_tokens(slices), spec.hidden), dtype, src=group.ranks[(stage + 1) % pp],
-                        dst=group.ranks[stage], kind="B", unit=unit, block=block)
+        buf = pipe.recv((_tokens(slices, rows), spec.hidden), dtype, src=peers.at(stage + 1),
+                        dst=peers.at(stage), kind="B", unit=unit, block=block)
         waited = clock.now() - t
-        d_outs = list(buf.split([sl.num_tokens for sl in slices]))
+        d_outs = list(buf.split([rows[sl.slice_id] for sl in slices]))
         del buf
     d_ins = [runner.backward(sl, d) for sl, d in zip(slices, d_outs, strict=True)]
     del d_outs
     if block > 0:
-        pipe.send(torch.cat(d_ins) if len(d_ins) > 1 else d_ins[0], src=group.ranks[stage],
-                  dst=group.ranks[(stage - 1) % pp], kind="B", unit=unit, block=block - 1)
+        pipe.send(torch.cat(d_ins) if len(d_ins) > 1 else d_ins[0], src=peers.at(stage),
+                  dst=peers.at(stage - 1), kind="B", unit=unit, block=block - 1)
     return waited
 
 
-def _tokens(slices: list[Slice]) -> int:
-    return sum(sl.num_tokens for sl in slices)
+def _tokens(slices: list[Slice], rows: dict[int, int]) -> int:
+    """Rows this rank holds of ``slices`` (all of them when cp = 1)."""
+    return sum(rows[sl.slice_id] for sl in slices)
+
+
+class _Peers:
+    """The rank at each pipeline stage of ``group`` in this rank's (cp, tp) lane."""
+
+    def __init__(self, group: Group, rank: int) -> None:
+        self.group, self.rank = group, rank
+
+    def at(self, stage: int) -> int:
+        return stage_peer(self.group, self.rank, stage % self.group.pp)
 
 
 def _sync_gradients(chunks: list[ModelChunk], groups: PlanGroups, *, tied: bool) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from slimpack.plan import Slice
 from slimpack.runtime.attention import varlen_causal_attention
+from slimpack.runtime.context_parallel import LocalExchange
 from slimpack.runtime.layout import GroupLayout, SegmentPlace
 from slimpack.runtime.model import rope_tables
 from slimpack.runtime.stage import ModelChunk
@@ -60,8 +61,10 @@ class SliceRunner:
     """Runs slices forward and backward on one model chunk of one group."""
 
     def __init__(self, chunk: ModelChunk, layout: GroupLayout, *, attention_backend: str,
-                 head_dim: int, loss_scale: float) -> None:
+                 head_dim: int, loss_scale: float, exchange=None) -> None:
         self.chunk = chunk
+        self.exchange = LocalExchange(layout) if exchange is None else exchange
+        """How queries meet keys across ranks (context parallelism) or locally (cp = 1)."""
         self.loss_scale = loss_scale
         """1 / (labelled tokens of the whole step): the loss is a token-weighted mean."""
         self.layout = layout
@@ -91,37 +94,53 @@ class SliceRunner:
         leaves: list[list[tuple[SegmentPlace, torch.Tensor, torch.Tensor]]] = [
             [] for _ in self.chunk.layers]
 
+        own_kv: list[KV | None] = [None] * len(self.chunk.layers)
+
         def attend_for_layer(layer: int):
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                # With cp > 1 the exchange gathers the slice's keys (and, for Ulysses, its
+                # queries); those whole-slice K/V are what later slices read from the cache.
+                q, k, v, pieces, varlen = self.exchange.exchange(sl.slice_id, q, k, v)
+                own_kv[layer] = (k, v)
+                made: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
                 ks, vs = [], []
-                for seg, prefix in zip(lay.segments, lay.prefixes, strict=True):
-                    for earlier in prefix:
-                        kc, vc = self.kv_cache[earlier.slice_id][layer]
-                        # Views of the cache made into leaves: no copy, and their .grad is
-                        # exactly the dK/dV this slice owes the earlier one.
-                        kl = kc[earlier.rows].detach().requires_grad_()
-                        vl = vc[earlier.rows].detach().requires_grad_()
-                        leaves[layer].append((earlier, kl, vl))
-                        ks.append(kl)
-                        vs.append(vl)
-                    ks.append(k[seg.rows])
-                    vs.append(v[seg.rows])
-                kk = torch.cat(ks) if len(ks) > 1 else k
-                vv = torch.cat(vs) if len(vs) > 1 else v
-                return varlen_causal_attention(q, kk, vv, lay.varlen, backend=self.backend)
+                for piece in pieces:
+                    seg = lay.segments[piece.segment]
+                    for earlier in lay.prefixes[piece.segment]:
+                        key = (earlier.slice_id, earlier.offset)
+                        if key not in made:
+                            kc, vc = self.kv_cache[earlier.slice_id][layer]
+                            # Views of the cache made into leaves: no copy, and their .grad
+                            # is exactly the dK/dV this slice owes the earlier one.
+                            made[key] = (kc[earlier.rows].detach().requires_grad_(),
+                                         vc[earlier.rows].detach().requires_grad_())
+                            leaves[layer].append((earlier, *made[key]))
+                        ks.append(made[key][0])
+                        vs.append(made[key][1])
+                    ks.append(k[seg.offset:piece.hi])
+                    vs.append(v[seg.offset:piece.hi])
+                if not pieces:  # this cp rank holds no row of the slice
+                    return self.exchange.finish(sl.slice_id, q * 0)
+                kk = torch.cat(ks) if len(ks) > 1 else ks[0]
+                vv = torch.cat(vs) if len(vs) > 1 else vs[0]
+                o = varlen_causal_attention(q, kk, vv, varlen, backend=self.backend)
+                return self.exchange.finish(sl.slice_id, o)
             return attend
 
         counter = _SavedBytes(skip=self._param_ptrs)
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
-            out, own_kv = self.chunk(x, cos=cos, sin=sin, attend_for_layer=attend_for_layer,
-                                     labels=labels)
+            out, _ = self.chunk(x, cos=cos, sin=sin, attend_for_layer=attend_for_layer,
+                                labels=labels)
             if self.chunk.is_last:
                 out = out * self.loss_scale
         if lay.has_consumers:
             self.kv_cache[sl.slice_id] = [(k.detach(), v.detach()) for k, v in own_kv]
+        # A collective exchange keeps its K/V as backward roots even without consumers, so
+        # every cp rank runs each layer's reduce-scatter, whether or not it has queries.
+        keep = lay.has_consumers or self.exchange.collective
         self.graphs[sl.slice_id] = SliceGraph(
             inp=None if self.chunk.is_first else x, out=out,
-            own_kv=own_kv if lay.has_consumers else [], leaves=leaves,
+            own_kv=own_kv if keep else [], leaves=leaves,
             saved_bytes=counter.total)
         return out.detach()
 
@@ -133,6 +152,8 @@ class SliceRunner:
         outputs: list[torch.Tensor] = [graph.out]
         grads: list[torch.Tensor | None] = [d_out]
         acc = self.dkv.pop(sl.slice_id, None)
+        if acc is None and graph.own_kv and self.exchange.collective:
+            acc = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in graph.own_kv]
         if acc is not None:
             for (k, v), (dk, dv) in zip(graph.own_kv, acc, strict=True):
                 outputs += [k, v]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slimpack.plan import Group, Plan, PlanError
+from slimpack.runtime.cp_checks import check_cp_group
 from slimpack.runtime.schedule import build_group_schedule
 from slimpack.specs.model import ModelSpec
 
@@ -59,10 +60,11 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
     sources = set()
     notes = []
     for g in groups:
-        if g.tp != 1 or g.cp != 1:
-            raise ValueError(f"group {g.group_id} has tp={g.tp}, cp={g.cp}: the runtime runs "
-                             f"tp=cp=1 for now (pipeline and data parallelism only)")
-        for stage, rank in enumerate(g.ranks):
+        if g.tp != 1:
+            raise ValueError(f"group {g.group_id} has tp={g.tp}: the runtime runs tp=1 for now")
+        check_cp_group(g, model)
+        for index, rank in enumerate(g.ranks):
+            stage = index // (g.tp * g.cp)  # ranks are ordered (pp, cp, tp)
             prev = stage_of_rank.setdefault(rank, stage)
             if prev != stage:
                 raise ValueError(f"rank {rank} is pipeline stage {prev} in one group and {stage} "
