@@ -70,7 +70,7 @@ def _one_group(cp: int, *, pp: int = 1, sharding: str = "per-sequence",
                         base=0, cp=cp, pp=pp, sharding=sharding, kind=kind)]])
 
 
-def _check_parity(plan: Plan) -> None:
+def _check_parity(plan: Plan):
     check_runtime_plan(plan, TINY)
     result = run_plan(plan, TINY, RuntimeConfig(seed=5), return_grads=True, timeout_s=120)
     ref = reference_step(TINY, plan.sequence_lengths, seed=5)
@@ -82,12 +82,18 @@ def _check_parity(plan: Plan) -> None:
     for name, want in ref.grads.items():  # elementwise, relative to the largest entry
         assert float((grads[name] - want).abs().max()) <= GRAD_TOL * float(want.abs().max()), \
             name
+    return result
 
 
 @pytest.mark.parametrize("sharding", ["per-sequence", "per-document"])
 @pytest.mark.parametrize("cp", [2, 4])
 def test_ring_cp_with_kv_prefix_slices_matches_unsliced_model(cp, sharding):
-    _check_parity(_one_group(cp, sharding=sharding))
+    result = _check_parity(_one_group(cp, sharding=sharding))
+    # The record's per-unit time is the stage's: its slowest cp rank, not the ranks' sum.
+    for unit, recorded in enumerate(result.record.unit_forward_s):
+        per_rank = [sum(op.end_s - op.start_s for op in r.ops if op.kind == "F" and
+                        op.unit == unit) for r in result.ranks]
+        assert recorded == pytest.approx(max(per_rank), rel=1e-12)
 
 
 @pytest.mark.parametrize("sharding", ["per-sequence", "per-document"])
