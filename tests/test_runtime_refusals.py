@@ -26,12 +26,18 @@ def _refused(plan: Plan, match: str, model=TINY) -> None:
         check_runtime_plan(plan, model)
 
 
-def test_context_parallel_group_is_refused_naming_cp():
+def test_ulysses_heads_per_tensor_parallel_rank_must_split_over_cp():
+    # tiny has 4 heads: tp2 leaves 2 per rank, which Ulysses over cp=4 cannot split.
     base = packed_plan(pp=1, dp=1)
-    parallel = ParallelSpec(cp=2)
-    group = dataclasses.replace(next(base.groups()), cp=2, ranks=parallel.replica_ranks(0))
+    parallel = ParallelSpec(tp=2, cp=4)
+    group = dataclasses.replace(next(base.groups()), tp=2, cp=4, cp_kind="ulysses",
+                                ranks=parallel.replica_ranks(0))
     plan = dataclasses.replace(base, parallel=parallel, phases=(Phase(groups=(group,)),))
-    _refused(plan, r"group 0: cp=2 is not executed by the runtime; allowed: 1")
+    _refused(plan, r"group 0: cp_kind='ulysses' needs cp=4 to divide num_heads=4 / tp=2 = 2 "
+                   r"heads per tp rank")
+    ok = dataclasses.replace(group, cp=2, ranks=ParallelSpec(tp=2, cp=2).replica_ranks(0))
+    check_runtime_plan(dataclasses.replace(plan, parallel=ParallelSpec(tp=2, cp=2),
+                                           phases=(Phase(groups=(ok,)),)), TINY)
 
 
 def test_vocab_parallel_pp_over_pipeline_ranks_is_refused():
@@ -53,11 +59,10 @@ def test_zero_stage_other_than_plain_data_parallel_is_refused():
 
 
 def test_attention_redistribution_across_pipeline_ranks_is_refused():
-    plan = dataclasses.replace(slimpipe_plan(pp=2, dp=1),
-                               metadata={"attention_redistribution": True})
+    plan = dataclasses.replace(slimpipe_plan(pp=2, dp=1), attention_redistribution=True)
     _refused(plan, r"plan: attention_redistribution=True is not executed .* false when pp > 1")
     check_runtime_plan(dataclasses.replace(slimpipe_plan(pp=1, dp=1),
-                                           metadata={"attention_redistribution": True}), TINY)
+                                           attention_redistribution=True), TINY)
 
 
 def test_moe_and_gelu_models_are_refused_naming_the_field():

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from slimpack.plan import Group, Plan
+from slimpack.runtime.cp_checks import check_cp_group
 from slimpack.specs.model import ModelSpec
 
 EXECUTED_RECOMPUTE = ("none", "selective", "full")
@@ -40,35 +41,29 @@ def check_model_supported(model: ModelSpec) -> None:
                          f"runtime; allowed: 'swiglu'")
 
 
-def _plan_field(plan: Plan, name: str):  # noqa: ANN202 - any JSON value
-    """A plan-level setting: a typed ``Plan`` field where the IR has one, else the metadata
-    entry the planners write (the simulator reads the same place)."""
-    value = getattr(plan, name, None)
-    return plan.metadata.get(name) if value is None else value
-
-
 def check_plan_fields(plan: Plan) -> None:
     """Plan-level fields the executor does not implement."""
-    stated = _plan_field(plan, "zero_stage")
+    # The IR has no typed ZeRO field: planners that choose one (FlexSP) state it in metadata,
+    # where the simulator reads it too.
+    stated = plan.metadata.get("zero_stage")
     if stated is not None and stated not in EXECUTED_ZERO_STAGES:
         raise refuse(None, "zero_stage", stated,
                      f"{EXECUTED_ZERO_STAGES} (one data-parallel gradient all-reduce, no "
                      f"optimizer step; parameters are not sharded)")
     # SlimPipe's attention redistribution ships KV between paired pipeline ranks; with one
     # stage there is no pair, so the flag describes the plain computation.
-    if _plan_field(plan, "attention_redistribution") and any(g.pp > 1 for g in plan.groups()):
+    if plan.attention_redistribution and any(g.pp > 1 for g in plan.groups()):
         raise refuse(None, "attention_redistribution", True,
                      "false when pp > 1 (attention runs where its slice is)")
 
 
 def check_group_fields(group: Group, model: ModelSpec) -> None:
     """Per-group fields: degrees and features the executor runs, everything else refused."""
-    if group.cp != 1:
-        raise refuse(group, "cp", group.cp, "1 (context parallelism is not executed yet)")
-    # With cp = 1 there is nothing to shard or exchange, so every cp_sharding and cp_kind
-    # describes the same computation: accepted, not ignored.
     if group.tp != 1:
         check_tensor_parallel(group, model)
+    # With cp = 1 there is nothing to shard or exchange, so every cp_sharding and cp_kind
+    # describes the same computation: accepted, not ignored.
+    check_cp_group(group, model)
     if group.recompute not in EXECUTED_RECOMPUTE:
         raise refuse(group, "recompute", group.recompute, str(EXECUTED_RECOMPUTE))
     if not 0.0 <= group.offload <= 1.0:

@@ -9,6 +9,11 @@ Phases of :func:`execute_rank`:
 3. gradient synchronisation: tied-embedding copies, then the data-parallel sum;
 4. measurements: per-op times, busy time, peak memory, loss.
 
+A stage of a group is ``cp*tp`` ranks. Context parallelism gives each cp rank its rows of every
+slice (:mod:`slimpack.runtime.cp_layout`) for the whole layer stack; sequence parallelism then
+splits those cp-local rows over the tp ranks (:mod:`slimpack.runtime.tensor_parallel`), so
+the hidden states a rank sends down the pipeline are a tp share of its cp rows.
+
 Sends are non-blocking (their tensors are held until done, then dropped); receives block.
 Loss is ``sum CE / global label count`` on every last block, so gradients are already the
 token-weighted mean over the whole step and the DP reduction is a plain sum.
@@ -22,12 +27,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from slimpack.plan import Group
+from slimpack.plan import Group, Slice
 from slimpack.records import OpTiming
 from slimpack.runtime.activations import ActivationPolicy
 from slimpack.runtime.attention import choose_backend
-from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag, stage_rank
+from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag, stage_peer
 from slimpack.runtime.config import RuntimeConfig
+from slimpack.runtime.context_parallel import CpGroups, make_exchange
+from slimpack.runtime.cp_layout import local_inputs
 from slimpack.runtime.data import make_tokens, num_label_tokens
 from slimpack.runtime.layout import GroupLayout, slice_inputs
 from slimpack.runtime.slice_autograd import SliceRunner
@@ -77,6 +84,8 @@ class _Pipe:
         if src == dst:
             self.mailbox[(kind, unit, block)] = t
             return
+        if t.numel() == 0:  # a cp rank holding no row of the unit: the receiver knows
+            return
         group = self.groups.channels[(src, dst, kind)]
         buf = t.contiguous()  # held until the send completes: the backend reads it async
         work = dist.isend(buf, dst=dst, group=group, tag=message_tag(unit, block, self.num_blocks))
@@ -89,6 +98,8 @@ class _Pipe:
         if src == dst:
             return self.mailbox.pop((kind, unit, block))
         buf = torch.empty(shape, dtype=dtype, device=self.device)
+        if buf.numel() == 0:
+            return buf
         dist.irecv(buf, src=src, group=self.groups.channels[(src, dst, kind)],
                    tag=message_tag(unit, block, self.num_blocks)).wait()
         return buf
@@ -124,6 +135,7 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
     # -- phase 1: set-up --------------------------------------------------------------------
     stage = rplan.stage_of_rank.get(rank)
     groups = PlanGroups.build(rplan, rank=rank, tied_embeddings=spec.tied_embeddings)
+    cp_groups = CpGroups.build(list(rplan.plan.groups()), rank=rank)
     tp = build_tp_group(tp_rank_sets(rplan.plan.groups()), rank) if rplan.tp > 1 else None
     kw = {"pp": rplan.pp, "vpp": rplan.vpp, "stage": stage, "seed": config.seed,
           "device": device, "dtype": config.torch_dtype}
@@ -132,8 +144,7 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
     tokens = make_tokens(rplan.plan.sequence_lengths, vocab_size=spec.vocab_size,
                          seed=config.seed)
     setup = _Setup(rplan=rplan, spec=spec, config=config, rank=rank, stage=stage, device=device,
-                   chunks=chunks, groups=groups, tokens=tokens, tp=tp,
-                   slot=rplan.slot_of_rank.get(rank, 0),
+                   chunks=chunks, groups=groups, cp_groups=cp_groups, tokens=tokens, tp=tp,
                    backend=choose_backend(device, config.torch_dtype, config.attention))
     results = []
     for step in range(config.warmup_steps + config.measured_steps):
@@ -163,14 +174,14 @@ class _Setup:
     device: torch.device
     chunks: list[ModelChunk]
     groups: PlanGroups
+    cp_groups: CpGroups
     tokens: dict[int, torch.Tensor]
     backend: str
     tp: TPGroup | None
-    slot: int
-    """This rank's position in its stage's cp*tp ranks: it talks to the same slot next door."""
 
     def rows(self, num_tokens: int) -> int:
-        """Rows of a slice's hidden states this rank holds (its sequence-parallel share)."""
+        """Rows of a slice's hidden states this rank holds when its cp share of the slice is
+        ``num_tokens`` rows (all of them at cp = 1): its sequence-parallel share."""
         return num_tokens if self.tp is None else local_rows(num_tokens, self.tp.size)
 
     @property
@@ -203,20 +214,27 @@ def _step(su: _Setup) -> RankResult:
         if group is None:
             continue
         layout = GroupLayout(group)
+        exchange = make_exchange(group, layout, cp=su.cp_groups.of(group.group_id))
         policy = ActivationPolicy(recompute=group.recompute, offload=group.offload)
         runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
-                               loss_scale=1.0 / denom, policy=policy)
+                               loss_scale=1.0 / denom, policy=policy, exchange=exchange)
                    for c in su.chunks]
         pipe = _Pipe(su.groups, rplan.num_blocks, device)
         inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}
+        cp_rows = {sl.slice_id: sl.num_tokens for sl in group.slices}
+        if group.cp > 1:  # this rank's rows of every slice (cp_layout), all layers and loss
+            inputs = {i: local_inputs(x, exchange.shard(i)) for i, x in inputs.items()}
+            cp_rows = {i: exchange.shard(i).num_local for i in cp_rows}
+        lane = _Lane(group=group, rank=su.rank,
+                     rows={i: su.rows(n) for i, n in cp_rows.items()})
         for op in rplan.schedules[group.group_id][stage]:
             start = clock.since_start()
             if op.kind == "F":
-                waited = _forward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
-                                  inputs, spec, dtype, clock, loss_here, su)
+                waited = _forward(lane, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
+                                  inputs, spec, dtype, clock, loss_here)
             else:
-                waited = _backward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
-                                   spec, dtype, clock, su)
+                waited = _backward(lane, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
+                                   spec, dtype, clock)
             end = clock.since_start()
             busy += end - start - waited
             if config.record_ops:
@@ -258,10 +276,28 @@ def _step(su: _Setup) -> RankResult:
                       attention_backend=su.backend, ops=ops_out, op_groups=op_groups)
 
 
-def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
+@dataclass(frozen=True, kw_only=True)
+class _Lane:
+    """This rank's (cp, tp) lane of one group: its pipeline peers and its rows per slice."""
+
+    group: Group
+    rank: int
+    rows: dict[int, int]
+    """Slice id -> rows of the slice's hidden states this rank holds (cp share, then tp
+    share): the shape of every activation and gradient message it exchanges."""
+
+    def peer(self, stage: int) -> int:
+        return stage_peer(self.group, self.rank, stage % self.group.pp)
+
+    def sizes(self, slices: list[Slice]) -> list[int]:
+        return [self.rows[sl.slice_id] for sl in slices]
+
+
+def _forward(lane: _Lane, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
              pipe: _Pipe, inputs: dict, spec: ModelSpec, dtype: torch.dtype, clock: _Clock,
-             loss_sum: torch.Tensor, su: _Setup) -> float:
+             loss_sum: torch.Tensor) -> float:
     """F of one unit on one chunk; returns seconds spent waiting for the receive."""
+    group = lane.group
     slices = group.unit_slices(group.forward_units[unit])
     block, last = chunk * pp + stage, pp * group.vpp - 1
     waited = 0.0
@@ -269,10 +305,9 @@ def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: S
         xs = [inputs[sl.slice_id][0] for sl in slices]
     else:
         t = clock.now()
-        sizes = [su.rows(sl.num_tokens) for sl in slices]
-        buf = pipe.recv((sum(sizes), spec.hidden), dtype,
-                        src=stage_rank(group, (stage - 1) % pp, su.slot),
-                        dst=stage_rank(group, stage, su.slot), kind="F", unit=unit, block=block)
+        sizes = lane.sizes(slices)
+        buf = pipe.recv((sum(sizes), spec.hidden), dtype, src=lane.peer(stage - 1),
+                        dst=lane.peer(stage), kind="F", unit=unit, block=block)
         waited = clock.now() - t
         xs = list(buf.split(sizes))
         del buf
@@ -285,17 +320,15 @@ def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: S
         for out in outs:
             loss_sum += out
     else:
-        pipe.send(torch.cat(outs) if len(outs) > 1 else outs[0],
-                  src=stage_rank(group, stage, su.slot),
-                  dst=stage_rank(group, (stage + 1) % pp, su.slot), kind="F", unit=unit,
-                  block=block + 1)
+        pipe.send(torch.cat(outs) if len(outs) > 1 else outs[0], src=lane.peer(stage),
+                  dst=lane.peer(stage + 1), kind="F", unit=unit, block=block + 1)
     return waited
 
 
-def _backward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
-              pipe: _Pipe, spec: ModelSpec, dtype: torch.dtype, clock: _Clock,
-              su: _Setup) -> float:
+def _backward(lane: _Lane, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
+              pipe: _Pipe, spec: ModelSpec, dtype: torch.dtype, clock: _Clock) -> float:
     """B of one backward unit on one chunk; returns seconds spent waiting for the receive."""
+    group = lane.group
     slices = group.unit_slices(group.backward_units[unit])
     block, last = chunk * pp + stage, pp * group.vpp - 1
     waited = 0.0
@@ -303,20 +336,17 @@ def _backward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: 
         d_outs: list[torch.Tensor | None] = [None] * len(slices)
     else:
         t = clock.now()
-        sizes = [su.rows(sl.num_tokens) for sl in slices]
-        buf = pipe.recv((sum(sizes), spec.hidden), dtype,
-                        src=stage_rank(group, (stage + 1) % pp, su.slot),
-                        dst=stage_rank(group, stage, su.slot), kind="B", unit=unit, block=block)
+        sizes = lane.sizes(slices)
+        buf = pipe.recv((sum(sizes), spec.hidden), dtype, src=lane.peer(stage + 1),
+                        dst=lane.peer(stage), kind="B", unit=unit, block=block)
         waited = clock.now() - t
         d_outs = list(buf.split(sizes))
         del buf
     d_ins = [runner.backward(sl, d) for sl, d in zip(slices, d_outs, strict=True)]
     del d_outs
     if block > 0:
-        pipe.send(torch.cat(d_ins) if len(d_ins) > 1 else d_ins[0],
-                  src=stage_rank(group, stage, su.slot),
-                  dst=stage_rank(group, (stage - 1) % pp, su.slot), kind="B", unit=unit,
-                  block=block - 1)
+        pipe.send(torch.cat(d_ins) if len(d_ins) > 1 else d_ins[0], src=lane.peer(stage),
+                  dst=lane.peer(stage - 1), kind="B", unit=unit, block=block - 1)
     return waited
 
 

@@ -30,8 +30,9 @@ class RuntimePlan:
     vpp: int
     stage_of_rank: dict[int, int]
     """Pipeline stage of every rank that appears in some group (same in every phase)."""
-    slot_of_rank: dict[int, int]
-    """Position of every rank inside its stage's ``cp*tp`` ranks (same in every phase)."""
+    tp_index_of_rank: dict[int, int]
+    """Index of every rank among its tensor-parallel peers: which weight shard it holds
+    (same in every phase; its cp position may change, e.g. under DP-Merge)."""
     tp: int
     schedules: dict[int, list[list]]
     """group_id -> op lists per stage."""
@@ -66,29 +67,27 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
                          f"({model.name})")
     check_tp_layout(groups)
     stage_of_rank: dict[int, int] = {}
-    slot_of_rank: dict[int, int] = {}
+    tp_index_of_rank: dict[int, int] = {}
     schedules: dict[int, list[list]] = {}
     sources = set()
     notes = []
     for g in groups:
         check_group_fields(g, model)
         for i, rank in enumerate(g.ranks):
-            stage, slot = divmod(i, g.tp * g.cp)  # ranks ordered (pp, cp, tp)
+            stage = i // (g.tp * g.cp)  # ranks ordered (pp, cp, tp), tp fastest
             prev = stage_of_rank.setdefault(rank, stage)
             if prev != stage:
                 raise ValueError(f"rank {rank} is pipeline stage {prev} in one group and {stage} "
                                  f"in group {g.group_id}; the runtime keeps a rank's layers "
                                  f"fixed for the step")
-            if slot_of_rank.setdefault(rank, slot) != slot:
-                raise ValueError(f"rank {rank} holds position {slot_of_rank[rank]} of its "
-                                 f"stage in one group and {slot} in group {g.group_id}; the "
-                                 f"runtime keeps a rank's weight shard fixed for the step")
+            # check_tp_layout: the same tp peers in every group, so the same index.
+            tp_index_of_rank[rank] = i % g.tp
         ops, source = build_group_schedule(g)
         sources.add(source)
         check_schedule(g, ops)
         schedules[g.group_id] = ops
     return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
-                       slot_of_rank=slot_of_rank, tp=groups[0].tp,
+                       tp_index_of_rank=tp_index_of_rank, tp=groups[0].tp,
                        schedules=schedules, schedule_source="+".join(sorted(sources)),
                        notes=tuple(notes))
 
