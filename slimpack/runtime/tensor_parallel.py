@@ -206,7 +206,9 @@ class TPDecoderLayer(nn.Module):
         v = self.wv(h).view(padded, self.num_kv_heads, self.head_dim)
         k, v = k[:real], v[:real]  # padding rows never enter attention or the KV cache
         o = _pad_rows(attend(q[:real], k, v), padded)
-        x = x + reduce_scatter_rows(self.wo(o.reshape(padded, -1)), self.tp)
+        # Explicit width: a cp rank may hold no row of a slice (padded = 0).
+        x = x + reduce_scatter_rows(self.wo(o.reshape(padded, self.num_heads * self.head_dim)),
+                                    self.tp)
         h = gather_rows(self.mlp_norm(x), self.tp)
         x = x + reduce_scatter_rows(self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)), self.tp)
         return x, k, v
