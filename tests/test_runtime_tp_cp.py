@@ -36,21 +36,31 @@ _SLICES = [[(0, 0, 40), (1, 0, 13)], [(0, 40, 72), (2, 0, 5), (3, 0, 2)],
 _FWD, _BWD = [[0], [1, 2], [3]], [[3], [2], [1], [0]]
 
 
+# A second replica's batch: other documents, other cuts.
+_SLICES_B = [[(0, 0, 30), (1, 0, 9)], [(0, 30, 61), (2, 0, 17)], [(3, 0, 44)]]
+_FWD_B, _BWD_B = [[0, 1], [2]], [[2], [1], [0]]
+
+
+def _group(group_id: int, ranks: tuple[int, ...], *, cp: int, base: int, lengths: dict,
+           slices_spec=_SLICES, fwd=_FWD, bwd=_BWD, **fields) -> Group:
+    slices = []
+    for i, segs in enumerate(slices_spec):
+        segments = tuple(Segment(seq_id=base + s, start=a, end=b) for s, a, b in segs)
+        for seg in segments:
+            lengths[seg.seq_id] = max(lengths.get(seg.seq_id, 0), seg.end)
+        slices.append(Slice(slice_id=i, segments=segments))
+    return Group(group_id=group_id, ranks=ranks, tp=2, cp=cp, slices=tuple(slices),
+                 forward_units=tuple(Unit(slice_ids=tuple(u)) for u in fwd),
+                 backward_units=tuple(Unit(slice_ids=tuple(u)) for u in bwd),
+                 schedule="asymmetric", **fields)
+
+
 def _tp2_cp2_plan(*, sharding: str = "per-sequence", kind: str = "ring",
                   recompute: str = "none", offload: float = 0.0) -> Plan:
     parallel = ParallelSpec(tp=2, cp=2)
     lengths: dict[int, int] = {}
-    slices = []
-    for i, segs in enumerate(_SLICES):
-        segments = tuple(Segment(seq_id=s, start=a, end=b) for s, a, b in segs)
-        for seg in segments:
-            lengths[seg.seq_id] = max(lengths.get(seg.seq_id, 0), seg.end)
-        slices.append(Slice(slice_id=i, segments=segments))
-    group = Group(group_id=0, ranks=parallel.replica_ranks(0), tp=2, cp=2, slices=tuple(slices),
-                  forward_units=tuple(Unit(slice_ids=tuple(u)) for u in _FWD),
-                  backward_units=tuple(Unit(slice_ids=tuple(u)) for u in _BWD),
-                  schedule="asymmetric", cp_sharding=sharding, cp_kind=kind,
-                  recompute=recompute, offload=offload)
+    group = _group(0, parallel.replica_ranks(0), cp=2, base=0, lengths=lengths,
+                   cp_sharding=sharding, cp_kind=kind, recompute=recompute, offload=offload)
     return Plan(method="test-tp-cp", parallel=parallel, sequence_lengths=lengths,
                 phases=(Phase(groups=(group,)),)).validate()
 
@@ -90,3 +100,18 @@ def test_tp2_cp2_with_recompute_and_offload_matches_unsliced_model(recompute):
 
 def test_tp2_cp2_ulysses_with_full_recompute_matches_unsliced_model():
     _check(_tp2_cp2_plan(kind="ulysses", recompute="full"))
+
+
+def test_dp_merge_under_tp2_regroups_cp_lanes_but_keeps_tp_shards():
+    # Phase 1: two tp2 replicas (cp1); phase 2: both merged into one tp2 x cp2 group for the
+    # long document. Rank 2 moves from lane 0 to lane 2 of its stage; its tp peer stays 3.
+    lengths: dict[int, int] = {}
+    replica = dict(cp=1, slices_spec=_SLICES_B, fwd=_FWD_B, bwd=_BWD_B, lengths=lengths)
+    phases = (Phase(groups=(_group(0, (0, 1), base=100, **replica),
+                            _group(1, (2, 3), base=200, **replica))),
+              Phase(groups=(_group(2, (0, 1, 2, 3), cp=2, base=0, lengths=lengths,
+                                   cp_sharding="per-document"),)))
+    plan = Plan(method="test-tp-dp-merge", parallel=ParallelSpec(tp=2, dp=2),
+                sequence_lengths=lengths, phases=phases).validate()
+    assert [sorted({g.cp for g in p.groups}) for p in plan.phases] == [[1], [2]]
+    _check(plan)
