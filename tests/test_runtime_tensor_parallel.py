@@ -90,10 +90,18 @@ def test_local_rows_pad_up_to_a_multiple_of_tp():
     assert local_rows(27, 4) == 7
 
 
-def test_tp_that_does_not_split_kv_heads_is_refused_naming_tp():
-    plan = slimpack_plan(pp=1, dp=1, tp=4)
-    with pytest.raises(ValueError, match=r"group 0: tp=4 is not executed .* num_kv_heads=2"):
-        check_runtime_plan(plan, TINY)
+def test_tp4_replicates_each_of_two_kv_heads_on_two_ranks():
+    # tiny has 4 query heads and 2 kv heads: at tp 4 each kv head lives on the two ranks whose
+    # query heads read it, and the two copies' gradients are summed.
+    _check(slimpack_plan(pp=1, dp=1, tp=4))
+
+
+def test_tp_that_neither_splits_nor_replicates_kv_heads_is_refused_naming_tp():
+    model = dataclasses.replace(TINY, num_heads=6, num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"group 0: tp=2 is not executed .* num_kv_heads=3"):
+        check_runtime_plan(slimpack_plan(pp=1, dp=1, tp=2), model)
+    with pytest.raises(ValueError, match=r"group 0: tp=3 is not executed .* num_heads=4"):
+        check_runtime_plan(slimpack_plan(pp=1, dp=1, tp=3), TINY)
 
 
 def test_tp_must_be_the_same_in_every_group():
