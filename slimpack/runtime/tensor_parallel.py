@@ -137,6 +137,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, vocab_start: int,  # noqa: ANN205
                 tp: TPGroup):
+        ctx.logits_dtype = logits.dtype
         logits = logits.float()
         row_max = logits.max(dim=-1).values
         dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=tp.group)
@@ -161,7 +162,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         rows = torch.arange(d.shape[0], device=d.device)
         d[rows, local] -= mine.to(d.dtype)
         d *= (valid.to(d.dtype) * grad)[:, None]
-        return d, None, None, None
+        return d.to(ctx.logits_dtype), None, None, None
 
 
 # -- sharded modules ----------------------------------------------------------------------------
