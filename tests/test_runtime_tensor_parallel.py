@@ -31,12 +31,13 @@ def _with_group_fields(plan: Plan, **fields) -> Plan:
     return dataclasses.replace(plan, phases=phases)
 
 
-def _check(plan: Plan, model=TINY) -> None:
+def _check(plan: Plan, model=TINY):
     result = run_plan(plan, model, RuntimeConfig(seed=3), return_grads=True, timeout_s=120)
     ref = reference_step(model, plan.sequence_lengths, seed=3)
     check = parity(result.loss, result.grads(), ref.loss, ref.grads)
     assert check.ok, check.describe()
     assert result.record.num_gpus == plan.world_size
+    return result
 
 
 def _uneven_tp2_plan() -> Plan:
@@ -62,8 +63,15 @@ def _uneven_tp2_plan() -> Plan:
 
 def test_tp2_asymmetric_micropacks_with_uneven_slices_match_unsliced_model():
     plan = _uneven_tp2_plan()
-    assert [sl.num_tokens % 2 for sl in next(plan.groups()).slices] == [1, 1, 1]
-    _check(plan)
+    group = next(plan.groups())
+    assert [sl.num_tokens % 2 for sl in group.slices] == [1, 1, 1]
+    tp2 = _check(plan).record.extra["rank_peak_memory_bytes"]
+    # The same plan on one process: tp 2 must split weights and activations, not copy them.
+    # Measured 0.56 (norm weights replicated, padding rows, the gathered rows each layer saves).
+    alone = dataclasses.replace(plan, parallel=ParallelSpec(), phases=(Phase(groups=(
+        dataclasses.replace(group, tp=1, ranks=(0,)),)),))
+    tp1 = run_plan(alone, TINY, RuntimeConfig(seed=3)).record.extra["rank_peak_memory_bytes"]
+    assert len(tp2) == 2 and max(tp2) < 0.65 * tp1[0]
 
 
 def test_tp2_pp2_long_document_in_slices_selective_recompute_offload():
@@ -90,10 +98,18 @@ def test_local_rows_pad_up_to_a_multiple_of_tp():
     assert local_rows(27, 4) == 7
 
 
-def test_tp_that_does_not_split_kv_heads_is_refused_naming_tp():
-    plan = slimpack_plan(pp=1, dp=1, tp=4)
-    with pytest.raises(ValueError, match=r"group 0: tp=4 is not executed .* num_kv_heads=2"):
-        check_runtime_plan(plan, TINY)
+def test_tp4_replicates_each_of_two_kv_heads_on_two_ranks():
+    # tiny has 4 query heads and 2 kv heads: at tp 4 each kv head lives on the two ranks whose
+    # query heads read it, and the two copies' gradients are summed.
+    _check(slimpack_plan(pp=1, dp=1, tp=4))
+
+
+def test_tp_that_neither_splits_nor_replicates_kv_heads_is_refused_naming_tp():
+    model = dataclasses.replace(TINY, num_heads=6, num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"group 0: tp=2 is not executed .* num_kv_heads=3"):
+        check_runtime_plan(slimpack_plan(pp=1, dp=1, tp=2), model)
+    with pytest.raises(ValueError, match=r"group 0: tp=3 is not executed .* num_heads=4"):
+        check_runtime_plan(slimpack_plan(pp=1, dp=1, tp=3), TINY)
 
 
 def test_tp_must_be_the_same_in_every_group():

@@ -43,3 +43,11 @@ def test_parity_matrix_runs_a_named_case_and_reports_it(capsys):
     assert matrix(["--only", "tp2, asymmetric units"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tp2")]
     assert len(rows) == 1 and rows[0].endswith("| yes |")
+
+
+def test_run_example_with_tp_flag(capsys):
+    assert main(["run", "--example", "packed", "--tp", "2", "--pp", "1", "--model", "tiny",
+                 "--warmup", "0"]) == 0
+    printed = capsys.readouterr().out
+    per_rank = printed.split("peak memory per rank")[1]
+    assert per_rank.count(",") == 1  # two ranks: one stage of two tensor-parallel ranks

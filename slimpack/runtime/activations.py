@@ -7,9 +7,9 @@
   the whole layer forward runs again in backward;
 * ``offload=s``: of the tensors autograd saves (parameters and the slice's own K/V excluded:
   later slices read the K/V cache), a greedy share ``s`` by bytes is copied to host memory
-  when saved and copied back when backward unpacks it. On CUDA the copy goes to pinned memory
-  without blocking; on CPU it is a real copy into a separate buffer, so the path is executed
-  and exact either way.
+  when saved and copied back when backward unpacks it. On CUDA the copies are non-blocking,
+  into pinned memory, on the compute stream (not yet overlapped on a side stream); on CPU it
+  is a real copy into a separate buffer, so the path is executed and exact either way.
 
 Recompute is an explicit autograd function (:class:`Recompute`) rather than
 ``torch.utils.checkpoint``: the non-reentrant checkpoint keeps its inputs by reference, out of

@@ -74,14 +74,18 @@ def check_group_fields(group: Group, model: ModelSpec) -> None:
 
 
 def check_tensor_parallel(group: Group, model: ModelSpec) -> None:
-    """tp must split heads, kv heads, the MLP and the vocabulary evenly (no replicated kv
-    heads, no padded vocabulary)."""
+    """tp must split heads, the MLP and the vocabulary evenly (no padded vocabulary), and
+    split the kv heads or be a multiple of their number (each kv head then replicated)."""
     tp = group.tp
-    for name, size in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads),
-                       ("ffn_hidden", model.ffn_hidden), ("vocab_size", model.vocab_size)):
+    for name, size in (("num_heads", model.num_heads), ("ffn_hidden", model.ffn_hidden),
+                       ("vocab_size", model.vocab_size)):
         if size % tp:
             raise refuse(group, "tp", tp, f"a divisor of {name}={size} of {model.name} "
-                                          f"(heads, kv heads, MLP and vocabulary split evenly)")
+                                          f"(heads, MLP and vocabulary split evenly)")
+    kv = model.num_kv_heads
+    if kv % tp and tp % kv:
+        raise refuse(group, "tp", tp, f"a divisor or a multiple of num_kv_heads={kv} of "
+                                      f"{model.name}")
 
 
 def check_tp_layout(groups: Sequence[Group]) -> None:

@@ -41,10 +41,10 @@ from slimpack.runtime.slice_autograd import SliceRunner
 from slimpack.runtime.stage import EMBED, ModelChunk, build_chunks
 from slimpack.runtime.tensor_parallel import (
     TPGroup,
-    all_reduce_replicated,
     build_tp_chunks,
     build_tp_group,
     local_rows,
+    sync_tp_gradients,
     tp_rank_sets,
 )
 from slimpack.runtime.validate import RuntimePlan
@@ -258,7 +258,7 @@ def _step(su: _Setup) -> RankResult:
     start = clock.since_start()
     _sync_gradients(su.chunks, su.groups, tied=spec.tied_embeddings)
     if su.tp is not None:  # norm weights: each tp rank saw only its rows (sums commute)
-        all_reduce_replicated(su.chunks, su.tp)
+        sync_tp_gradients(su.chunks, su.tp)
     dist.all_reduce(loss_sum)  # only last blocks contribute; report the step's loss
     end = clock.since_start()
     if config.record_ops and stage is not None:

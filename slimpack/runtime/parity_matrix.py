@@ -56,6 +56,7 @@ CASES: tuple[Case, ...] = (
          make=lambda: slimpack_plan(pp=2, dp=1, vpp=2, tp=2), recompute="full"),
     Case(name="tp2 pp2, packed documents, tied embeddings",
          make=lambda: packed_plan(pp=2, dp=1, tp=2), model="tiny-mha"),
+    Case(name="tp4, kv heads replicated", make=lambda: slimpack_plan(pp=1, dp=1, tp=4)),
     Case(name="tp2 pp2 dp2, asymmetric units, selective, offload 0.5",
          make=lambda: slimpack_plan(pp=2, dp=2, tp=2), recompute="selective", offload=0.5),
 )

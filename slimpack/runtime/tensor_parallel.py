@@ -6,7 +6,10 @@ Korthikanti et al. 2022, arXiv 2205.05198, section 4.2.2):
 * between layers each rank holds a contiguous ``1/tp`` of the slice's token rows (sequence
   parallel): RMSNorms and residual adds run on that share with replicated norm weights;
 * all-gather the rows, then column-parallel ``wq``/``wk``/``wv`` (each rank its heads and
-  kv heads: tp must divide both) and ``w_gate``/``w_up`` (a ``1/tp`` of the FFN);
+  kv heads) and ``w_gate``/``w_up`` (a ``1/tp`` of the FFN). With fewer kv heads than ranks
+  (tp a multiple of num_kv_heads) each kv head is replicated on the ``tp / num_kv_heads``
+  ranks whose query heads read it, as Megatron does; each copy's gradient holds only its
+  ranks' share, so the copies' gradients are summed;
 * core attention on the rank's heads over the whole slice, with the KV cache of its heads;
 * row-parallel ``wo`` / ``w_down`` give partial sums, reduce-scattered back to row shares;
 * vocab-parallel embedding (each rank its vocabulary rows, partial sums reduce-scattered)
@@ -134,6 +137,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, vocab_start: int,  # noqa: ANN205
                 tp: TPGroup):
+        ctx.logits_dtype = logits.dtype
         logits = logits.float()
         row_max = logits.max(dim=-1).values
         dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=tp.group)
@@ -158,7 +162,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         rows = torch.arange(d.shape[0], device=d.device)
         d[rows, local] -= mine.to(d.dtype)
         d *= (valid.to(d.dtype) * grad)[:, None]
-        return d, None, None, None
+        return d.to(ctx.logits_dtype), None, None, None
 
 
 # -- sharded modules ----------------------------------------------------------------------------
@@ -182,12 +186,13 @@ class TPDecoderLayer(nn.Module):
         n = tp.size
         kw = {"bias": False, "device": device, "dtype": dtype}
         self.tp = tp
-        self.num_heads, self.num_kv_heads = spec.num_heads // n, spec.num_kv_heads // n
+        self.num_heads = spec.num_heads // n
+        self.num_kv_heads = max(1, spec.num_kv_heads // n)  # one replicated head if tp > kv
         self.head_dim = spec.head_dim
         self.attn_norm = RMSNorm(spec.hidden, device=device, dtype=dtype)
         self.wq = nn.Linear(spec.hidden, spec.q_dim // n, **kw)
-        self.wk = nn.Linear(spec.hidden, spec.kv_dim // n, **kw)
-        self.wv = nn.Linear(spec.hidden, spec.kv_dim // n, **kw)
+        self.wk = nn.Linear(spec.hidden, self.num_kv_heads * spec.head_dim, **kw)
+        self.wv = nn.Linear(spec.hidden, self.num_kv_heads * spec.head_dim, **kw)
         self.wo = nn.Linear(spec.q_dim // n, spec.hidden, **kw)
         self.mlp_norm = RMSNorm(spec.hidden, device=device, dtype=dtype)
         self.w_gate = nn.Linear(spec.hidden, spec.ffn_hidden // n, **kw)
@@ -278,10 +283,15 @@ class TPModelChunk(nn.Module):
             self.head = TPLMHead(spec, tp, tied_weight=tied, **kw)
         self._global: dict[str, str] = {}
         self._shard_dim: dict[str, int | None] = {}
+        self._copies: dict[str, int] = {}
+        """Ranks holding the same shard (tp / num_kv_heads for replicated kv heads, else 1)."""
+        kv_copies = max(1, tp.size // spec.num_kv_heads)
         for local, param in self.named_parameters():
             name, dim = self._describe(spec, local)
+            copies = kv_copies if local.endswith(("wk.weight", "wv.weight")) else 1
             self._global[local], self._shard_dim[local] = name, dim
-            _init_shard(param, name, dim, tp, seed)
+            self._copies[local] = copies
+            _init_shard(param, name, dim, tp, seed, copies=copies)
 
     def _describe(self, spec: ModelSpec, local: str) -> tuple[str, int | None]:
         """(name in the unsliced model, split dimension or None when replicated)."""
@@ -309,11 +319,20 @@ class TPModelChunk(nn.Module):
         for local, p in self.named_parameters():
             grad, dim = p.grad.detach().float(), self._shard_dim[local]
             if dim is not None:
-                parts = [torch.empty_like(grad) for _ in range(self.tp.size)]
-                dist.all_gather(parts, grad.contiguous(), group=self.tp.group)
-                grad = torch.cat(parts, dim=dim)
+                parts = _all_gather_list(grad, self.tp)
+                grad = torch.cat(parts[::self._copies[local]], dim=dim)
             out[self._global[local]] = grad.cpu().clone()
         return out
+
+    def sum_shared_copies(self) -> None:
+        """Replicated kv heads: every copy's gradient becomes the sum over its copies
+        (collective over tp; after the data-parallel sum or before, sums commute)."""
+        for local, p in self.named_parameters():
+            copies = self._copies[local]
+            if copies > 1:
+                parts = _all_gather_list(p.grad, self.tp)
+                first = self.tp.index - self.tp.index % copies
+                p.grad.copy_(torch.stack(parts[first:first + copies]).sum(0))
 
     def forward(self, inp: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
                 attend_for_layer: Callable[[int], Attend],
@@ -333,17 +352,26 @@ class TPModelChunk(nn.Module):
         return x, kvs
 
 
-def _init_shard(param: nn.Parameter, name: str, dim: int | None, tp: TPGroup, seed: int) -> None:
-    """This rank's slice of the whole parameter the unsliced model draws for ``name``."""
+def _all_gather_list(t: torch.Tensor, tp: TPGroup) -> list[torch.Tensor]:
+    parts = [torch.empty_like(t) for _ in range(tp.size)]
+    dist.all_gather(parts, t.contiguous(), group=tp.group)
+    return parts
+
+
+def _init_shard(param: nn.Parameter, name: str, dim: int | None, tp: TPGroup, seed: int, *,
+                copies: int = 1) -> None:
+    """This rank's slice of the whole parameter the unsliced model draws for ``name``
+    (``copies`` consecutive ranks hold the same slice)."""
     if dim is None:
         init_named(param, name, seed)
         return
     shape = list(param.shape)
-    shape[dim] *= tp.size
+    shape[dim] *= tp.size // copies
     whole = torch.empty(shape, dtype=param.dtype, device=param.device)
     init_named(whole, name, seed)
     with torch.no_grad():
-        param.copy_(whole.narrow(dim, tp.index * param.shape[dim], param.shape[dim]))
+        index = tp.index // copies
+        param.copy_(whole.narrow(dim, index * param.shape[dim], param.shape[dim]))
 
 
 def build_tp_chunks(spec: ModelSpec, tp: TPGroup, *, pp: int, vpp: int, stage: int, seed: int,
@@ -355,6 +383,9 @@ def build_tp_chunks(spec: ModelSpec, tp: TPGroup, *, pp: int, vpp: int, stage: i
                          device=device, dtype=dtype) for c in range(vpp)]
 
 
-def all_reduce_replicated(chunks: list[TPModelChunk], tp: TPGroup) -> None:
-    """Sum the replicated (norm) weights' gradients over the tp group, one collective."""
+def sync_tp_gradients(chunks: list[TPModelChunk], tp: TPGroup) -> None:
+    """Sum the replicated (norm) weights' gradients over the tp group (one collective), and
+    replicated kv heads' gradients over their copies."""
     all_reduce_flat([p.grad for c in chunks for p in c.replicated_parameters()], tp.group)
+    for c in chunks:
+        c.sum_shared_copies()
