@@ -64,14 +64,15 @@ def _attend(rank: int, ranks: tuple[int, ...], sharding: str, kind: str) -> dict
     shard = exchange.shard(0)
     q, k, v, d_out = (t.index_select(0, shard.rows) for t in _inputs())
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    q_a, k_a, v_a, pieces, varlen = exchange.exchange(0, q, k, v)
+    ex = exchange.exchange(0, q, k, v, [])
     lay = layout[0]
-    ks = [k_a[lay.segments[p.segment].offset:p.hi] for p in pieces]
-    vs = [v_a[lay.segments[p.segment].offset:p.hi] for p in pieces]
-    o = varlen_causal_attention(q_a, torch.cat(ks), torch.cat(vs), varlen, backend="sdpa")
+    ks = [ex.k[lay.segments[p.segment].offset:p.hi] for p in ex.pieces]
+    vs = [ex.v[lay.segments[p.segment].offset:p.hi] for p in ex.pieces]
+    o = varlen_causal_attention(ex.q, torch.cat(ks), torch.cat(vs), ex.varlen, backend="sdpa")
     o = exchange.finish(0, o)
     o.backward(d_out)
-    return {"rows": shard.rows, "o": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return {"rows": shard.rows, "o": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
+            "cached": tuple(ex.cache[0].shape)}
 
 
 CASES = [
@@ -126,8 +127,14 @@ def test_sharded_attention_equals_whole_buffer_attention(runs, case):
     results = runs[case]
     seen = torch.cat([r["rows"] for r in results])
     assert sorted(seen.tolist()) == list(range(sum(DOCS)))  # every row on exactly one rank
+    heads_per_rank = (KV_HEADS if KV_HEADS % len(results) == 0 else HEADS) // len(results)
     for r in results:
         rows = r["rows"]
+        # What a slice keeps for later slices: ring its own rows (tokens/cp, the simulator's
+        # KV-cache memory), Ulysses its head shard of every row (also 1/cp of the whole).
+        kind = CASES[case][2]
+        assert r["cached"] == ((len(rows), KV_HEADS, DIM) if kind == "ring"
+                               else (sum(DOCS), heads_per_rank, DIM))
         for got, want in ((r["o"], want_o), (r["dq"], want_dq), (r["dk"], want_dk),
                           (r["dv"], want_dv)):
             torch.testing.assert_close(got, want[rows], rtol=1e-5, atol=1e-5)

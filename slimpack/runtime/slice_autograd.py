@@ -37,6 +37,8 @@ class SliceGraph:
     own_kv: list[KV]
     leaves: list[list[tuple[SegmentPlace, torch.Tensor, torch.Tensor]]]
     """Per layer: (earlier segment, its K leaf, its V leaf)."""
+    roots: list[torch.Tensor] = field(default_factory=list)
+    """Outputs of collectives that get a zero gradient in backward (see ``backward``)."""
     saved_bytes: int = 0
 
 
@@ -95,35 +97,39 @@ class SliceRunner:
             [] for _ in self.chunk.layers]
 
         own_kv: list[KV | None] = [None] * len(self.chunk.layers)
+        roots: list[torch.Tensor] = []
 
         def attend_for_layer(layer: int):
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                # With cp > 1 the exchange gathers the slice's keys (and, for Ulysses, its
-                # queries); those whole-slice K/V are what later slices read from the cache.
-                q, k, v, pieces, varlen = self.exchange.exchange(sl.slice_id, q, k, v)
-                own_kv[layer] = (k, v)
-                made: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+                # Every earlier segment of the slice's sequences, as leaves made from this
+                # rank's cached rows of it: their .grad is the dK/dV this slice owes it.
+                prefix = []
+                for earlier in dict.fromkeys(e for pre in lay.prefixes for e in pre):
+                    kc, vc = self.kv_cache[earlier.slice_id][layer]
+                    rows = self.exchange.cached_rows(earlier)
+                    kl = kc[rows].detach().requires_grad_()
+                    vl = vc[rows].detach().requires_grad_()
+                    leaves[layer].append((earlier, kl, vl))
+                    prefix.append((earlier, kl, vl))
+                # cp > 1: the exchange brings the slice's and the prefix's keys (Ulysses:
+                # also the queries) of the whole cp group; cp = 1 returns them as they are.
+                ex = self.exchange.exchange(sl.slice_id, q, k, v, prefix)
+                own_kv[layer] = ex.cache
+                roots.extend(ex.roots)
                 ks, vs = [], []
-                for piece in pieces:
+                for piece in ex.pieces:
                     seg = lay.segments[piece.segment]
                     for earlier in lay.prefixes[piece.segment]:
-                        key = (earlier.slice_id, earlier.offset)
-                        if key not in made:
-                            kc, vc = self.kv_cache[earlier.slice_id][layer]
-                            # Views of the cache made into leaves: no copy, and their .grad
-                            # is exactly the dK/dV this slice owes the earlier one.
-                            made[key] = (kc[earlier.rows].detach().requires_grad_(),
-                                         vc[earlier.rows].detach().requires_grad_())
-                            leaves[layer].append((earlier, *made[key]))
-                        ks.append(made[key][0])
-                        vs.append(made[key][1])
-                    ks.append(k[seg.offset:piece.hi])
-                    vs.append(v[seg.offset:piece.hi])
-                if not pieces:  # this cp rank holds no row of the slice
-                    return self.exchange.finish(sl.slice_id, q * 0)
+                        kp, vp = ex.prefix[earlier]
+                        ks.append(kp)
+                        vs.append(vp)
+                    ks.append(ex.k[seg.offset:piece.hi])
+                    vs.append(ex.v[seg.offset:piece.hi])
+                if not ex.pieces:  # this cp rank holds no row of the slice
+                    return self.exchange.finish(sl.slice_id, ex.q * 0)
                 kk = torch.cat(ks) if len(ks) > 1 else ks[0]
                 vv = torch.cat(vs) if len(vs) > 1 else vs[0]
-                o = varlen_causal_attention(q, kk, vv, varlen, backend=self.backend)
+                o = varlen_causal_attention(ex.q, kk, vv, ex.varlen, backend=self.backend)
                 return self.exchange.finish(sl.slice_id, o)
             return attend
 
@@ -135,12 +141,9 @@ class SliceRunner:
                 out = out * self.loss_scale
         if lay.has_consumers:
             self.kv_cache[sl.slice_id] = [(k.detach(), v.detach()) for k, v in own_kv]
-        # A collective exchange keeps its K/V as backward roots even without consumers, so
-        # every cp rank runs each layer's reduce-scatter, whether or not it has queries.
-        keep = lay.has_consumers or self.exchange.collective
         self.graphs[sl.slice_id] = SliceGraph(
             inp=None if self.chunk.is_first else x, out=out,
-            own_kv=own_kv if keep else [], leaves=leaves,
+            own_kv=own_kv if lay.has_consumers else [], leaves=leaves, roots=roots,
             saved_bytes=counter.total)
         return out.detach()
 
@@ -152,18 +155,21 @@ class SliceRunner:
         outputs: list[torch.Tensor] = [graph.out]
         grads: list[torch.Tensor | None] = [d_out]
         acc = self.dkv.pop(sl.slice_id, None)
-        if acc is None and graph.own_kv and self.exchange.collective:
-            acc = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in graph.own_kv]
         if acc is not None:
             for (k, v), (dk, dv) in zip(graph.own_kv, acc, strict=True):
                 outputs += [k, v]
                 grads += [dk, dv]
+        # Collective outputs with zero gradient: a cp rank whose queries do not use them
+        # still runs their backward collective with the rest of its group.
+        outputs += graph.roots
+        grads += [torch.zeros_like(t) for t in graph.roots]
         torch.autograd.backward(outputs, grads)
         for layer, layer_leaves in enumerate(graph.leaves):
             for earlier, kl, vl in layer_leaves:
                 dk, dv = self._accumulator(earlier.slice_id, layer)
-                dk[earlier.rows] += kl.grad
-                dv[earlier.rows] += vl.grad
+                rows = self.exchange.cached_rows(earlier)
+                dk[rows] += kl.grad
+                dv[rows] += vl.grad
         self.kv_cache.pop(sl.slice_id, None)  # every later slice has run its backward
         return None if graph.inp is None else graph.inp.grad
 
