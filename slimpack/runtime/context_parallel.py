@@ -56,6 +56,11 @@ class Exchanged:
     """Collective outputs the backward must reach even when no query of this rank used them."""
 
 
+# torch 2.13 renames the tensor collectives (the old names warn); torch >= 2.6 has the old.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 class _GatherRows(torch.autograd.Function):
     """All ranks' local rows -> the whole buffer in buffer order; backward reduce-scatters.
 
@@ -70,7 +75,7 @@ class _GatherRows(torch.autograd.Function):
         padded = local.new_zeros((width, *local.shape[1:]))
         padded[:local.shape[0]] = local
         gathered = local.new_empty((len(counts) * width, *local.shape[1:]))
-        dist.all_gather_into_tensor(gathered, padded, group=group)
+        _ALL_GATHER(gathered, padded, group=group)
         ctx.group, ctx.width, ctx.num_local, ctx.cp = group, width, local.shape[0], len(counts)
         ctx.save_for_backward(positions)
         return gathered.index_select(0, positions)
@@ -81,7 +86,7 @@ class _GatherRows(torch.autograd.Function):
         padded = grad.new_zeros((ctx.cp * ctx.width, *grad.shape[1:]))
         padded.index_copy_(0, positions, grad.contiguous())
         mine = grad.new_empty((ctx.width, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(mine, padded, op=dist.ReduceOp.SUM, group=ctx.group)
+        _REDUCE_SCATTER(mine, padded, op=dist.ReduceOp.SUM, group=ctx.group)
         return mine[:ctx.num_local], None, None, None
 
 
