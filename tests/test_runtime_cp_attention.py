@@ -46,38 +46,68 @@ def _inputs() -> tuple[torch.Tensor, ...]:
             torch.randn(total, HEADS, DIM, generator=gen))  # upstream gradient of the output
 
 
-def _worker(rank: int, world: int, init: str, ranks: tuple[int, ...], sharding: str,
-            kind: str, out: str) -> None:
+def _worker(rank: int, world: int, init: str, cases: list[tuple[tuple[int, ...], str, str]],
+            out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     try:
-        group = _group(world, ranks, sharding, kind)
-        layout = GroupLayout(group)
-        cp = CpGroups.build([group], rank=rank).of(0)
-        exchange = make_exchange(group, layout, cp=cp)
-        shard = exchange.shard(0)
-        q, k, v, d_out = (t.index_select(0, shard.rows) for t in _inputs())
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-        q_a, k_a, v_a, pieces, varlen = exchange.exchange(0, q, k, v)
-        lay = layout[0]
-        ks = [k_a[lay.segments[p.segment].offset:p.hi] for p in pieces]
-        vs = [v_a[lay.segments[p.segment].offset:p.hi] for p in pieces]
-        o = varlen_causal_attention(q_a, torch.cat(ks), torch.cat(vs), varlen, backend="sdpa")
-        o = exchange.finish(0, o)
-        o.backward(d_out)
-        torch.save({"rows": shard.rows, "o": o.detach(), "dq": q.grad, "dk": k.grad,
-                    "dv": v.grad}, Path(out) / f"{rank}.pt")
+        for i, (ranks, sharding, kind) in enumerate(cases):
+            torch.save(_attend(rank, ranks, sharding, kind), Path(out) / f"{i}-{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _run(ranks: tuple[int, ...], sharding: str, kind: str) -> list[dict]:
-    world = len(ranks)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, nprocs=world, join=True,
-                 args=(world, f"tcp://127.0.0.1:{free_port()}", ranks, sharding, kind, tmp))
-        return [torch.load(Path(tmp) / f"{r}.pt") for r in range(world)]
+def _attend(rank: int, ranks: tuple[int, ...], sharding: str, kind: str) -> dict:
+    group = _group(len(ranks), ranks, sharding, kind)
+    layout = GroupLayout(group)
+    exchange = make_exchange(group, layout, cp=CpGroups.build([group], rank=rank).of(0))
+    shard = exchange.shard(0)
+    q, k, v, d_out = (t.index_select(0, shard.rows) for t in _inputs())
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    ex = exchange.exchange(0, q, k, v, [])
+    lay = layout[0]
+    ks = [ex.k[lay.segments[p.segment].offset:p.hi] for p in ex.pieces]
+    vs = [ex.v[lay.segments[p.segment].offset:p.hi] for p in ex.pieces]
+    o = varlen_causal_attention(ex.q, torch.cat(ks), torch.cat(vs), ex.varlen, backend="sdpa")
+    o = exchange.finish(0, o)
+    o.backward(d_out)
+    return {"rows": shard.rows, "o": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
+            "cached": tuple(ex.cache[0].shape)}
+
+
+CASES = [
+    ((0, 1), "per-sequence", "ring"),
+    ((1, 0, 3, 2), "per-document", "ring"),  # plan cp order differs from global rank order
+    ((0, 1, 2, 3), "per-sequence", "ring"),
+    ((0, 1), "per-document", "ulysses"),
+    ((2, 0, 3, 1), "per-sequence", "ulysses"),  # 4 ranks > 2 K/V heads: heads repeated
+]
+
+
+class _Runs:
+    """Every case of one world size in one job of processes, run on first use."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, list[dict]] = {}
+
+    def __getitem__(self, case: int) -> list[dict]:
+        if case not in self.results:
+            world = len(CASES[case][0])
+            ids = [i for i, c in enumerate(CASES) if len(c[0]) == world]
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+            with tempfile.TemporaryDirectory() as tmp:
+                mp.spawn(_worker, nprocs=world, join=True,
+                         args=(world, f"tcp://127.0.0.1:{free_port()}",
+                               [CASES[i] for i in ids], tmp))
+                for j, i in enumerate(ids):
+                    self.results[i] = [torch.load(Path(tmp) / f"{j}-{r}.pt")
+                                       for r in range(world)]
+        return self.results[case]
+
+
+@pytest.fixture(scope="module")
+def runs() -> _Runs:
+    return _Runs()
 
 
 def _reference() -> tuple[torch.Tensor, ...]:
@@ -90,20 +120,21 @@ def _reference() -> tuple[torch.Tensor, ...]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks,sharding,kind", [
-    ((0, 1), "per-sequence", "ring"),
-    ((1, 0, 3, 2), "per-document", "ring"),  # plan cp order differs from global rank order
-    ((0, 1, 2, 3), "per-sequence", "ring"),
-    ((0, 1), "per-document", "ulysses"),
-    ((2, 0, 3, 1), "per-sequence", "ulysses"),  # 4 ranks > 2 K/V heads: heads repeated
-])
-def test_sharded_attention_equals_whole_buffer_attention(ranks, sharding, kind):
+@pytest.mark.parametrize("case", range(len(CASES)),
+                         ids=[f"{k}-{s}-{len(r)}" for r, s, k in CASES])
+def test_sharded_attention_equals_whole_buffer_attention(runs, case):
     want_o, want_dq, want_dk, want_dv = _reference()
-    results = _run(ranks, sharding, kind)
+    results = runs[case]
     seen = torch.cat([r["rows"] for r in results])
     assert sorted(seen.tolist()) == list(range(sum(DOCS)))  # every row on exactly one rank
+    heads_per_rank = (KV_HEADS if KV_HEADS % len(results) == 0 else HEADS) // len(results)
     for r in results:
         rows = r["rows"]
+        # What a slice keeps for later slices: ring its own rows (tokens/cp, the simulator's
+        # KV-cache memory), Ulysses its head shard of every row (also 1/cp of the whole).
+        kind = CASES[case][2]
+        assert r["cached"] == ((len(rows), KV_HEADS, DIM) if kind == "ring"
+                               else (sum(DOCS), heads_per_rank, DIM))
         for got, want in ((r["o"], want_o), (r["dq"], want_dq), (r["dk"], want_dk),
                           (r["dv"], want_dv)):
             torch.testing.assert_close(got, want[rows], rtol=1e-5, atol=1e-5)

@@ -14,7 +14,7 @@ from slimpack.batch import Batch
 from slimpack.compare import plan_method
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.runtime.config import RuntimeConfig
-from slimpack.runtime.launch import run_plan
+from slimpack.runtime.many import run_plans
 from slimpack.runtime.reference import reference_step
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
@@ -29,7 +29,7 @@ def _cp_by_phase(plan) -> list[list[tuple[int, str, str]]]:
     return [sorted({(g.cp, g.cp_kind, g.cp_sharding) for g in p.groups}) for p in plan.phases]
 
 
-@pytest.mark.parametrize("method,parallel,lengths,context,shape", [
+CASES = [
     # Megatron-LM: static cp2 with per-document (THD) sharding.
     ("megatron", dict(cp=2, dp=2), MIXED, 320, [[(2, "ring", "per-document")]]),
     # Megatron dynamic CP: cp 1, 2 and 4 in one step, two phases.
@@ -40,14 +40,26 @@ def _cp_by_phase(plan) -> list[list[tuple[int, str, str]]]:
      [[(4, "ring", "per-sequence")], [(2, "ring", "per-sequence")]]),
     # FlexSP: a Ulysses group of degree 4 for the outlier batch.
     ("flexsp", dict(dp=4), OUTLIER, 1024, [[(4, "ulysses", "per-sequence")]]),
-])
-def test_planner_cp_plan_matches_unsliced_model(method, parallel, lengths, context, shape):
-    batch = Batch.from_lengths(lengths)
-    plan = plan_method(method, batch, TINY, H100, ParallelSpec(**parallel),
-                       default_cost_model(TINY, H100), context=context)
+]
+
+
+@pytest.fixture(scope="module")
+def executed():
+    """Every case's plan, planned here and run in one job of 4 processes."""
+    cost = default_cost_model(TINY, H100)
+    plans = [plan_method(method, Batch.from_lengths(lengths), TINY, H100,
+                         ParallelSpec(**parallel), cost, context=context)
+             for method, parallel, lengths, context, _ in CASES]
+    return plans, run_plans(plans, TINY, RuntimeConfig(seed=2), return_grads=True,
+                            timeout_s=120)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[c[0] for c in CASES])
+def test_planner_cp_plan_matches_unsliced_model(executed, case):
+    method, shape = CASES[case][0], CASES[case][4]
+    plan, result = executed[0][case], executed[1][case]
     got = _cp_by_phase(plan)
     assert sorted(map(tuple, got)) == sorted(map(tuple, shape)), got
-    result = run_plan(plan, TINY, RuntimeConfig(seed=2), return_grads=True, timeout_s=120)
     ref = reference_step(TINY, plan.sequence_lengths, seed=2)
     assert abs(result.loss - ref.loss) <= 1e-6 * abs(ref.loss)
     grads = result.grads()

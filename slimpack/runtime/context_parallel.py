@@ -8,20 +8,22 @@ against the slice's keys and the slice's KV prefix, masked by the global positio
 queries (:meth:`SliceShard.varlen`). Backward reduce-scatters dK/dV: every rank's queries
 contribute to every rank's keys.
 
-The gathered K/V is what the slice caches for later slices of its sequences: every cp rank
-keeps the whole slice's keys, so a later slice's prefix needs no further communication, and
-the dK/dV later slices accumulate into it flows into the same reduce-scatter.
+A slice caches only this rank's rows of its K/V (``tokens/cp`` per rank, as the simulator's
+memory model has it). A later slice of the same sequences gathers its KV prefix again, in
+the same collective as its own K/V (one all-gather per layer and slice, one reduce-scatter
+back), so the dK/dV it owes the earlier slice arrives as that slice's rows on each rank.
 
 The plan's ``cp_kind="ring"`` is executed this way: an all-gather of K/V is the same
 attention as a ring pass of K/V blocks (every query meets every key of its sequence once);
 it trades the ring's overlap of transfer and compute for one collective, which on CPU gloo
-is both simpler and faster. The collectives of one slice's forward (and backward) run in
-layer order on every rank of the group, because they all run the same op list.
+is both simpler and faster. One collective per layer and slice, in each direction, keeps
+every rank of the group issuing them in the same order: they all run the same op list, and
+inside a slice's backward layer ``l``'s reduce-scatter needs layer ``l+1``'s result.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -29,11 +31,34 @@ import torch.distributed as dist
 from slimpack.plan import Group
 from slimpack.runtime.attention import VarlenLayout
 from slimpack.runtime.cp_layout import QueryPiece, SliceShard, shard_group, whole_segments
-from slimpack.runtime.layout import GroupLayout
+from slimpack.runtime.layout import GroupLayout, SegmentPlace
 
-Exchanged = tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[QueryPiece, ...],
-                  VarlenLayout]
-"""(queries, keys, values, query pieces, varlen layout) as the attention call takes them."""
+PrefixLeaf = tuple[SegmentPlace, torch.Tensor, torch.Tensor]
+"""(earlier segment, this rank's cached K rows of it, V rows) as autograd leaves."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exchanged:
+    """What one layer's attention of one slice runs on, after the exchange."""
+
+    q: torch.Tensor
+    """Queries, in the order of ``pieces``."""
+    k: torch.Tensor
+    v: torch.Tensor
+    """The slice's own keys and values, every row, in buffer order."""
+    prefix: dict[SegmentPlace, tuple[torch.Tensor, torch.Tensor]]
+    """Each earlier segment's keys and values, every row, in token order."""
+    pieces: tuple[QueryPiece, ...]
+    varlen: VarlenLayout
+    cache: tuple[torch.Tensor, torch.Tensor]
+    """What this rank caches of the slice's K/V for later slices (rows per ``cached_rows``)."""
+    roots: tuple[torch.Tensor, ...] = ()
+    """Collective outputs the backward must reach even when no query of this rank used them."""
+
+
+# torch 2.13 renames the tensor collectives (the old names warn); torch >= 2.6 has the old.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class _GatherRows(torch.autograd.Function):
@@ -50,7 +75,7 @@ class _GatherRows(torch.autograd.Function):
         padded = local.new_zeros((width, *local.shape[1:]))
         padded[:local.shape[0]] = local
         gathered = local.new_empty((len(counts) * width, *local.shape[1:]))
-        dist.all_gather_into_tensor(gathered, padded, group=group)
+        _ALL_GATHER(gathered, padded, group=group)
         ctx.group, ctx.width, ctx.num_local, ctx.cp = group, width, local.shape[0], len(counts)
         ctx.save_for_backward(positions)
         return gathered.index_select(0, positions)
@@ -61,20 +86,40 @@ class _GatherRows(torch.autograd.Function):
         padded = grad.new_zeros((ctx.cp * ctx.width, *grad.shape[1:]))
         padded.index_copy_(0, positions, grad.contiguous())
         mine = grad.new_empty((ctx.width, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(mine, padded, op=dist.ReduceOp.SUM, group=ctx.group)
+        _REDUCE_SCATTER(mine, padded, op=dist.ReduceOp.SUM, group=ctx.group)
         return mine[:ctx.num_local], None, None, None
 
 
-def gather_rows(local: torch.Tensor, shard: SliceShard, cp: CpMember) -> torch.Tensor:
-    """The whole slice buffer from every cp rank's ``local`` rows, differentiably."""
-    counts = shard.counts
-    width = max(counts)
-    # Row of the padded gather holding each row of the ranks' concatenated buffers: cp
-    # index c's i-th row sits at (its process-group rank) * width + i.
-    padded_row = torch.cat([cp.group_rank_of[c] * width + torch.arange(n)
-                            for c, n in enumerate(counts)])
-    positions = padded_row[shard.buffer_order].to(local.device)
-    return _GatherRows.apply(local, cp.group, tuple(counts), positions)
+@dataclass(frozen=True, kw_only=True)
+class RowSpread:
+    """Which rows of one buffer (a slice, or one earlier segment of it) every cp rank holds."""
+
+    counts: tuple[int, ...]
+    """Rows per cp index."""
+    buffer_order: torch.Tensor
+    """Buffer row -> row of the cp ranks' rows concatenated in cp order."""
+
+
+def gather_parts(parts: list[torch.Tensor], spreads: list[RowSpread], cp: CpMember
+                 ) -> list[torch.Tensor]:
+    """Every part (this rank's rows of it) gathered whole, in its buffer order, with one
+    all-gather; backward reduce-scatters each part's gradient to its rows' owners."""
+    ranks = len(spreads[0].counts)
+    totals = [sum(sp.counts[c] for sp in spreads) for c in range(ranks)]
+    width = max(totals)
+    before = [0] * ranks  # rows of earlier parts in each cp index's block
+    positions = []
+    for sp in spreads:
+        # Row i of a part from cp index c sits at (c's process-group rank) * width, after
+        # c's rows of the earlier parts.
+        concat = torch.cat([cp.group_rank_of[c] * width + before[c] + torch.arange(n)
+                            for c, n in enumerate(sp.counts)])
+        positions.append(concat[sp.buffer_order])
+        before = [b + n for b, n in zip(before, sp.counts, strict=True)]
+    local = torch.cat(parts) if len(parts) > 1 else parts[0]
+    index = torch.cat(positions).to(local.device)
+    whole = _GatherRows.apply(local, cp.group, tuple(totals), index)
+    return list(whole.split([int(sp.buffer_order.numel()) for sp in spreads]))
 
 
 class LocalExchange:
@@ -88,10 +133,14 @@ class LocalExchange:
     def shard(self, slice_id: int) -> SliceShard | None:
         return None
 
-    def exchange(self, slice_id: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> Exchanged:
+    def cached_rows(self, earlier: SegmentPlace) -> slice:
+        return earlier.rows
+
+    def exchange(self, slice_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 prefix: list[PrefixLeaf]) -> Exchanged:
         lay = self.layout[slice_id]
-        return q, k, v, whole_segments(lay), lay.varlen
+        return Exchanged(q=q, k=k, v=v, prefix={e: (kl, vl) for e, kl, vl in prefix},
+                         pieces=whole_segments(lay), varlen=lay.varlen, cache=(k, v))
 
     def finish(self, slice_id: int, o: torch.Tensor) -> torch.Tensor:
         return o
@@ -99,22 +148,50 @@ class LocalExchange:
 
 @dataclass(kw_only=True)
 class RingExchange:
-    """cp > 1, ``cp_kind="ring"``: local queries against the all-gathered slice K/V."""
+    """cp > 1, ``cp_kind="ring"``: local queries against the all-gathered K/V."""
 
     layout: GroupLayout
     shards: dict[int, SliceShard]
     cp: CpMember
     collective: bool = True
+    _segments: dict[SegmentPlace, tuple[torch.Tensor, RowSpread]] = field(default_factory=dict)
 
     def shard(self, slice_id: int) -> SliceShard:
         return self.shards[slice_id]
 
-    def exchange(self, slice_id: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> Exchanged:
+    def cached_rows(self, earlier: SegmentPlace) -> torch.Tensor:
+        """This rank's rows of ``earlier`` in its slice's cache (local row indices)."""
+        return self._segment(earlier)[0]
+
+    def _segment(self, earlier: SegmentPlace) -> tuple[torch.Tensor, RowSpread]:
+        """(this rank's local rows of ``earlier``, where every rank's rows of it lie)."""
+        if earlier not in self._segments:
+            shard = self.shards[earlier.slice_id]
+            lo, hi = earlier.offset, earlier.offset + earlier.num_tokens
+            per_rank = shard.rank_order.split(list(shard.counts))
+            inside = [rows[(rows >= lo) & (rows < hi)] for rows in per_rank]
+            concat = torch.cat(inside) - lo
+            order = torch.empty_like(concat)
+            order[concat] = torch.arange(len(concat))
+            mine = per_rank[self.cp.index]
+            local = torch.nonzero((mine >= lo) & (mine < hi)).flatten()
+            self._segments[earlier] = (local, RowSpread(
+                counts=tuple(len(r) for r in inside), buffer_order=order))
+        return self._segments[earlier]
+
+    def exchange(self, slice_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 prefix: list[PrefixLeaf]) -> Exchanged:
         shard, lay = self.shards[slice_id], self.layout[slice_id]
         heads = k.shape[1]
-        kv = gather_rows(torch.cat([k, v], dim=1), shard, self.cp)
-        return q, kv[:, :heads], kv[:, heads:], shard.pieces, shard.varlen(lay)
+        parts = [torch.cat([k, v], dim=1)] + [torch.cat([kl, vl], dim=1) for _, kl, vl in prefix]
+        spreads = [RowSpread(counts=shard.counts, buffer_order=shard.buffer_order)] + \
+            [self._segment(e)[1] for e, _, _ in prefix]
+        whole = gather_parts(parts, spreads, self.cp)
+        return Exchanged(
+            q=q, k=whole[0][:, :heads], v=whole[0][:, heads:],
+            prefix={e: (w[:, :heads], w[:, heads:])
+                    for (e, _, _), w in zip(prefix, whole[1:], strict=True)},
+            pieces=shard.pieces, varlen=shard.varlen(lay), cache=(k, v), roots=(whole[0],))
 
     def finish(self, slice_id: int, o: torch.Tensor) -> torch.Tensor:
         return o

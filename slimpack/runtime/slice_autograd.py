@@ -13,11 +13,11 @@ it, or recompute and offload as the group says) is :mod:`slimpack.runtime.activa
 
 How queries meet keys is the group's exchange (:mod:`slimpack.runtime.context_parallel`):
 locally at cp = 1; with cp > 1 the exchange gathers the slice's K/V (ring) or swaps heads for
-rows (Ulysses). A slice's "own K/V" is always what the exchange returns (the whole slice's
-keys, of this rank's heads), so the cache, the dK/dV accumulators and the backward roots are
-in the slice's buffer order whatever the parallelism. Under full recompute a layer's forward,
-exchange included, runs again in backward; its collectives then run in the same order on every
-rank of the group, because every rank runs the same op list.
+rows (Ulysses). A slice caches what the exchange says (ring: this rank's rows of its K/V;
+Ulysses: its head shard of every row; cp = 1: all of it) and the layer returns exactly that
+as its own K/V, so the backward roots and the dK/dV accumulators match the cache. Under full
+recompute a layer's forward, exchange included, runs again in backward; its collectives then
+run in the same order on every rank of the group, because every rank runs the same op list.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 from slimpack.plan import Slice
 from slimpack.runtime.activations import ActivationPolicy, SavedTensors
 from slimpack.runtime.attention import varlen_causal_attention
-from slimpack.runtime.context_parallel import LocalExchange
+from slimpack.runtime.context_parallel import LocalExchange, PrefixLeaf
 from slimpack.runtime.layout import GroupLayout, SegmentPlace
 from slimpack.runtime.model import rope_tables
 from slimpack.runtime.stage import ModelChunk
@@ -95,50 +95,57 @@ class SliceRunner:
             [] for _ in self.chunk.layers]
 
         saved = SavedTensors(skip=self._param_ptrs, offload=self.policy.offload)
-        made: list[dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]] = [
-            {} for _ in self.chunk.layers]
+        made: list[list[PrefixLeaf] | None] = [None for _ in self.chunk.layers]
 
-        def prefix_leaf(layer: int, earlier: SegmentPlace) -> tuple[torch.Tensor, torch.Tensor]:
-            # Made once per layer and segment: full recompute calls attend again in backward
-            # and must reuse these leaves, whose .grad is the dK/dV this slice owes the
-            # earlier ones; two query pieces of one segment (zigzag) share them too.
-            key = (earlier.slice_id, earlier.offset)
-            if key not in made[layer]:
-                kc, vc = self.kv_cache[earlier.slice_id][layer]
-                # Views of the cache made into leaves: no copy.
-                made[layer][key] = (kc[earlier.rows].detach().requires_grad_(),
-                                    vc[earlier.rows].detach().requires_grad_())
-                leaves[layer].append((earlier, *made[layer][key]))
-            return made[layer][key]
+        def prefix_leaves(layer: int) -> list[PrefixLeaf]:
+            # Every earlier segment of the slice's sequences, as leaves made from this rank's
+            # cached rows of it: their .grad is the dK/dV this slice owes it. Made once per
+            # layer: full recompute calls attend again in backward and must reuse them.
+            if made[layer] is None:
+                made[layer] = []
+                for earlier in dict.fromkeys(e for pre in lay.prefixes for e in pre):
+                    kc, vc = self.kv_cache[earlier.slice_id][layer]
+                    rows = self.exchange.cached_rows(earlier)
+                    leaf = (earlier, kc[rows].detach().requires_grad_(),
+                            vc[rows].detach().requires_grad_())
+                    made[layer].append(leaf)
+                    leaves[layer].append(leaf)
+            return made[layer]
 
         def attend_for_layer(layer: int) -> _Attend:
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                q, k, v, pieces, varlen = self.exchange.exchange(sl.slice_id, q, k, v)
-                attend.kv = (k, v)
-                saved.keep_on_device(k, v)  # the K/V cache stays on the device
+                # cp > 1: the exchange brings the slice's and the prefix's keys (Ulysses:
+                # also the queries) of the whole cp group; cp = 1 returns them as they are.
+                ex = self.exchange.exchange(sl.slice_id, q, k, v, prefix_leaves(layer))
+                attend.kv = ex.cache
+                saved.keep_on_device(*ex.cache)  # the K/V cache stays on the device
                 ks, vs = [], []
-                for piece in pieces:
+                for piece in ex.pieces:
                     seg = lay.segments[piece.segment]
                     for earlier in lay.prefixes[piece.segment]:
-                        kl, vl = prefix_leaf(layer, earlier)
-                        ks.append(kl)
-                        vs.append(vl)
-                    ks.append(k[seg.offset:piece.hi])
-                    vs.append(v[seg.offset:piece.hi])
-                if not pieces:  # this cp rank holds no row of the slice
-                    return self.exchange.finish(sl.slice_id, q * 0)
-                kk = torch.cat(ks) if len(ks) > 1 else ks[0]
-                vv = torch.cat(vs) if len(vs) > 1 else vs[0]
-                core = self.policy.wrap_attention(
-                    lambda qq, kx, vx: varlen_causal_attention(qq, kx, vx, varlen,
-                                                               backend=self.backend))
-                return self.exchange.finish(sl.slice_id, core(q, kk, vv))
+                        kp, vp = ex.prefix[earlier]
+                        ks.append(kp)
+                        vs.append(vp)
+                    ks.append(ex.k[seg.offset:piece.hi])
+                    vs.append(ex.v[seg.offset:piece.hi])
+                if not ex.pieces:  # this cp rank holds no row of the slice
+                    o = ex.q * 0
+                else:
+                    kk = torch.cat(ks) if len(ks) > 1 else ks[0]
+                    vv = torch.cat(vs) if len(vs) > 1 else vs[0]
+                    core = self.policy.wrap_attention(
+                        lambda qq, kx, vx: varlen_causal_attention(qq, kx, vx, ex.varlen,
+                                                                   backend=self.backend))
+                    o = core(ex.q, kk, vv)
+                # Collective outputs reach backward through the output even where this
+                # rank's queries do not use them (also in a full-recompute rerun).
+                return self.exchange.finish(sl.slice_id, _anchor(o, ex.roots))
             return attend
 
         def run_layer(layer, x: torch.Tensor, *rest):  # noqa: ANN001, ANN202 - a layer call
             def body(xin: torch.Tensor, *args):  # noqa: ANN202
                 out, _, _ = layer(xin, *args)
-                return (out, *args[-1].kv)  # the exchanged K/V, not the layer's local rows
+                return (out, *args[-1].kv)  # what the exchange caches (cp: this rank's rows)
             return self.policy.run_layer(body, x, *rest)
 
         with saved.hooks():
@@ -148,12 +155,9 @@ class SliceRunner:
                 out = out * self.loss_scale
         if lay.has_consumers:
             self.kv_cache[sl.slice_id] = [(k.detach(), v.detach()) for k, v in own_kv]
-        # A collective exchange keeps its K/V as backward roots even without consumers, so
-        # every cp rank runs each layer's reduce-scatter, whether or not it has queries.
-        keep = lay.has_consumers or self.exchange.collective
         self.graphs[sl.slice_id] = SliceGraph(
             inp=None if self.chunk.is_first else x, out=out,
-            own_kv=own_kv if keep else [], leaves=leaves,
+            own_kv=own_kv if lay.has_consumers else [], leaves=leaves,
             saved_bytes=saved.device_bytes, offloaded_bytes=saved.offloaded_bytes)
         return out.detach()
 
@@ -165,8 +169,6 @@ class SliceRunner:
         outputs: list[torch.Tensor] = [graph.out]
         grads: list[torch.Tensor | None] = [d_out]
         acc = self.dkv.pop(sl.slice_id, None)
-        if acc is None and graph.own_kv and self.exchange.collective:
-            acc = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in graph.own_kv]
         if acc is not None:
             for (k, v), (dk, dv) in zip(graph.own_kv, acc, strict=True):
                 outputs += [k, v]
@@ -175,8 +177,9 @@ class SliceRunner:
         for layer, layer_leaves in enumerate(graph.leaves):
             for earlier, kl, vl in layer_leaves:
                 dk, dv = self._accumulator(earlier.slice_id, layer)
-                dk[earlier.rows] += kl.grad
-                dv[earlier.rows] += vl.grad
+                rows = self.exchange.cached_rows(earlier)
+                dk[rows] += kl.grad
+                dv[rows] += vl.grad
         self.kv_cache.pop(sl.slice_id, None)  # every later slice has run its backward
         return None if graph.inp is None else graph.inp.grad
 
@@ -189,3 +192,21 @@ class SliceRunner:
     def pending(self) -> list[int]:
         """Slices forwarded but not yet backwarded (must be empty at the end of a phase)."""
         return sorted(self.graphs)
+
+
+class _Anchor(torch.autograd.Function):
+    """``x`` unchanged; backward also sends zero gradients to ``roots`` (collective outputs),
+    so their backward collectives run on a rank whose queries did not use them."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, *roots: torch.Tensor):  # noqa: ANN205 - autograd API
+        ctx.like = [(r.shape, r.dtype, r.device) for r in roots]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN205 - autograd API
+        return (grad, *(torch.zeros(s, dtype=d, device=dev) for s, d, dev in ctx.like))
+
+
+def _anchor(x: torch.Tensor, roots: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return _Anchor.apply(x, *roots) if roots else x

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from slimpack.runtime.context_parallel import CpMember, Exchanged
+from slimpack.runtime.context_parallel import CpMember, Exchanged, PrefixLeaf
 from slimpack.runtime.cp_layout import SliceShard, whole_segments
-from slimpack.runtime.layout import GroupLayout
+from slimpack.runtime.layout import GroupLayout, SegmentPlace
 
 
 class _AllToAll(torch.autograd.Function):
@@ -62,6 +62,10 @@ class UlyssesExchange:
     def shard(self, slice_id: int) -> SliceShard:
         return self.shards[slice_id]
 
+    def cached_rows(self, earlier: SegmentPlace) -> slice:
+        """A slice caches its head shard of every row, so a segment is its buffer rows."""
+        return earlier.rows
+
     def _by_group_rank(self, per_cp_index: list[torch.Tensor] | tuple[int, ...]) -> list:
         """Reorder per-cp-index items into process-group rank order (all_to_all's order)."""
         out = [None] * len(per_cp_index)
@@ -80,8 +84,8 @@ class UlyssesExchange:
                      for c, n in enumerate(shard.counts)]
         return torch.cat(per_index)[shard.buffer_order]
 
-    def exchange(self, slice_id: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> Exchanged:
+    def exchange(self, slice_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 prefix: list[PrefixLeaf]) -> Exchanged:
         shard, lay = self.shards[slice_id], self.layout[slice_id]
         cp = len(shard.counts)
         if k.shape[1] % cp:
@@ -98,7 +102,8 @@ class UlyssesExchange:
         rows = rows.index_select(0, self._concat_order(shard).to(rows.device))
         q_h, k_h, v_h = rows.split([hq, hk, hk], dim=1)
         pieces = whole_segments(lay)
-        return q_h, k_h, v_h, pieces, shard.varlen(lay, pieces)
+        return Exchanged(q=q_h, k=k_h, v=v_h, prefix={e: (kl, vl) for e, kl, vl in prefix},
+                         pieces=pieces, varlen=shard.varlen(lay, pieces), cache=(k_h, v_h))
 
     def finish(self, slice_id: int, o: torch.Tensor) -> torch.Tensor:
         """Whole-slice output of this rank's heads -> this rank's rows, all heads."""
