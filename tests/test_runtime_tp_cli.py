@@ -27,14 +27,20 @@ def test_run_executes_a_tensor_parallel_megatron_plan(tmp_path, capsys):
     assert row["peak_memory_bytes"] == [max(per_rank)]
 
 
-def test_run_refuses_a_context_parallel_plan_naming_cp(tmp_path, capsys):
-    plan_path = tmp_path / "cp.json"
-    assert main(["plan", "--method", "megatron", "--model", "tiny", "--gpus", "2", "--cp", "2",
-                 "--dataset", "wikipedia", "--context", "128", "--global-batch", "6",
-                 "-o", str(plan_path)]) == 0
+def test_run_executes_a_megatron_plan_with_tensor_and_context_parallelism(tmp_path, capsys):
+    plan_path, out = tmp_path / "tp2cp2.json", tmp_path / "run.json"
+    assert main(["plan", "--method", "megatron", "--model", "tiny", "--gpus", "4", "--tp", "2",
+                 "--cp", "2", "--dataset", "wikipedia", "--context", "128",
+                 "--global-batch", "6", "-o", str(plan_path)]) == 0
     capsys.readouterr()
-    assert main(["run", str(plan_path), "--model", "tiny"]) == 2
-    assert "cp=2 is not executed by the runtime" in capsys.readouterr().err
+    assert main(["run", str(plan_path), "--model", "tiny", "--warmup", "0",
+                 "--out", str(out)]) == 0
+    assert "tokens/s; peak memory per rank" in capsys.readouterr().out
+    row = json.loads(out.read_text())
+    assert row["parallel"]["tp"] == 2 and row["parallel"]["cp"] == 2 and row["num_gpus"] == 4
+    per_rank = row["extra"]["rank_peak_memory_bytes"]
+    assert len(per_rank) == 4 and all(b > 0 for b in per_rank)
+    assert row["peak_memory_bytes"] == [max(per_rank)]  # one stage of cp2 x tp2 ranks
 
 
 def test_parity_matrix_runs_a_named_case_and_reports_it(capsys):

@@ -13,13 +13,15 @@ norm-relative (max over parameters); only the order of sums differs from the uns
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from slimpack.plan import Group, Phase, Plan, Segment, Slice, Unit
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.cp_layout import shard_slice
-from slimpack.runtime.launch import run_plan
 from slimpack.runtime.layout import GroupLayout
+from slimpack.runtime.many import run_plans
 from slimpack.runtime.parity import parity
 from slimpack.runtime.reference import reference_step
 from slimpack.runtime.validate import check_runtime_plan
@@ -34,8 +36,6 @@ TINY = model_preset("tiny")  # 4 layers, hidden 64, 4 heads, 2 K/V heads (GQA)
 _SLICES = [[(0, 0, 40), (1, 0, 13)], [(0, 40, 72), (2, 0, 5), (3, 0, 2)],
            [(0, 72, 96), (4, 0, 27)], [(5, 0, 1)]]
 _FWD, _BWD = [[0], [1, 2], [3]], [[3], [2], [1], [0]]
-
-
 # A second replica's batch: other documents, other cuts.
 _SLICES_B = [[(0, 0, 30), (1, 0, 9)], [(0, 30, 61), (2, 0, 17)], [(3, 0, 44)]]
 _FWD_B, _BWD_B = [[0, 1], [2]], [[2], [1], [0]]
@@ -65,14 +65,6 @@ def _tp2_cp2_plan(*, sharding: str = "per-sequence", kind: str = "ring",
                 phases=(Phase(groups=(group,)),)).validate()
 
 
-def _check(plan: Plan) -> None:
-    check_runtime_plan(plan, TINY, world_size=4)
-    result = run_plan(plan, TINY, RuntimeConfig(seed=7), return_grads=True, timeout_s=180)
-    ref = reference_step(TINY, plan.sequence_lengths, seed=7)
-    check = parity(result.loss, result.grads(), ref.loss, ref.grads)
-    assert check.ok, check.describe()
-
-
 def test_plan_puts_tp_fastest_and_one_cp_rank_holds_no_row_of_the_last_slice():
     plan = _tp2_cp2_plan()
     group = next(plan.groups())
@@ -82,27 +74,7 @@ def test_plan_puts_tp_fastest_and_one_cp_rank_holds_no_row_of_the_last_slice():
     assert sorted(counts) == [0, 1]
 
 
-@pytest.mark.parametrize("sharding", ["per-sequence", "per-document"])
-def test_tp2_ring_cp2_matches_unsliced_model(sharding):
-    _check(_tp2_cp2_plan(sharding=sharding))
-
-
-def test_tp2_ulysses2_matches_unsliced_model():
-    # 4 heads / tp2 = 2 per tp rank, 1 per (tp, cp) rank; its single K/V head is repeated.
-    _check(_tp2_cp2_plan(kind="ulysses"))
-
-
-@pytest.mark.parametrize("recompute", ["selective", "full"])
-def test_tp2_cp2_with_recompute_and_offload_matches_unsliced_model(recompute):
-    # Full recompute reruns each layer in backward, its tp and cp collectives included.
-    _check(_tp2_cp2_plan(sharding="per-document", recompute=recompute, offload=0.5))
-
-
-def test_tp2_cp2_ulysses_with_full_recompute_matches_unsliced_model():
-    _check(_tp2_cp2_plan(kind="ulysses", recompute="full"))
-
-
-def test_dp_merge_under_tp2_regroups_cp_lanes_but_keeps_tp_shards():
+def _dp_merge_plan() -> Plan:
     # Phase 1: two tp2 replicas (cp1); phase 2: both merged into one tp2 x cp2 group for the
     # long document. Rank 2 moves from lane 0 to lane 2 of its stage; its tp peer stays 3.
     lengths: dict[int, int] = {}
@@ -111,7 +83,38 @@ def test_dp_merge_under_tp2_regroups_cp_lanes_but_keeps_tp_shards():
                             _group(1, (2, 3), base=200, **replica))),
               Phase(groups=(_group(2, (0, 1, 2, 3), cp=2, base=0, lengths=lengths,
                                    cp_sharding="per-document"),)))
-    plan = Plan(method="test-tp-dp-merge", parallel=ParallelSpec(tp=2, dp=2),
+    return Plan(method="test-tp-dp-merge", parallel=ParallelSpec(tp=2, dp=2),
                 sequence_lengths=lengths, phases=phases).validate()
-    assert [sorted({g.cp for g in p.groups}) for p in plan.phases] == [[1], [2]]
-    _check(plan)
+
+
+PLANS: dict[str, Callable[[], Plan]] = {
+    **{f"tp2-ring-cp2-{sh}": (lambda sh=sh: _tp2_cp2_plan(sharding=sh))
+       for sh in ("per-sequence", "per-document")},
+    # 4 heads / tp2 = 2 per tp rank, 1 per (tp, cp) rank; its single K/V head is repeated.
+    "tp2-ulysses2": lambda: _tp2_cp2_plan(kind="ulysses"),
+    # Full recompute reruns each layer in backward, its tp and cp collectives included.
+    **{f"tp2-ring-cp2-{mode}-offload": (lambda mode=mode: _tp2_cp2_plan(
+        sharding="per-document", recompute=mode, offload=0.5)) for mode in ("selective", "full")},
+    "tp2-ulysses2-full": lambda: _tp2_cp2_plan(kind="ulysses", recompute="full"),
+    "tp2-dp-merge-cp2": _dp_merge_plan,
+}
+
+
+@pytest.fixture(scope="module")
+def executed() -> dict:
+    """Every plan above (all world 4) in one job of processes: start-up dominates a step."""
+    plans = {name: build() for name, build in PLANS.items()}
+    for plan in plans.values():
+        check_runtime_plan(plan, TINY, world_size=4)
+    runs = run_plans(list(plans.values()), TINY, RuntimeConfig(seed=7), return_grads=True,
+                     timeout_s=180)
+    return {name: (plans[name], run) for name, run in zip(plans, runs, strict=True)}
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_tp_with_cp_matches_unsliced_model(executed, name):
+    plan, result = executed[name]
+    ref = reference_step(TINY, plan.sequence_lengths, seed=7)
+    check = parity(result.loss, result.grads(), ref.loss, ref.grads)
+    assert check.ok, check.describe()
+    assert result.record.num_gpus == 4

@@ -4,8 +4,9 @@ model (docs/architecture.md, runtime, prints the table this writes).
 
     python -m slimpack.runtime.parity_matrix [--only NAME ...]
 
-Cases combine tensor parallelism (with sequence parallelism), pipeline and data parallelism,
-virtual stages, slices with a KV cache, asymmetric units, every recompute mode and offload.
+Cases combine tensor parallelism (with sequence parallelism), context parallelism (ring
+all-gather of K/V, both shardings) and Ulysses, pipeline and data parallelism, virtual stages,
+slices with a KV cache, asymmetric units, every recompute mode and offload.
 """
 
 from __future__ import annotations
@@ -59,6 +60,21 @@ CASES: tuple[Case, ...] = (
     Case(name="tp4, kv heads replicated", make=lambda: slimpack_plan(pp=1, dp=1, tp=4)),
     Case(name="tp2 pp2 dp2, asymmetric units, selective, offload 0.5",
          make=lambda: slimpack_plan(pp=2, dp=2, tp=2), recompute="selective", offload=0.5),
+    # Context parallelism and Ulysses, alone and inside tp groups (ranks (pp, cp, tp)).
+    Case(name="cp2 dp2 ring per-document, asymmetric units",
+         make=lambda: slimpack_plan(pp=1, dp=2, cp=2, cp_sharding="per-document")),
+    Case(name="cp2 pp2 ring per-sequence, 4 slices/seq, full, offload 0.5",
+         make=lambda: slimpipe_plan(pp=2, dp=1, cp=2), recompute="full", offload=0.5),
+    Case(name="ulysses4, asymmetric units, selective",
+         make=lambda: slimpack_plan(pp=1, dp=1, cp=4, cp_kind="ulysses"),
+         recompute="selective"),
+    Case(name="tp2 cp2 ring per-document, asymmetric units, full, offload 0.5",
+         make=lambda: slimpack_plan(pp=1, dp=1, tp=2, cp=2, cp_sharding="per-document"),
+         recompute="full", offload=0.5),
+    Case(name="tp2 ulysses2, asymmetric units",
+         make=lambda: slimpack_plan(pp=1, dp=1, tp=2, cp=2, cp_kind="ulysses")),
+    Case(name="tp2 cp2 pp2 ring per-sequence, 4 slices/seq, selective",
+         make=lambda: slimpipe_plan(pp=2, dp=1, tp=2, cp=2), recompute="selective"),
 )
 
 
