@@ -75,6 +75,16 @@ CASES: tuple[Case, ...] = (
          make=lambda: slimpack_plan(pp=1, dp=1, tp=2, cp=2, cp_kind="ulysses")),
     Case(name="tp2 cp2 pp2 ring per-sequence, 4 slices/seq, selective",
          make=lambda: slimpipe_plan(pp=2, dp=1, tp=2, cp=2), recompute="selective"),
+    Case(name="cp2 pp2 ring per-document, packed documents, tied embeddings",
+         make=lambda: packed_plan(pp=2, dp=1, cp=2, cp_sharding="per-document"),
+         model="tiny-mha"),
+    Case(name="ulysses2 dp2, asymmetric units, offload 0.5",
+         make=lambda: slimpack_plan(pp=1, dp=2, cp=2, cp_kind="ulysses"), offload=0.5),
+    Case(name="tp2 cp2 pp2 vpp2 ring per-document, asymmetric units, full",
+         make=lambda: slimpack_plan(pp=2, dp=1, vpp=2, tp=2, cp=2, cp_sharding="per-document"),
+         recompute="full"),
+    Case(name="tp2 ulysses2 pp2, packed documents, tied embeddings",
+         make=lambda: packed_plan(pp=2, dp=1, tp=2, cp=2, cp_kind="ulysses"), model="tiny-mha"),
 )
 
 
