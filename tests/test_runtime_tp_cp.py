@@ -1,6 +1,8 @@
 """Tensor parallelism (with sequence parallelism) and context parallelism in one group, on real
 gloo processes (world 4, ranks ordered (cp, tp), tp fastest): loss and every parameter gradient
-(tp shards gathered whole) equal the unsliced single-process model's.
+(tp shards gathered whole) equal the unsliced single-process model's, for hand-built plans and
+for registered planners' plans at tp2 (Megatron, Megatron dynamic CP, SlimPack DP-Merge,
+FlexSP).
 
 Composition: each cp rank holds its zigzag rows of every slice; sequence parallelism splits
 those cp-local rows over the tp ranks; after the column-parallel QKV, ring CP all-gathers K/V
@@ -17,6 +19,9 @@ from collections.abc import Callable
 
 import pytest
 
+from slimpack.batch import Batch
+from slimpack.compare import plan_method
+from slimpack.cost.kernel_model import default_cost_model
 from slimpack.plan import Group, Phase, Plan, Segment, Slice, Unit
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.cp_layout import shard_slice
@@ -25,7 +30,7 @@ from slimpack.runtime.many import run_plans
 from slimpack.runtime.parity import parity
 from slimpack.runtime.reference import reference_step
 from slimpack.runtime.validate import check_runtime_plan
-from slimpack.specs import ParallelSpec, model_preset
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 pytestmark = pytest.mark.slow
 TINY = model_preset("tiny")  # 4 layers, hidden 64, 4 heads, 2 K/V heads (GQA)
@@ -99,11 +104,37 @@ PLANS: dict[str, Callable[[], Plan]] = {
     "tp2-dp-merge-cp2": _dp_merge_plan,
 }
 
+# Registered planners at tp2 on 4 ranks, each with the (tp, cp, cp_kind, cp_sharding) groups
+# per phase it is here for (a planner change that stops emitting them fails the test).
+OUTLIER = (900, 40, 17, 90, 5, 60, 8, 33)  # one document far above the others
+MIXED = (300, 40, 17, 90, 5, 120, 60, 8, 33, 150)
+PLANNERS = {
+    # Megatron-LM: static tp2 x cp2, per-document (THD) sharding.
+    "megatron": (dict(tp=2, cp=2), MIXED, 320, [[(2, 2, "ring", "per-document")]]),
+    # Megatron dynamic CP under tp2: a cp2 phase and a phase of two cp1 groups.
+    "megatron-dcp": (dict(tp=2, cp=2), MIXED, 320,
+                     [[(2, 2, "ring", "per-sequence")], [(2, 1, "ring", "per-sequence")]]),
+    # SlimPack DP-Merge under tp2: the two tp2 replicas merged into tp2 x cp2 for the outlier.
+    "slimpack": (dict(tp=2, dp=2), OUTLIER, 1024,
+                 [[(2, 2, "ring", "per-sequence")], [(2, 1, "ring", "per-sequence")]]),
+    # FlexSP under tp2: one Ulysses group of degree 2 over both tp2 replicas.
+    "flexsp": (dict(tp=2, dp=2), OUTLIER, 1024, [[(2, 2, "ulysses", "per-sequence")]]),
+}
+
+
+def _planned(method: str) -> Plan:
+    parallel, lengths, context, _ = PLANNERS[method]
+    tiny, h100 = TINY, hardware_preset("h100-80g")
+    return plan_method(method, Batch.from_lengths(lengths), tiny, h100,
+                       ParallelSpec(**parallel), default_cost_model(tiny, h100),
+                       context=context)
+
 
 @pytest.fixture(scope="module")
 def executed() -> dict:
     """Every plan above (all world 4) in one job of processes: start-up dominates a step."""
     plans = {name: build() for name, build in PLANS.items()}
+    plans.update({f"planner-{m}": _planned(m) for m in PLANNERS})
     for plan in plans.values():
         check_runtime_plan(plan, TINY, world_size=4)
     runs = run_plans(list(plans.values()), TINY, RuntimeConfig(seed=7), return_grads=True,
@@ -118,3 +149,14 @@ def test_tp_with_cp_matches_unsliced_model(executed, name):
     check = parity(result.loss, result.grads(), ref.loss, ref.grads)
     assert check.ok, check.describe()
     assert result.record.num_gpus == 4
+
+
+@pytest.mark.parametrize("method", list(PLANNERS))
+def test_planner_plan_with_tp_and_cp_matches_unsliced_model(executed, method):
+    plan, result = executed[f"planner-{method}"]
+    shape = [sorted({(g.tp, g.cp, g.cp_kind, g.cp_sharding) for g in p.groups})
+             for p in plan.phases]
+    assert sorted(shape) == sorted(PLANNERS[method][3]), shape
+    ref = reference_step(TINY, plan.sequence_lengths, seed=7)
+    check = parity(result.loss, result.grads(), ref.loss, ref.grads)
+    assert check.ok, f"{method}: {check.describe()}"
