@@ -1,8 +1,8 @@
 """Everything the runtime checks before a single process starts.
 
-A plan that cannot run (wrong world size, missing slices, tp/cp > 1, a schedule that would
-deadlock or mismatch p2p messages) fails here with a ValueError naming the problem, instead of
-hanging a job of N processes.
+A plan that cannot run (wrong world size, missing slices, tp > 1, a cp the model cannot split
+(:mod:`cp_checks`), a schedule that would deadlock or mismatch p2p messages) fails here with
+a ValueError naming the problem, instead of hanging a job of N processes.
 """
 
 from __future__ import annotations
