@@ -197,3 +197,17 @@ def test_a_rank_with_no_row_of_a_slice_still_joins_its_collectives(executed):
     counts = shard_slice(GroupLayout(group)[3], cp=4, cp_index=0, sharding="per-sequence").counts
     assert sorted(counts) == [0, 0, 0, 1]
     _check_parity(executed, "ring-cp4-per-sequence")
+
+
+def test_tied_embeddings_across_stages_with_cp():
+    # tiny-mha ties embedding and LM head: both cp ranks of stage 0 and of stage 1 hold a
+    # copy, and all four copies' gradients are one logical weight's.
+    spec = model_preset("tiny-mha")
+    plan = _one_group(2, pp=2, sharding="per-document")
+    (result,) = run_plans([plan], spec, RuntimeConfig(seed=5), return_grads=True,
+                          timeout_s=120)
+    ref = reference_step(spec, plan.sequence_lengths, seed=5)
+    assert abs(result.loss - ref.loss) <= LOSS_TOL * abs(ref.loss)
+    grads = result.grads()
+    worst = max(float((grads[n] - w).norm() / w.norm()) for n, w in ref.grads.items())
+    assert worst < GRAD_TOL, f"max norm-relative gradient error {worst:.2e}"

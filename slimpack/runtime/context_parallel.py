@@ -23,7 +23,7 @@ inside a slice's backward layer ``l``'s reduce-scatter needs layer ``l+1``'s res
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -100,10 +100,20 @@ class RowSpread:
     """Buffer row -> row of the cp ranks' rows concatenated in cp order."""
 
 
-def gather_parts(parts: list[torch.Tensor], spreads: list[RowSpread], cp: CpMember
-                 ) -> list[torch.Tensor]:
-    """Every part (this rank's rows of it) gathered whole, in its buffer order, with one
-    all-gather; backward reduce-scatters each part's gradient to its rows' owners."""
+@dataclass(frozen=True, kw_only=True)
+class GatherIndex:
+    """Where every part's rows land in one padded all-gather (host-side, built once)."""
+
+    totals: tuple[int, ...]
+    """Rows per cp index, all parts together."""
+    positions: torch.Tensor
+    """Row of the padded gather for every row of every part, parts in order, each part in
+    its buffer order."""
+    sizes: tuple[int, ...]
+    """Rows per part."""
+
+
+def gather_index(spreads: list[RowSpread], cp: CpMember) -> GatherIndex:
     ranks = len(spreads[0].counts)
     totals = [sum(sp.counts[c] for sp in spreads) for c in range(ranks)]
     width = max(totals)
@@ -116,10 +126,17 @@ def gather_parts(parts: list[torch.Tensor], spreads: list[RowSpread], cp: CpMemb
                             for c, n in enumerate(sp.counts)])
         positions.append(concat[sp.buffer_order])
         before = [b + n for b, n in zip(before, sp.counts, strict=True)]
+    return GatherIndex(totals=tuple(totals), positions=torch.cat(positions),
+                       sizes=tuple(int(sp.buffer_order.numel()) for sp in spreads))
+
+
+def gather_parts(parts: list[torch.Tensor], index: GatherIndex, cp: CpMember
+                 ) -> list[torch.Tensor]:
+    """Every part (this rank's rows of it) gathered whole, in its buffer order, with one
+    all-gather; backward reduce-scatters each part's gradient to its rows' owners."""
     local = torch.cat(parts) if len(parts) > 1 else parts[0]
-    index = torch.cat(positions).to(local.device)
-    whole = _GatherRows.apply(local, cp.group, tuple(totals), index)
-    return list(whole.split([int(sp.buffer_order.numel()) for sp in spreads]))
+    whole = _GatherRows.apply(local, cp.group, index.totals, index.positions)
+    return list(whole.split(list(index.sizes)))
 
 
 class LocalExchange:
@@ -155,9 +172,18 @@ class RingExchange:
     cp: CpMember
     collective: bool = True
     _segments: dict[SegmentPlace, tuple[torch.Tensor, RowSpread]] = field(default_factory=dict)
+    _indices: dict[tuple, GatherIndex] = field(default_factory=dict)
+    _varlens: dict[int, VarlenLayout] = field(default_factory=dict)
 
     def shard(self, slice_id: int) -> SliceShard:
         return self.shards[slice_id]
+
+    def _varlen(self, slice_id: int) -> VarlenLayout:
+        """This rank's query pieces as one varlen layout, built once per slice (it caches its
+        device offsets)."""
+        if slice_id not in self._varlens:
+            self._varlens[slice_id] = self.shards[slice_id].varlen(self.layout[slice_id])
+        return self._varlens[slice_id]
 
     def cached_rows(self, earlier: SegmentPlace) -> torch.Tensor:
         """This rank's rows of ``earlier`` in its slice's cache (local row indices)."""
@@ -181,17 +207,22 @@ class RingExchange:
 
     def exchange(self, slice_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  prefix: list[PrefixLeaf]) -> Exchanged:
-        shard, lay = self.shards[slice_id], self.layout[slice_id]
+        shard = self.shards[slice_id]
         heads = k.shape[1]
         parts = [torch.cat([k, v], dim=1)] + [torch.cat([kl, vl], dim=1) for _, kl, vl in prefix]
-        spreads = [RowSpread(counts=shard.counts, buffer_order=shard.buffer_order)] + \
-            [self._segment(e)[1] for e, _, _ in prefix]
-        whole = gather_parts(parts, spreads, self.cp)
+        key = (slice_id, tuple(e for e, _, _ in prefix), str(k.device))
+        if key not in self._indices:  # the same for every layer of the slice
+            spreads = [RowSpread(counts=shard.counts, buffer_order=shard.buffer_order)] + \
+                [self._segment(e)[1] for e, _, _ in prefix]
+            index = gather_index(spreads, self.cp)
+            self._indices[key] = replace(index, positions=index.positions.to(k.device))
+        whole = gather_parts(parts, self._indices[key], self.cp)
         return Exchanged(
             q=q, k=whole[0][:, :heads], v=whole[0][:, heads:],
             prefix={e: (w[:, :heads], w[:, heads:])
                     for (e, _, _), w in zip(prefix, whole[1:], strict=True)},
-            pieces=shard.pieces, varlen=shard.varlen(lay), cache=(k, v), roots=(whole[0],))
+            pieces=shard.pieces, varlen=self._varlen(slice_id), cache=(k, v),
+            roots=(whole[0],))
 
     def finish(self, slice_id: int, o: torch.Tensor) -> torch.Tensor:
         return o

@@ -16,7 +16,7 @@ whole slice, the form later slices' head-sharded queries read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,8 @@ class UlyssesExchange:
     shards: dict[int, SliceShard]
     cp: CpMember
     collective: bool = True
+    _order_cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict)
 
     def shard(self, slice_id: int) -> SliceShard:
         return self.shards[slice_id]
@@ -73,16 +75,24 @@ class UlyssesExchange:
             out[self.cp.group_rank_of[c]] = item
         return out
 
-    def _concat_order(self, shard: SliceShard) -> torch.Tensor:
-        """Buffer row -> row of the received (group-rank ordered) concatenation."""
-        counts = self._by_group_rank(shard.counts)
-        starts = [0]
-        for n in counts[:-1]:
-            starts.append(starts[-1] + n)
-        # Received row of the i-th row of cp index c: start of c's block + i.
-        per_index = [starts[self.cp.group_rank_of[c]] + torch.arange(n)
-                     for c, n in enumerate(shard.counts)]
-        return torch.cat(per_index)[shard.buffer_order]
+    def _orders(self, slice_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(buffer row -> row of the received, group-rank ordered concatenation; and back),
+        on ``device``, built once per slice."""
+        key = (slice_id, str(device))
+        if key not in self._order_cache:
+            shard = self.shards[slice_id]
+            counts = self._by_group_rank(shard.counts)
+            starts = [0]
+            for n in counts[:-1]:
+                starts.append(starts[-1] + n)
+            # Received row of the i-th row of cp index c: start of c's block + i.
+            per_index = [starts[self.cp.group_rank_of[c]] + torch.arange(n)
+                         for c, n in enumerate(shard.counts)]
+            to_concat = torch.cat(per_index)[shard.buffer_order]
+            to_buffer = torch.empty_like(to_concat)
+            to_buffer[to_concat] = torch.arange(len(to_concat))
+            self._order_cache[key] = (to_concat.to(device), to_buffer.to(device))
+        return self._order_cache[key]
 
     def exchange(self, slice_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  prefix: list[PrefixLeaf]) -> Exchanged:
@@ -99,20 +109,18 @@ class UlyssesExchange:
         recv = self._by_group_rank(shard.counts)
         rows = _AllToAll.apply(ordered.reshape(-1, *packed.shape[2:]), self.cp.group, send,
                                recv)
-        rows = rows.index_select(0, self._concat_order(shard).to(rows.device))
+        rows = rows.index_select(0, self._orders(slice_id, rows.device)[0])
         q_h, k_h, v_h = rows.split([hq, hk, hk], dim=1)
-        pieces = whole_segments(lay)
+        # Whole segments: the slice's own varlen layout (its device offsets built once).
         return Exchanged(q=q_h, k=k_h, v=v_h, prefix={e: (kl, vl) for e, kl, vl in prefix},
-                         pieces=pieces, varlen=shard.varlen(lay, pieces), cache=(k_h, v_h))
+                         pieces=whole_segments(lay), varlen=lay.varlen, cache=(k_h, v_h))
 
     def finish(self, slice_id: int, o: torch.Tensor) -> torch.Tensor:
         """Whole-slice output of this rank's heads -> this rank's rows, all heads."""
         shard = self.shards[slice_id]
         cp = len(shard.counts)
         # Received-concatenation order, so each group rank's block goes back to it.
-        concat_to_buffer = torch.empty_like(shard.buffer_order)
-        concat_to_buffer[self._concat_order(shard)] = torch.arange(len(shard.buffer_order))
-        grouped = o.index_select(0, concat_to_buffer.to(o.device))
+        grouped = o.index_select(0, self._orders(slice_id, o.device)[1])
         send = self._by_group_rank(shard.counts)
         mine = _AllToAll.apply(grouped, self.cp.group, send, [shard.num_local] * cp)
         # [cp (group rank), n, H/cp, D] -> cp index order -> [n, H, D].

@@ -1,9 +1,9 @@
 """Everything the runtime checks before a single process starts.
 
 A plan that cannot run (wrong world size, missing slices, a schedule that would deadlock or
-mismatch p2p messages, any field the executor does not implement: see
-:mod:`slimpack.runtime.capabilities`) fails here with a ValueError naming the problem, instead
-of hanging a job of N processes.
+mismatch p2p messages, any field the executor does not implement or a tp/cp the model cannot
+split: see :mod:`slimpack.runtime.capabilities`) fails here with a ValueError naming the
+problem, instead of hanging a job of N processes.
 """
 
 from __future__ import annotations
