@@ -85,6 +85,14 @@ CASES: tuple[Case, ...] = (
          recompute="full"),
     Case(name="tp2 ulysses2 pp2, packed documents, tied embeddings",
          make=lambda: packed_plan(pp=2, dp=1, tp=2, cp=2, cp_kind="ulysses"), model="tiny-mha"),
+    Case(name="ulysses2 pp2, packed documents, tied embeddings",
+         make=lambda: packed_plan(pp=2, dp=1, cp=2, cp_kind="ulysses"), model="tiny-mha"),
+    Case(name="tp2 ulysses2, asymmetric units, selective, offload 0.5",
+         make=lambda: slimpack_plan(pp=1, dp=1, tp=2, cp=2, cp_kind="ulysses"),
+         recompute="selective", offload=0.5),
+    Case(name="tp2 cp2 pp2 ring per-document, packed documents, tied embeddings",
+         make=lambda: packed_plan(pp=2, dp=1, tp=2, cp=2, cp_sharding="per-document"),
+         model="tiny-mha"),
 )
 
 
