@@ -39,14 +39,19 @@ def test_unit_referring_to_a_missing_slice_fails_before_spawning():
     _fails_fast(plan, r"refer to missing slices \[7\]")
 
 
-def test_tensor_or_context_parallel_plans_are_rejected():
+def test_tensor_and_context_parallel_plans_pass_with_their_stage_and_shard_of_each_rank():
     base = packed_plan(pp=2, dp=1)
     group = next(base.groups())
-    parallel = ParallelSpec(tp=2, pp=2)
-    tp_group = dataclasses.replace(group, tp=2, ranks=parallel.replica_ranks(0))
-    plan = dataclasses.replace(base, parallel=parallel, phases=(Phase(groups=(tp_group,)),))
-    with pytest.raises(ValueError, match="runtime runs tp=cp=1 for now"):
-        check_runtime_plan(plan, TINY)
+    parallel = ParallelSpec(tp=2, cp=2, pp=2)
+    both = dataclasses.replace(group, tp=2, cp=2, ranks=parallel.replica_ranks(0))
+    plan = dataclasses.replace(base, parallel=parallel, phases=(Phase(groups=(both,)),))
+    rplan = check_runtime_plan(plan, TINY, world_size=8)
+    # Ranks are ordered (pp, cp, tp), tp fastest: stage 0 holds ranks 0-3.
+    assert rplan.stage_of_rank == {0: 0, 1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 1, 7: 1}
+    assert rplan.tp_index_of_rank == {r: r % 2 for r in range(8)} and rplan.tp == 2
+    rplan = check_runtime_plan(packed_plan(pp=2, dp=1, tp=2), TINY, world_size=4)
+    assert rplan.stage_of_rank == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert rplan.tp_index_of_rank == {0: 0, 1: 1, 2: 0, 3: 1}
 
 
 def test_layers_must_split_evenly_over_virtual_stages():

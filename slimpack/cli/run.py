@@ -3,12 +3,13 @@ per-layer calibration table the calibrated cost model reads.
 
     slimpack run PLAN.json [--model M] [--backend gloo|nccl] [--dtype fp32|bf16] [--nproc N]
                            [--out run.json|runs.csv] [--calibration calib.csv]
-    slimpack run --example slimpipe|slimpack|packed --model tiny --pp 2 --dp 2
+    slimpack run --example slimpipe|slimpack|packed --model tiny --pp 2 --dp 2 [--tp 2]
     torchrun --nproc-per-node 8 -m slimpack.cli.main run PLAN.json --backend nccl --dtype bf16
     slimpack profile --model small --out calib.csv [--device cpu] [--threads 1]
 
-``run`` checks the plan (IR rules, world size, tp = cp = 1, schedule) before any process
-starts. Without torchrun it spawns ``--nproc`` (default: the plan's world size) local
+``run`` checks the plan (IR rules, world size, schedule, and every field the runtime does not
+execute, e.g. vocab_parallel_pp at pp > 1: see docs/architecture.md, runtime) before any
+process starts. Without torchrun it spawns ``--nproc`` (default: the plan's world size) local
 processes itself. With ``--calibration`` it also simulates the plan with the calibrated cost
 model and prints simulated against measured step time and peak memory.
 """
@@ -36,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--pp", type=int, default=2, help="--example only (default 2)")
     r.add_argument("--dp", type=int, default=1, help="--example only (default 1)")
     r.add_argument("--vpp", type=int, default=1, help="--example only (default 1)")
+    r.add_argument("--tp", type=int, default=1,
+                   help="--example only: tensor-parallel degree (default 1)")
     r.add_argument("--scale", type=int, default=1, help="--example token multiplier")
     r.add_argument("--model", help=preset_help("model") + " (default: the plan's model)")
     r.add_argument("--backend", choices=("gloo", "nccl"), default=None,
@@ -97,7 +100,8 @@ def _load(args: argparse.Namespace):
     if (args.plan is None) == (args.example is None):
         raise ValueError("give a plan file or --example NAME (exactly one)")
     if args.example:
-        plan = EXAMPLES[args.example](pp=args.pp, dp=args.dp, vpp=args.vpp, scale=args.scale)
+        plan = EXAMPLES[args.example](pp=args.pp, dp=args.dp, vpp=args.vpp, scale=args.scale,
+                                      tp=args.tp)
     else:
         plan = Plan.load(args.plan)
     name = args.model or plan.model
@@ -143,6 +147,8 @@ def _run(args: argparse.Namespace) -> int:
           f"peak memory per stage {[round(b / 2**20, 2) for b in record.peak_memory_bytes]} MiB "
           f"({record.extra['memory_source']}), bubble {record.bubble_fraction:.3f}, "
           f"schedule {record.extra['schedule_source']}")
+    print(f"  {record.tokens_per_s:,.0f} tokens/s; peak memory per rank "
+          f"{[round(b / 2**20, 2) for b in record.extra['rank_peak_memory_bytes']]} MiB")
     comparison = None
     if cost is not None:
         comparison = compare_with_simulator(record, plan, spec, cost)

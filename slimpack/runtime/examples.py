@@ -1,7 +1,9 @@
 """Hand-built plans of the three shapes the runtime must execute exactly.
 
 They exercise the runtime without any planner (tests, ``slimpack run --example``, the GPU
-check and the CPU sim-vs-real comparison). Token counts scale with ``scale``; every group
+check and the CPU sim-vs-real comparison). Token counts scale with ``scale``; ``tp`` splits
+each pipeline stage over that many tensor-parallel ranks and ``cp`` over that many
+context-parallel ones (``cp_sharding``, ``cp_kind`` as the plan IR has them); every group
 gets different documents so data parallelism is not a copy of one replica.
 
 * ``slimpipe``: one long sequence per replica cut into ``num_slices`` equal slices, one slice
@@ -37,8 +39,9 @@ _PACKED: list[_Spec] = [
 
 
 def _plan(method: str, replicas: Sequence[_Spec], *, pp: int, dp: int, vpp: int, scale: int,
-          schedule: str) -> Plan:
-    parallel = ParallelSpec(pp=pp, dp=dp, vpp=vpp)
+          schedule: str, tp: int = 1, cp: int = 1, cp_sharding: str = "per-sequence",
+          cp_kind: str = "ring") -> Plan:
+    parallel = ParallelSpec(tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp)
     groups, lengths = [], {}
     for d in range(dp):
         slices_spec, fwd, bwd = replicas[d % len(replicas)]
@@ -51,7 +54,8 @@ def _plan(method: str, replicas: Sequence[_Spec], *, pp: int, dp: int, vpp: int,
                 lengths[seg.seq_id] = max(lengths.get(seg.seq_id, 0), seg.end)
             slices.append(Slice(slice_id=i, segments=segments))
         groups.append(Group(
-            group_id=d, ranks=parallel.replica_ranks(d), pp=pp, vpp=vpp, slices=tuple(slices),
+            group_id=d, ranks=parallel.replica_ranks(d), tp=tp, cp=cp, pp=pp, vpp=vpp,
+            slices=tuple(slices), cp_sharding=cp_sharding, cp_kind=cp_kind,
             forward_units=tuple(Unit(slice_ids=tuple(u)) for u in fwd),
             backward_units=tuple(Unit(slice_ids=tuple(u)) for u in bwd), schedule=schedule))
     return Plan(method=method, parallel=parallel, sequence_lengths=lengths,
@@ -59,7 +63,7 @@ def _plan(method: str, replicas: Sequence[_Spec], *, pp: int, dp: int, vpp: int,
 
 
 def slimpipe_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
-                  num_slices: int = 4) -> Plan:
+                  num_slices: int = 4, tp: int = 1, **cp_fields) -> Plan:
     """Even replicas train one sequence of ``16 * num_slices * scale`` tokens, odd ones
     ``12 * num_slices * scale``, cut in ``num_slices`` equal slices."""
     replicas: list[_Spec] = []
@@ -69,17 +73,20 @@ def slimpipe_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
                          [[i] for i in range(num_slices)],
                          [[i] for i in reversed(range(num_slices))]))
     return _plan("example-slimpipe", replicas, pp=pp, dp=dp, vpp=vpp, scale=1,
-                 schedule="slimpipe")
+                 schedule="slimpipe", tp=tp, **cp_fields)
 
 
-def slimpack_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1) -> Plan:
+def slimpack_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
+                  tp: int = 1, **cp_fields) -> Plan:
+    """``cp_fields``: ``cp``, ``cp_sharding``, ``cp_kind`` of every group."""
     return _plan("example-slimpack", _SLIMPACK, pp=pp, dp=dp, vpp=vpp, scale=scale,
-                 schedule="asymmetric")
+                 schedule="asymmetric", tp=tp, **cp_fields)
 
 
-def packed_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1) -> Plan:
+def packed_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
+                tp: int = 1, **cp_fields) -> Plan:
     return _plan("example-packed", _PACKED, pp=pp, dp=dp, vpp=vpp, scale=scale,
-                 schedule="1f1b" if vpp == 1 else "interleaved")
+                 schedule="1f1b" if vpp == 1 else "interleaved", tp=tp, **cp_fields)
 
 
 EXAMPLES: dict[str, Callable[..., Plan]] = {

@@ -9,6 +9,11 @@ Phases of :func:`execute_rank`:
 3. gradient synchronisation: tied-embedding copies, then the data-parallel sum;
 4. measurements: per-op times, busy time, peak memory, loss.
 
+A stage of a group is ``cp*tp`` ranks. Context parallelism gives each cp rank its rows of every
+slice (:mod:`slimpack.runtime.cp_layout`) for the whole layer stack; sequence parallelism then
+splits those cp-local rows over the tp ranks (:mod:`slimpack.runtime.tensor_parallel`), so
+the hidden states a rank sends down the pipeline are a tp share of its cp rows.
+
 Sends are non-blocking (their tensors are held until done, then dropped); receives block.
 Loss is ``sum CE / global label count`` on every last block, so gradients are already the
 token-weighted mean over the whole step and the DP reduction is a plain sum.
@@ -24,13 +29,24 @@ import torch.distributed as dist
 
 from slimpack.plan import Group, Slice
 from slimpack.records import OpTiming
+from slimpack.runtime.activations import ActivationPolicy
 from slimpack.runtime.attention import choose_backend
-from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag
+from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag, stage_peer
 from slimpack.runtime.config import RuntimeConfig
+from slimpack.runtime.context_parallel import CpGroups, make_exchange
+from slimpack.runtime.cp_layout import local_inputs
 from slimpack.runtime.data import make_tokens, num_label_tokens
 from slimpack.runtime.layout import GroupLayout, slice_inputs
 from slimpack.runtime.slice_autograd import SliceRunner
 from slimpack.runtime.stage import EMBED, ModelChunk, build_chunks
+from slimpack.runtime.tensor_parallel import (
+    TPGroup,
+    build_tp_chunks,
+    build_tp_group,
+    local_rows,
+    sync_tp_gradients,
+    tp_rank_sets,
+)
 from slimpack.runtime.validate import RuntimePlan
 from slimpack.specs.model import ModelSpec
 
@@ -68,6 +84,8 @@ class _Pipe:
         if src == dst:
             self.mailbox[(kind, unit, block)] = t
             return
+        if t.numel() == 0:  # a cp rank holding no row of the unit: the receiver knows
+            return
         group = self.groups.channels[(src, dst, kind)]
         buf = t.contiguous()  # held until the send completes: the backend reads it async
         work = dist.isend(buf, dst=dst, group=group, tag=message_tag(unit, block, self.num_blocks))
@@ -80,6 +98,8 @@ class _Pipe:
         if src == dst:
             return self.mailbox.pop((kind, unit, block))
         buf = torch.empty(shape, dtype=dtype, device=self.device)
+        if buf.numel() == 0:
+            return buf
         dist.irecv(buf, src=src, group=self.groups.channels[(src, dst, kind)],
                    tag=message_tag(unit, block, self.num_blocks)).wait()
         return buf
@@ -114,14 +134,17 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
     """
     # -- phase 1: set-up --------------------------------------------------------------------
     stage = rplan.stage_of_rank.get(rank)
-    chunks = ([] if stage is None else
-              build_chunks(spec, pp=rplan.pp, vpp=rplan.vpp, stage=stage, seed=config.seed,
-                           device=device, dtype=config.torch_dtype))
     groups = PlanGroups.build(rplan, rank=rank, tied_embeddings=spec.tied_embeddings)
+    cp_groups = CpGroups.build(list(rplan.plan.groups()), rank=rank)
+    tp = build_tp_group(tp_rank_sets(rplan.plan.groups()), rank) if rplan.tp > 1 else None
+    kw = {"pp": rplan.pp, "vpp": rplan.vpp, "stage": stage, "seed": config.seed,
+          "device": device, "dtype": config.torch_dtype}
+    chunks = ([] if stage is None else
+              build_tp_chunks(spec, tp, **kw) if tp is not None else build_chunks(spec, **kw))
     tokens = make_tokens(rplan.plan.sequence_lengths, vocab_size=spec.vocab_size,
                          seed=config.seed)
     setup = _Setup(rplan=rplan, spec=spec, config=config, rank=rank, stage=stage, device=device,
-                   chunks=chunks, groups=groups, tokens=tokens,
+                   chunks=chunks, groups=groups, cp_groups=cp_groups, tokens=tokens, tp=tp,
                    backend=choose_backend(device, config.torch_dtype, config.attention))
     results = []
     for step in range(config.warmup_steps + config.measured_steps):
@@ -133,6 +156,9 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
     if return_grads:
         results[-1].grads = {}
         for c in chunks:
+            if tp is not None:  # shards gathered whole, to compare with the unsliced model
+                results[-1].grads.update(c.full_gradients())
+                continue
             for name, p in c.global_named_parameters():
                 results[-1].grads[name] = p.grad.detach().float().cpu().clone()
     return results
@@ -148,8 +174,20 @@ class _Setup:
     device: torch.device
     chunks: list[ModelChunk]
     groups: PlanGroups
+    cp_groups: CpGroups
     tokens: dict[int, torch.Tensor]
     backend: str
+    tp: TPGroup | None
+
+    def rows(self, num_tokens: int) -> int:
+        """Rows of a slice's hidden states this rank holds when its cp share of the slice is
+        ``num_tokens`` rows (all of them at cp = 1): its sequence-parallel share."""
+        return num_tokens if self.tp is None else local_rows(num_tokens, self.tp.size)
+
+    @property
+    def counts_loss(self) -> bool:
+        """Every tp rank computes the whole loss; only the first adds it to the report."""
+        return self.tp is None or self.tp.index == 0
 
 
 def _step(su: _Setup) -> RankResult:
@@ -166,6 +204,7 @@ def _step(su: _Setup) -> RankResult:
     op_groups: list[int] = []
     peak_tracked = float(model_state_bytes)
     busy = 0.0
+    loss_here = loss_sum if su.counts_loss else torch.zeros_like(loss_sum)
     dist.barrier()
     clock = _Clock(device, config.record_ops)
 
@@ -175,18 +214,26 @@ def _step(su: _Setup) -> RankResult:
         if group is None:
             continue
         layout = GroupLayout(group)
+        exchange = make_exchange(group, layout, cp=su.cp_groups.of(group.group_id))
+        policy = ActivationPolicy(recompute=group.recompute, offload=group.offload)
         runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
-                               loss_scale=1.0 / denom)
+                               loss_scale=1.0 / denom, policy=policy, exchange=exchange)
                    for c in su.chunks]
         pipe = _Pipe(su.groups, rplan.num_blocks, device)
         inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}
+        cp_rows = {sl.slice_id: sl.num_tokens for sl in group.slices}
+        if group.cp > 1:  # this rank's rows of every slice (cp_layout), all layers and loss
+            inputs = {i: local_inputs(x, exchange.shard(i)) for i, x in inputs.items()}
+            cp_rows = {i: exchange.shard(i).num_local for i in cp_rows}
+        lane = _Lane(group=group, rank=su.rank,
+                     rows={i: su.rows(n) for i, n in cp_rows.items()})
         for op in rplan.schedules[group.group_id][stage]:
             start = clock.since_start()
             if op.kind == "F":
-                waited = _forward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
-                                  inputs, spec, dtype, clock, loss_sum)
+                waited = _forward(lane, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
+                                  inputs, spec, dtype, clock, loss_here)
             else:
-                waited = _backward(group, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
+                waited = _backward(lane, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
                                    spec, dtype, clock)
             end = clock.since_start()
             busy += end - start - waited
@@ -210,6 +257,8 @@ def _step(su: _Setup) -> RankResult:
     # -- phase 3: gradient synchronisation ------------------------------------------------
     start = clock.since_start()
     _sync_gradients(su.chunks, su.groups, tied=spec.tied_embeddings)
+    if su.tp is not None:  # norm weights: each tp rank saw only its rows (sums commute)
+        sync_tp_gradients(su.chunks, su.tp)
     dist.all_reduce(loss_sum)  # only last blocks contribute; report the step's loss
     end = clock.since_start()
     if config.record_ops and stage is not None:
@@ -227,10 +276,28 @@ def _step(su: _Setup) -> RankResult:
                       attention_backend=su.backend, ops=ops_out, op_groups=op_groups)
 
 
-def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
+@dataclass(frozen=True, kw_only=True)
+class _Lane:
+    """This rank's (cp, tp) lane of one group: its pipeline peers and its rows per slice."""
+
+    group: Group
+    rank: int
+    rows: dict[int, int]
+    """Slice id -> rows of the slice's hidden states this rank holds (cp share, then tp
+    share): the shape of every activation and gradient message it exchanges."""
+
+    def peer(self, stage: int) -> int:
+        return stage_peer(self.group, self.rank, stage % self.group.pp)
+
+    def sizes(self, slices: list[Slice]) -> list[int]:
+        return [self.rows[sl.slice_id] for sl in slices]
+
+
+def _forward(lane: _Lane, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
              pipe: _Pipe, inputs: dict, spec: ModelSpec, dtype: torch.dtype, clock: _Clock,
              loss_sum: torch.Tensor) -> float:
     """F of one unit on one chunk; returns seconds spent waiting for the receive."""
+    group = lane.group
     slices = group.unit_slices(group.forward_units[unit])
     block, last = chunk * pp + stage, pp * group.vpp - 1
     waited = 0.0
@@ -238,10 +305,11 @@ def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: S
         xs = [inputs[sl.slice_id][0] for sl in slices]
     else:
         t = clock.now()
-        buf = pipe.recv((_tokens(slices), spec.hidden), dtype, src=group.ranks[(stage - 1) % pp],
-                        dst=group.ranks[stage], kind="F", unit=unit, block=block)
+        sizes = lane.sizes(slices)
+        buf = pipe.recv((sum(sizes), spec.hidden), dtype, src=lane.peer(stage - 1),
+                        dst=lane.peer(stage), kind="F", unit=unit, block=block)
         waited = clock.now() - t
-        xs = list(buf.split([sl.num_tokens for sl in slices]))
+        xs = list(buf.split(sizes))
         del buf
     outs = []
     for sl, x in zip(slices, xs, strict=True):
@@ -252,14 +320,15 @@ def _forward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: S
         for out in outs:
             loss_sum += out
     else:
-        pipe.send(torch.cat(outs) if len(outs) > 1 else outs[0], src=group.ranks[stage],
-                  dst=group.ranks[(stage + 1) % pp], kind="F", unit=unit, block=block + 1)
+        pipe.send(torch.cat(outs) if len(outs) > 1 else outs[0], src=lane.peer(stage),
+                  dst=lane.peer(stage + 1), kind="F", unit=unit, block=block + 1)
     return waited
 
 
-def _backward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
+def _backward(lane: _Lane, unit: int, chunk: int, stage: int, pp: int, runner: SliceRunner,
               pipe: _Pipe, spec: ModelSpec, dtype: torch.dtype, clock: _Clock) -> float:
     """B of one backward unit on one chunk; returns seconds spent waiting for the receive."""
+    group = lane.group
     slices = group.unit_slices(group.backward_units[unit])
     block, last = chunk * pp + stage, pp * group.vpp - 1
     waited = 0.0
@@ -267,21 +336,18 @@ def _backward(group: Group, unit: int, chunk: int, stage: int, pp: int, runner: 
         d_outs: list[torch.Tensor | None] = [None] * len(slices)
     else:
         t = clock.now()
-        buf = pipe.recv((_tokens(slices), spec.hidden), dtype, src=group.ranks[(stage + 1) % pp],
-                        dst=group.ranks[stage], kind="B", unit=unit, block=block)
+        sizes = lane.sizes(slices)
+        buf = pipe.recv((sum(sizes), spec.hidden), dtype, src=lane.peer(stage + 1),
+                        dst=lane.peer(stage), kind="B", unit=unit, block=block)
         waited = clock.now() - t
-        d_outs = list(buf.split([sl.num_tokens for sl in slices]))
+        d_outs = list(buf.split(sizes))
         del buf
     d_ins = [runner.backward(sl, d) for sl, d in zip(slices, d_outs, strict=True)]
     del d_outs
     if block > 0:
-        pipe.send(torch.cat(d_ins) if len(d_ins) > 1 else d_ins[0], src=group.ranks[stage],
-                  dst=group.ranks[(stage - 1) % pp], kind="B", unit=unit, block=block - 1)
+        pipe.send(torch.cat(d_ins) if len(d_ins) > 1 else d_ins[0], src=lane.peer(stage),
+                  dst=lane.peer(stage - 1), kind="B", unit=unit, block=block - 1)
     return waited
-
-
-def _tokens(slices: list[Slice]) -> int:
-    return sum(sl.num_tokens for sl in slices)
 
 
 def _sync_gradients(chunks: list[ModelChunk], groups: PlanGroups, *, tied: bool) -> None:

@@ -55,19 +55,25 @@ def step_record(rplan: RuntimePlan, spec: ModelSpec, results: list[RankResult],
                "schedule_source": rplan.schedule_source,
                "memory_source": results[0].memory_source, "notes": list(rplan.notes),
                "rank_elapsed_s": [r.elapsed_s for r in results],
+               "rank_peak_memory_bytes": [r.peak_memory_bytes for r in results],
                "rank_busy_s": [r.busy_s for r in results], "op_ranks": op_ranks})
 
 
 def _unit_times(rplan: RuntimePlan, results: list[RankResult]) -> tuple[list[float], list[float]]:
     """Per unit of every group (plan order): its F and B seconds summed over stages and
-    chunks, the simulator's ``unit_forward_s`` / ``unit_backward_s``."""
-    fwd: dict[tuple[int, int], float] = {}
-    bwd: dict[tuple[int, int], float] = {}
+    chunks, the simulator's ``unit_forward_s`` / ``unit_backward_s``. The ranks of one stage
+    (its cp and tp ranks) run each op together, so a stage's op takes its slowest rank's time."""
+    per_stage: dict[tuple[str, int, int, int, int], float] = {}
     for r in results:
         for op, gid in zip(r.ops, r.op_groups, strict=True):
-            target = fwd if op.kind == "F" else bwd if op.kind == "B" else None
-            if target is not None:
-                target[(gid, op.unit)] = target.get((gid, op.unit), 0.0) + op.end_s - op.start_s
+            if op.kind in ("F", "B"):
+                key = (op.kind, gid, op.unit, op.stage, op.chunk)
+                per_stage[key] = max(per_stage.get(key, 0.0), op.end_s - op.start_s)
+    fwd: dict[tuple[int, int], float] = {}
+    bwd: dict[tuple[int, int], float] = {}
+    for (kind, gid, unit, _, _), seconds in per_stage.items():
+        target = fwd if kind == "F" else bwd
+        target[(gid, unit)] = target.get((gid, unit), 0.0) + seconds
     groups = list(rplan.plan.groups())
     return ([fwd.get((g.group_id, u), 0.0) for g in groups for u in range(len(g.forward_units))],
             [bwd.get((g.group_id, u), 0.0) for g in groups for u in range(len(g.backward_units))])

@@ -69,14 +69,16 @@ class ModelChunk(nn.Module):
 
     def forward(self, inp: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
                 attend_for_layer: Callable[[int], Attend],
-                labels: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, run_layer: Callable | None = None,
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Token ids (first block) or hidden ``[T, hidden]`` in; hidden out, or the summed
-        loss (last block, fp32 scalar). Also returns each layer's own (k, v)."""
+        loss (last block, fp32 scalar). Also returns each layer's own (k, v).
+        ``run_layer(layer, *args)`` calls a layer (full recompute wraps it in a checkpoint)."""
         x = self.embed(inp) if self.embed is not None else inp
         kvs = []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, cos, sin, attend_for_layer(i))
+            args = (x, cos, sin, attend_for_layer(i))
+            x, k, v = run_layer(layer, *args) if run_layer is not None else layer(*args)
             kvs.append((k, v))
         if self.head is not None:
             assert labels is not None, "the last block needs labels"

@@ -1,8 +1,9 @@
 """Everything the runtime checks before a single process starts.
 
-A plan that cannot run (wrong world size, missing slices, tp/cp > 1, a schedule that would
-deadlock or mismatch p2p messages) fails here with a ValueError naming the problem, instead of
-hanging a job of N processes.
+A plan that cannot run (wrong world size, missing slices, a schedule that would deadlock or
+mismatch p2p messages, any field the executor does not implement or a tp/cp the model cannot
+split: see :mod:`slimpack.runtime.capabilities`) fails here with a ValueError naming the
+problem, instead of hanging a job of N processes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slimpack.plan import Group, Plan, PlanError
+from slimpack.runtime.capabilities import (
+    check_group_fields,
+    check_model_supported,
+    check_plan_fields,
+    check_tp_layout,
+)
 from slimpack.runtime.schedule import build_group_schedule
 from slimpack.specs.model import ModelSpec
 
@@ -23,6 +30,10 @@ class RuntimePlan:
     vpp: int
     stage_of_rank: dict[int, int]
     """Pipeline stage of every rank that appears in some group (same in every phase)."""
+    tp_index_of_rank: dict[int, int]
+    """Index of every rank among its tensor-parallel peers: which weight shard it holds
+    (same in every phase; its cp position may change, e.g. under DP-Merge)."""
+    tp: int
     schedules: dict[int, list[list]]
     """group_id -> op lists per stage."""
     schedule_source: str
@@ -42,8 +53,8 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
             f"plan is for {plan.world_size} processes ({plan.parallel.describe()}) but "
             f"{world_size} are available; run it with --nproc {plan.world_size} "
             f"(or torchrun --nproc-per-node {plan.world_size})")
-    if model.is_moe:
-        raise ValueError(f"the runtime runs dense models only for now; {model.name} is MoE")
+    check_model_supported(model)
+    check_plan_fields(plan)
     groups = list(plan.groups())
     pps = {g.pp for g in groups}
     vpps = {g.vpp for g in groups}
@@ -54,31 +65,29 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
     if model.num_layers % (pp * vpp):
         raise ValueError(f"pp*vpp = {pp}*{vpp} must divide num_layers = {model.num_layers} "
                          f"({model.name})")
+    check_tp_layout(groups)
     stage_of_rank: dict[int, int] = {}
+    tp_index_of_rank: dict[int, int] = {}
     schedules: dict[int, list[list]] = {}
     sources = set()
     notes = []
     for g in groups:
-        if g.tp != 1 or g.cp != 1:
-            raise ValueError(f"group {g.group_id} has tp={g.tp}, cp={g.cp}: the runtime runs "
-                             f"tp=cp=1 for now (pipeline and data parallelism only)")
-        for stage, rank in enumerate(g.ranks):
+        check_group_fields(g, model)
+        for i, rank in enumerate(g.ranks):
+            stage = i // (g.tp * g.cp)  # ranks ordered (pp, cp, tp), tp fastest
             prev = stage_of_rank.setdefault(rank, stage)
             if prev != stage:
                 raise ValueError(f"rank {rank} is pipeline stage {prev} in one group and {stage} "
                                  f"in group {g.group_id}; the runtime keeps a rank's layers "
                                  f"fixed for the step")
+            # check_tp_layout: the same tp peers in every group, so the same index.
+            tp_index_of_rank[rank] = i % g.tp
         ops, source = build_group_schedule(g)
         sources.add(source)
         check_schedule(g, ops)
         schedules[g.group_id] = ops
-        if g.recompute != "none":
-            notes.append(f"group {g.group_id}: recompute={g.recompute} not applied (runtime "
-                         f"keeps activations)")
-        if g.vocab_parallel_pp and pp > 1:
-            notes.append(f"group {g.group_id}: vocab_parallel_pp not applied (LM head runs on "
-                         f"the last stage)")
     return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
+                       tp_index_of_rank=tp_index_of_rank, tp=groups[0].tp,
                        schedules=schedules, schedule_source="+".join(sorted(sources)),
                        notes=tuple(notes))
 

@@ -1,0 +1,108 @@
+"""What the runtime executes, field by field: a plan field it cannot honour is refused here,
+before any process starts, with a ValueError naming the group, the field, its value and what
+is allowed (docs/architecture.md, runtime: "what the runtime executes").
+
+The rule is refuse, never ignore: a plan that asks for something the executor would silently
+skip (an offload share, a recompute mode, a sharding) would run a different training step
+than the one the simulator priced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slimpack.plan import Group, Plan
+from slimpack.runtime.cp_checks import check_cp_group
+from slimpack.specs.model import ModelSpec
+
+EXECUTED_RECOMPUTE = ("none", "selective", "full")
+"""selective: core attention recomputed in backward; full: each decoder layer recomputed."""
+
+EXECUTED_ZERO_STAGES = (0, 1)
+"""The runtime sums gradients over data parallelism with one all-reduce and takes no optimizer
+step, so it holds no optimizer states: ZeRO-1's sharding of those states (and its
+reduce-scatter instead of all-reduce, the same sums) leaves the step it runs unchanged. ZeRO-3
+shards the parameters themselves (all-gathered per layer), which the runtime does not do."""
+
+
+def refuse(group: Group | None, field: str, value: object, allowed: str) -> ValueError:
+    """The one message shape every refusal uses (tests match on the field name)."""
+    where = f"group {group.group_id}: " if group is not None else "plan: "
+    return ValueError(f"{where}{field}={value!r} is not executed by the runtime; allowed: "
+                      f"{allowed}")
+
+
+def check_model_supported(model: ModelSpec) -> None:
+    if model.is_moe:
+        raise ValueError(f"model {model.name}: num_experts={model.num_experts} is not executed "
+                         f"by the runtime; allowed: 1 (dense models)")
+    if model.mlp != "swiglu":
+        raise ValueError(f"model {model.name}: mlp={model.mlp!r} is not executed by the "
+                         f"runtime; allowed: 'swiglu'")
+
+
+def check_plan_fields(plan: Plan) -> None:
+    """Plan-level fields the executor does not implement."""
+    # The IR has no typed ZeRO field: planners that choose one (FlexSP) state it in metadata,
+    # where the simulator reads it too.
+    stated = plan.metadata.get("zero_stage")
+    if stated is not None and stated not in EXECUTED_ZERO_STAGES:
+        raise refuse(None, "zero_stage", stated,
+                     f"{EXECUTED_ZERO_STAGES} (one data-parallel gradient all-reduce, no "
+                     f"optimizer step; parameters are not sharded)")
+    # SlimPipe's attention redistribution ships KV between paired pipeline ranks; with one
+    # stage there is no pair, so the flag describes the plain computation.
+    if plan.attention_redistribution and any(g.pp > 1 for g in plan.groups()):
+        raise refuse(None, "attention_redistribution", True,
+                     "false when pp > 1 (attention runs where its slice is)")
+
+
+def check_group_fields(group: Group, model: ModelSpec) -> None:
+    """Per-group fields: degrees and features the executor runs, everything else refused."""
+    if group.tp != 1:
+        check_tensor_parallel(group, model)
+    # With cp = 1 there is nothing to shard or exchange, so every cp_sharding and cp_kind
+    # describes the same computation: accepted, not ignored.
+    check_cp_group(group, model)
+    if group.recompute not in EXECUTED_RECOMPUTE:
+        raise refuse(group, "recompute", group.recompute, str(EXECUTED_RECOMPUTE))
+    if not 0.0 <= group.offload <= 1.0:
+        raise refuse(group, "offload", group.offload, "a share in [0, 1]")
+    if group.vocab_parallel_pp and group.pp > 1:
+        raise refuse(group, "vocab_parallel_pp", True,
+                     "false when pp > 1 (the LM head and loss run on the last stage)")
+
+
+def check_tensor_parallel(group: Group, model: ModelSpec) -> None:
+    """tp must split heads, the MLP and the vocabulary evenly (no padded vocabulary), and
+    split the kv heads or be a multiple of their number (each kv head then replicated)."""
+    tp = group.tp
+    for name, size in (("num_heads", model.num_heads), ("ffn_hidden", model.ffn_hidden),
+                       ("vocab_size", model.vocab_size)):
+        if size % tp:
+            raise refuse(group, "tp", tp, f"a divisor of {name}={size} of {model.name} "
+                                          f"(heads, MLP and vocabulary split evenly)")
+    kv = model.num_kv_heads
+    if kv % tp and tp % kv:
+        raise refuse(group, "tp", tp, f"a divisor or a multiple of num_kv_heads={kv} of "
+                                      f"{model.name}")
+
+
+def check_tp_layout(groups: Sequence[Group]) -> None:
+    """A rank keeps its weight shard for the whole step: one tp for every group, and each
+    rank's tensor-parallel peers (consecutive ranks of a stage, ``Group.ranks``) the same in
+    every group it is in."""
+    tps = sorted({g.tp for g in groups})
+    if len(tps) > 1:
+        raise refuse(None, "tp", tps, "one tp for all groups (a rank keeps its weight shard "
+                                      "for the step)")
+    peers: dict[int, tuple[tuple[int, ...], int]] = {}
+    for g in groups:
+        for start in range(0, len(g.ranks), g.tp):
+            ranks = tuple(g.ranks[start:start + g.tp])
+            for rank in ranks:
+                prev = peers.setdefault(rank, (ranks, g.group_id))
+                if prev[0] != ranks:
+                    raise refuse(g, "ranks", list(g.ranks),
+                                 f"rank {rank}'s tensor-parallel peers {list(prev[0])} (as in "
+                                 f"group {prev[1]}) in every group")

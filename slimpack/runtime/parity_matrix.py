@@ -1,0 +1,128 @@
+"""The runtime's gradient-parity matrix on CPU gloo: each case runs a hand-built plan on real
+processes and compares loss and every parameter gradient with the unsliced single-process
+model (docs/architecture.md, runtime, prints the table this writes).
+
+    python -m slimpack.runtime.parity_matrix [--only NAME ...]
+
+Cases combine tensor parallelism (with sequence parallelism), context parallelism (ring
+all-gather of K/V, both shardings) and Ulysses, pipeline and data parallelism, virtual stages,
+slices with a KV cache, asymmetric units, every recompute mode and offload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from slimpack.plan import Phase, Plan
+from slimpack.runtime.config import RuntimeConfig
+from slimpack.runtime.examples import packed_plan, slimpack_plan, slimpipe_plan
+from slimpack.runtime.launch import run_plan
+from slimpack.runtime.parity import Parity, parity
+from slimpack.runtime.reference import reference_step
+from slimpack.specs import model_preset
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    name: str
+    make: Callable[[], Plan]
+    model: str = "tiny"
+    recompute: str = "none"
+    offload: float = 0.0
+
+    def plan(self) -> Plan:
+        plan = self.make()
+        phases = tuple(Phase(groups=tuple(
+            dataclasses.replace(g, recompute=self.recompute, offload=self.offload)
+            for g in ph.groups)) for ph in plan.phases)
+        return dataclasses.replace(plan, phases=phases)
+
+
+CASES: tuple[Case, ...] = (
+    Case(name="pp2 dp2, 4 slices/seq", make=lambda: slimpipe_plan(pp=2, dp=2)),
+    Case(name="pp2 dp2, 4 slices/seq, selective, offload 0.5",
+         make=lambda: slimpipe_plan(pp=2, dp=2), recompute="selective", offload=0.5),
+    Case(name="pp2 dp2, 4 slices/seq, full, offload 0.5",
+         make=lambda: slimpipe_plan(pp=2, dp=2), recompute="full", offload=0.5),
+    Case(name="tp2, asymmetric units", make=lambda: slimpack_plan(pp=1, dp=1, tp=2)),
+    Case(name="tp2 pp2, 4 slices/seq, selective, offload 0.5",
+         make=lambda: slimpipe_plan(pp=2, dp=1, tp=2), recompute="selective", offload=0.5),
+    Case(name="tp2 dp2, asymmetric units, full, offload 0.5",
+         make=lambda: slimpack_plan(pp=1, dp=2, tp=2), recompute="full", offload=0.5),
+    Case(name="tp2 pp2 vpp2, asymmetric units, full",
+         make=lambda: slimpack_plan(pp=2, dp=1, vpp=2, tp=2), recompute="full"),
+    Case(name="tp2 pp2, packed documents, tied embeddings",
+         make=lambda: packed_plan(pp=2, dp=1, tp=2), model="tiny-mha"),
+    Case(name="tp4, kv heads replicated", make=lambda: slimpack_plan(pp=1, dp=1, tp=4)),
+    Case(name="tp2 pp2 dp2, asymmetric units, selective, offload 0.5",
+         make=lambda: slimpack_plan(pp=2, dp=2, tp=2), recompute="selective", offload=0.5),
+    # Context parallelism and Ulysses, alone and inside tp groups (ranks (pp, cp, tp)).
+    Case(name="cp2 dp2 ring per-document, asymmetric units",
+         make=lambda: slimpack_plan(pp=1, dp=2, cp=2, cp_sharding="per-document")),
+    Case(name="cp2 pp2 ring per-sequence, 4 slices/seq, full, offload 0.5",
+         make=lambda: slimpipe_plan(pp=2, dp=1, cp=2), recompute="full", offload=0.5),
+    Case(name="ulysses4, asymmetric units, selective",
+         make=lambda: slimpack_plan(pp=1, dp=1, cp=4, cp_kind="ulysses"),
+         recompute="selective"),
+    Case(name="tp2 cp2 ring per-document, asymmetric units, full, offload 0.5",
+         make=lambda: slimpack_plan(pp=1, dp=1, tp=2, cp=2, cp_sharding="per-document"),
+         recompute="full", offload=0.5),
+    Case(name="tp2 ulysses2, asymmetric units",
+         make=lambda: slimpack_plan(pp=1, dp=1, tp=2, cp=2, cp_kind="ulysses")),
+    Case(name="tp2 cp2 pp2 ring per-sequence, 4 slices/seq, selective",
+         make=lambda: slimpipe_plan(pp=2, dp=1, tp=2, cp=2), recompute="selective"),
+    Case(name="cp2 pp2 ring per-document, packed documents, tied embeddings",
+         make=lambda: packed_plan(pp=2, dp=1, cp=2, cp_sharding="per-document"),
+         model="tiny-mha"),
+    Case(name="ulysses2 dp2, asymmetric units, offload 0.5",
+         make=lambda: slimpack_plan(pp=1, dp=2, cp=2, cp_kind="ulysses"), offload=0.5),
+    Case(name="tp2 cp2 pp2 vpp2 ring per-document, asymmetric units, full",
+         make=lambda: slimpack_plan(pp=2, dp=1, vpp=2, tp=2, cp=2, cp_sharding="per-document"),
+         recompute="full"),
+    Case(name="tp2 ulysses2 pp2, packed documents, tied embeddings",
+         make=lambda: packed_plan(pp=2, dp=1, tp=2, cp=2, cp_kind="ulysses"), model="tiny-mha"),
+    Case(name="ulysses2 pp2, packed documents, tied embeddings",
+         make=lambda: packed_plan(pp=2, dp=1, cp=2, cp_kind="ulysses"), model="tiny-mha"),
+    Case(name="tp2 ulysses2, asymmetric units, selective, offload 0.5",
+         make=lambda: slimpack_plan(pp=1, dp=1, tp=2, cp=2, cp_kind="ulysses"),
+         recompute="selective", offload=0.5),
+    Case(name="tp2 cp2 pp2 ring per-document, packed documents, tied embeddings",
+         make=lambda: packed_plan(pp=2, dp=1, tp=2, cp=2, cp_sharding="per-document"),
+         model="tiny-mha"),
+)
+
+
+def run_case(case: Case, *, seed: int = 3) -> tuple[Parity, int, float]:
+    """(parity, world size, seconds)."""
+    plan, spec = case.plan(), model_preset(case.model)
+    start = time.perf_counter()
+    result = run_plan(plan, spec, RuntimeConfig(seed=seed), return_grads=True, timeout_s=300)
+    ref = reference_step(spec, plan.sequence_lengths, seed=seed)
+    return (parity(result.loss, result.grads(), ref.loss, ref.grads), plan.world_size,
+            time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", help="case names to run (default all)")
+    args = parser.parse_args(argv)
+    cases = [c for c in CASES if not args.only or c.name in args.only]
+    print("| case | model | world | loss rel. error | max grad rel. error (param) | ok |")
+    print("|---|---|---|---|---|---|")
+    failed = 0
+    for case in cases:
+        check, world, _ = run_case(case)
+        failed += not check.ok
+        print(f"| {case.name} | {case.model} | {world} | {check.loss_rel:.1e} | "
+              f"{check.max_grad_rel:.1e} ({check.worst}) | {'yes' if check.ok else 'NO'} |",
+              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

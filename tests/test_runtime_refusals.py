@@ -1,0 +1,80 @@
+"""Every plan field the runtime cannot execute is refused before any process starts, with a
+ValueError naming the group, the field and what is allowed (never silently ignored)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slimpack.plan import Phase, Plan
+from slimpack.runtime.examples import packed_plan, slimpipe_plan
+from slimpack.runtime.validate import check_runtime_plan
+from slimpack.specs import ParallelSpec, model_preset
+
+TINY = model_preset("tiny")
+
+
+def _with_group_fields(plan: Plan, **fields) -> Plan:
+    phases = tuple(Phase(groups=tuple(dataclasses.replace(g, **fields) for g in ph.groups))
+                   for ph in plan.phases)
+    return dataclasses.replace(plan, phases=phases)
+
+
+def _refused(plan: Plan, match: str, model=TINY) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_runtime_plan(plan, model)
+
+
+def test_ulysses_heads_per_tensor_parallel_rank_must_split_over_cp():
+    # tiny has 4 heads: tp2 leaves 2 per rank, which Ulysses over cp=4 cannot split.
+    base = packed_plan(pp=1, dp=1)
+    parallel = ParallelSpec(tp=2, cp=4)
+    group = dataclasses.replace(next(base.groups()), tp=2, cp=4, cp_kind="ulysses",
+                                ranks=parallel.replica_ranks(0))
+    plan = dataclasses.replace(base, parallel=parallel, phases=(Phase(groups=(group,)),))
+    _refused(plan, r"group 0: cp_kind='ulysses' needs cp=4 to divide num_heads=4 / tp=2 = 2 "
+                   r"heads per tp rank")
+    ok = dataclasses.replace(group, cp=2, ranks=ParallelSpec(tp=2, cp=2).replica_ranks(0))
+    check_runtime_plan(dataclasses.replace(plan, parallel=ParallelSpec(tp=2, cp=2),
+                                           phases=(Phase(groups=(ok,)),)), TINY)
+
+
+def test_vocab_parallel_pp_over_pipeline_ranks_is_refused():
+    plan = _with_group_fields(slimpipe_plan(pp=2, dp=1), vocab_parallel_pp=True)
+    _refused(plan, r"group 0: vocab_parallel_pp=True is not executed .* allowed: false when pp > 1")
+
+
+def test_vocab_parallel_pp_on_one_stage_is_the_same_computation_and_runs():
+    # pp = 1: the LM head is on the only stage either way.
+    check_runtime_plan(_with_group_fields(packed_plan(pp=1, dp=1), vocab_parallel_pp=True),
+                       TINY)
+
+
+def test_zero_stage_other_than_plain_data_parallel_is_refused():
+    plan = dataclasses.replace(packed_plan(pp=2, dp=1), metadata={"zero_stage": 3})
+    _refused(plan, r"plan: zero_stage=3 is not executed by the runtime; allowed: \(0, 1\)")
+    # ZeRO-1 shards optimizer states; the runtime takes no optimizer step, so none to shard.
+    check_runtime_plan(dataclasses.replace(plan, metadata={"zero_stage": 1}), TINY)
+
+
+def test_attention_redistribution_across_pipeline_ranks_is_refused():
+    plan = dataclasses.replace(slimpipe_plan(pp=2, dp=1), attention_redistribution=True)
+    _refused(plan, r"plan: attention_redistribution=True is not executed .* false when pp > 1")
+    check_runtime_plan(dataclasses.replace(slimpipe_plan(pp=1, dp=1),
+                                           attention_redistribution=True), TINY)
+
+
+def test_moe_and_gelu_models_are_refused_naming_the_field():
+    plan = packed_plan(pp=1, dp=1)
+    _refused(plan, r"num_experts=4 is not executed .* allowed: 1",
+             model=dataclasses.replace(TINY, num_experts=4, moe_top_k=2))
+    _refused(plan, r"mlp='gelu' is not executed .* allowed: 'swiglu'",
+             model=dataclasses.replace(TINY, mlp="gelu"))
+
+
+def test_recompute_modes_and_offload_shares_are_accepted():
+    for mode in ("none", "selective", "full"):
+        for share in (0.0, 0.5, 1.0):
+            check_runtime_plan(_with_group_fields(slimpipe_plan(pp=2, dp=1), recompute=mode,
+                                                  offload=share), TINY)
