@@ -31,7 +31,7 @@ The process group is built from the plan's ranks and passed in: no global state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +42,7 @@ from torch import nn
 from slimpack.plan import Group
 from slimpack.runtime.comm import all_reduce_flat
 from slimpack.runtime.model import IGNORE_INDEX, Attend, RMSNorm, apply_rope, init_named
-from slimpack.runtime.stage import EMBED, layer_block
+from slimpack.runtime.stage import EMBED, ModelChunk, layer_block
 from slimpack.specs.model import ModelSpec
 
 
@@ -334,22 +334,10 @@ class TPModelChunk(nn.Module):
                 first = self.tp.index - self.tp.index % copies
                 p.grad.copy_(torch.stack(parts[first:first + copies]).sum(0))
 
-    def forward(self, inp: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
-                attend_for_layer: Callable[[int], Attend],
-                labels: torch.Tensor | None = None, run_layer: Callable | None = None,
-                ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Token ids (first block, all of the slice's) or this rank's row share in; row share
-        out, or the slice's summed loss (last block). Also each layer's own (k, v)."""
-        x = self.embed(inp) if self.embed is not None else inp
-        kvs = []
-        for i, layer in enumerate(self.layers):
-            args = (x, cos, sin, attend_for_layer(i))
-            x, k, v = run_layer(layer, *args) if run_layer is not None else layer(*args)
-            kvs.append((k, v))
-        if self.head is not None:
-            assert labels is not None, "the last block needs labels"
-            x = self.head.loss_sum(x, labels)
-        return x, kvs
+    # The same block walk as the unsharded chunk (embed, layers, head): only the modules differ.
+    # Token ids (first block, all of the slice's) or this rank's row share in; row share out,
+    # or the slice's summed loss (last block).
+    forward = ModelChunk.forward
 
 
 def _all_gather_list(t: torch.Tensor, tp: TPGroup) -> list[torch.Tensor]:
