@@ -174,3 +174,45 @@ def test_single_chunk_schedules_never_deadlock(lengths, fwd_cuts, bwd_cuts, pp):
     ops = build_schedule(group)
     assert find_deadlock(group, ops) is None
     validate_schedule(group, ops)
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=st.integers(1, 4), v=st.integers(2, 4), slices=st.integers(1, 3), m=st.integers(1, 5),
+       offsets=st.lists(st.integers(0, 12), min_size=4, max_size=4),
+       shuffled=st.lists(st.booleans(), min_size=4, max_size=4), seed=st.integers(0, 2**16))
+def test_integer_deadlock_walk_matches_the_op_walk(p, v, slices, m, offsets, shuffled, seed):
+    """The repair loop's integer walk (``_OpCodes.progress``) stops every stage at the same
+    op as :func:`progress` on the ``Op`` lists: on the rule's orders, and on shuffled stages
+    that deadlock (p = 1 puts every input on the same stage)."""
+    import numpy as np
+
+    from slimpack.schedules.orders import backward_order, forward_order
+    from slimpack.schedules.pipeline import (
+        _backward_needs,
+        _OpCodes,
+        _stage_order,
+        forward_counts,
+    )
+    from slimpack.schedules.validate import progress
+
+    group = _group("slimpipe", pp=p, vpp=v, slices=slices, m=m)
+    fwd, bwd = forward_order(group), backward_order(group)
+    needs = _backward_needs(group, fwd, bwd)
+    rng = np.random.default_rng(seed)
+    counts = [forward_counts(needs, offsets[r], len(fwd), False) for r in range(p)]
+    orders = [rng.permutation(len(fwd) + len(bwd)) if shuffled[r]
+              else _stage_order(len(fwd), counts[r]) for r in range(p)]
+    ops = [[(fwd + bwd)[k] for k in order.tolist()] for order in orders]
+    for r in range(p):
+        if not shuffled[r]:
+            assert ops[r] == _interleave_reference(fwd, bwd, counts[r])
+    assert _OpCodes.of(fwd, bwd, p, v).progress(orders) == progress(group, ops)
+
+
+def _interleave_reference(fwd, bwd, counts):
+    out, done = [], 0
+    for op, count in zip(bwd, counts.tolist(), strict=True):
+        out.extend(fwd[done:max(done, count)])
+        done = max(done, count)
+        out.append(op)
+    return out + fwd[done:]

@@ -66,20 +66,24 @@ def build_schedule(group: Group) -> list[list[Op]]:
         # stage waits on one that is stuck nowhere, so has finished: none is stuck.
         return [_interleave(fwd, bwd, counts) for counts in stage_forward_counts(group)]
     needs = _backward_needs(group, fwd, bwd)
+    codes = _OpCodes.of(fwd, bwd, p, v)
     extra = [0] * p
     for _ in range(MAX_REPAIRS):
-        ops = [_interleave(fwd, bwd, forward_counts(needs, warmup_offset(kind, p, v, r) + extra[r],
-                                                    len(fwd), kind == "gpipe"))
-               for r in range(p)]
-        pos = progress(group, ops)
-        stuck_stages = [r for r in range(p) if pos[r] < len(ops[r])]
+        orders = [_stage_order(len(fwd), forward_counts(
+                      needs, warmup_offset(kind, p, v, r) + extra[r], len(fwd), kind == "gpipe"))
+                  for r in range(p)]
+        pos = codes.progress(orders)
+        stuck_stages = [r for r in range(p) if pos[r] < len(orders[r])]
         if not stuck_stages:
-            return ops
+            everything = fwd + bwd
+            return [[everything[k] for k in order.tolist()] for order in orders]
         for r in stuck_stages:
             extra[r] = max(1, 2 * extra[r])
         # A stage may not hold fewer forwards than the one after it (the 1F1B invariant).
         for r in range(p - 2, -1, -1):
             extra[r] = max(extra[r], extra[r + 1])
+    ops = [[(fwd + bwd)[k] for k in order.tolist()] for order in orders]
+    pos = progress(group, ops)
     raise ScheduleError(f"Group {group.group_id}: no deadlock-free {kind} schedule found; "
                         f"{describe_stuck(ops, pos, p)}")
 
@@ -151,3 +155,76 @@ def _interleave(fwd: list[Op], bwd: list[Op], counts: np.ndarray) -> list[Op]:
         out.append(op)
     out.extend(fwd[done:])
     return out
+
+
+def _stage_order(num_forwards: int, counts: np.ndarray) -> np.ndarray:
+    """:func:`_interleave` as indices into ``fwd + bwd``: forward ``i`` sorts at ``2i + 1``,
+    backward ``j`` at ``2 counts[j]`` (after the forwards it follows, before the next one);
+    a stable sort keeps the backwards in order."""
+    place = np.concatenate([np.arange(num_forwards, dtype=np.int64) * 2 + 1,
+                            np.asarray(counts, dtype=np.int64) * 2])
+    return np.argsort(place, kind="stable")
+
+
+class _OpCodes:
+    """The ops of ``fwd + bwd`` as integers for the deadlock check of the repair loop, which
+    runs once per warm-up tried and per candidate group: :func:`progress` on the ``Op``
+    lists gives the same positions, this only skips building them and timing the walk.
+
+    Op ``(kind, unit, chunk)`` on stage ``r`` is ``(unit * p * v + chunk * p + r) * 2 + is_B``
+    (the key of :func:`slimpack.schedules.validate.unit_time_walk`); its input is the same op
+    one virtual stage before (F) or after (B), or nothing on the first (last) one."""
+
+    def __init__(self, code: np.ndarray, first_vs: np.ndarray, last_vs: np.ndarray,
+                 is_backward: np.ndarray, size: int) -> None:
+        self.code, self.first_vs, self.last_vs = code, first_vs, last_vs
+        self.is_backward, self.size = is_backward, size
+
+    @classmethod
+    def of(cls, fwd: list[Op], bwd: list[Op], p: int, v: int) -> _OpCodes:
+        num_vs = p * v
+        ops = fwd + bwd
+        unit = np.fromiter((op.unit for op in ops), dtype=np.int64, count=len(ops))
+        chunk = np.fromiter((op.chunk for op in ops), dtype=np.int64, count=len(ops))
+        is_backward = np.zeros(len(ops), dtype=np.int64)
+        is_backward[len(fwd):] = 1
+        code = (unit * num_vs + chunk * p) * 2 + is_backward
+        size = 2 * num_vs * (int(unit.max()) + 1 if len(ops) else 1)
+        return cls(code, chunk == 0, chunk == v - 1, is_backward.astype(bool), size)
+
+    def progress(self, orders: list[np.ndarray]) -> list[int]:
+        """How many ops of each stage's order can run (the lists of :func:`progress`)."""
+        p = len(orders)
+        none = self.size  # the input of an op that needs none: always done
+        done = bytearray(self.size + 1)
+        done[none] = 1
+        keys, needs = [], []
+        for r, idx in enumerate(orders):
+            key = self.code[idx] + 2 * r
+            is_b = self.is_backward[idx]
+            # F on virtual stage 0 (chunk 0 of stage 0) and B on the last need nothing.
+            free = np.where(is_b, self.last_vs[idx] & (r == p - 1),
+                            self.first_vs[idx] & (r == 0))
+            need = np.where(free, none, np.where(is_b, key + 2, key - 2))
+            keys.append(key.tolist())
+            needs.append(need.tolist())
+        waiter = [-1] * (self.size + 1)
+        pos = [0] * p
+        work = list(range(p - 1, -1, -1))
+        while work:
+            stage = work.pop()
+            stage_keys, stage_needs = keys[stage], needs[stage]
+            i, n = pos[stage], len(stage_keys)
+            while i < n:
+                need = stage_needs[i]
+                if not done[need]:
+                    waiter[need] = stage
+                    break
+                key = stage_keys[i]
+                done[key] = 1
+                i += 1
+                w = waiter[key]
+                if w >= 0:
+                    work.append(w)
+            pos[stage] = i
+        return pos
