@@ -31,6 +31,7 @@ from slimpack.planning.auto_parallel import (
     estimate_fixed_length_step,
 )
 from slimpack.planning.method import SEARCH_SPACE
+from slimpack.planning.winners import layout_key, try_winner_layouts
 from slimpack.records import StepRecord
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.training import TrainingSpec
@@ -186,6 +187,9 @@ class SearchResult:
     """Layouts skipped because their lower bound could not beat the best step found."""
     exhaustive: bool
     """True when every layout was simulated or pruned: the answer is the simulator's best."""
+    winner_layouts: int = 0
+    """Of ``simulated``, layouts tried because a faster method won with them
+    (:mod:`slimpack.planning.winners`), beyond the search's own cap."""
 
 
 def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpus: int,
@@ -312,6 +316,37 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
                         exhaustive=exhaustive)
 
 
+def extend_search(found: SearchResult, method: str, layouts: Sequence[ParallelSpec],
+                  batch: Batch, model: ModelSpec, hardware: HardwareSpec, gpus: int,
+                  cost: CostModel, *, context: int,
+                  candidate_filter: CandidateFilter | None = None,
+                  estimate_cache: dict | None = None, **options: Any) -> SearchResult:
+    """``found`` after also planning and simulating ``layouts`` (those of them in the
+    method's search space and ``candidate_filter``), whatever cap ended its search: the
+    faster answer, with every layout tried listed and counted in ``winner_layouts``."""
+    wanted = {layout_key(p) for p in layouts}
+
+    def keep(cand: Candidate) -> bool:
+        return layout_key(cand.parallel) in wanted and (
+            candidate_filter is None or candidate_filter(cand))
+
+    if not method_candidates(method, model, hardware, gpus, context, keep):
+        return found  # none of them is a layout this method may use
+    try:
+        extra = best_parallel(method, batch, model, hardware, gpus, cost, context=context,
+                              candidate_filter=keep, estimate_cache=estimate_cache, **options)
+    except ValueError:  # none of them could be planned: the search's answer stands
+        return found
+    better = (extra.record.oom, extra.record.step_time_s) < (found.record.oom,
+                                                             found.record.step_time_s)
+    base = extra if better else found
+    return dataclasses.replace(
+        base, tried=found.tried + extra.tried, simulated=found.simulated + extra.simulated,
+        pruned=found.pruned + extra.pruned, candidates=found.candidates,
+        exhaustive=found.exhaustive,
+        winner_layouts=found.winner_layouts + extra.simulated)
+
+
 def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                    gpus: int, parallel: ParallelSpec | None, auto_parallel: bool,
                    cost: CostModel, context: int,
@@ -320,35 +355,61 @@ def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Har
     """One method's record of :func:`compare` (``speedup_vs_first`` left NaN): its planner on
     ``parallel`` or, with ``auto_parallel``, its :func:`best_parallel`; a method that fails
     gets ``error`` set and NaN numbers."""
+    return _compare_method(method=method, batch=batch, model=model, hardware=hardware,
+                           gpus=gpus, parallel=parallel, auto_parallel=auto_parallel,
+                           cost=cost, context=context, top_k=top_k, budget_s=budget_s,
+                           options=options, estimate_cache=estimate_cache)[0]
+
+
+def _compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
+                    gpus: int, parallel: ParallelSpec | None, auto_parallel: bool,
+                    cost: CostModel, context: int,
+                    top_k: int | None, budget_s: float | None, options: Mapping[str, Any],
+                    estimate_cache: dict | None = None,
+                    ) -> tuple[dict[str, Any], SearchResult | None]:
+    """:func:`compare_method`'s record and, with ``auto_parallel``, the search behind it."""
     plan, rec, used = None, None, parallel
-    search = "fixed layout"
     found = None
     try:
         if auto_parallel:
             found = best_parallel(method, batch, model, hardware, gpus, cost, context=context,
                                   top_k=top_k, budget_s=budget_s, estimate_cache=estimate_cache,
                                   **options)
-            plan, rec, used = found.plan, found.record, found.parallel
-            search = (f"{found.simulated} of {found.candidates} layouts simulated, "
-                      f"{found.pruned} pruned by bound")
-        else:
-            assert parallel is not None
-            plan = plan_method(method, batch, model, hardware, parallel, cost, context=context,
-                               **options)
-            rec = _simulate(plan, model, hardware, cost)
-        row = _record(method, plan, rec, used) | search_columns(search, found)
-        clock_stop = [t["stopped"] for t in (found.tried if found else ())
-                      if "stopped" in t and t["stopped"].startswith("budget_s")]
-        if clock_stop:
-            # The wall-clock search budget chose the layout: this machine's answer only.
-            row["fallback"] = "; ".join(filter(None, (row["fallback"],
-                                                      f"search {clock_stop[0]}")))
+            return searched_record(method, found, cost), found
+        assert parallel is not None
+        plan = plan_method(method, batch, model, hardware, parallel, cost, context=context,
+                           **options)
+        rec = _simulate(plan, model, hardware, cost)
+        row = _record(method, plan, rec, used) | search_columns("fixed layout", None)
     except (ValueError, RuntimeError) as exc:
         fallback = used or ParallelSpec.for_world(gpus)
         row = _record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}") | {
-            **search_columns(search, None), "search_exhaustive": None}
+            **search_columns("fixed layout" if not auto_parallel else "", None),
+            "search_exhaustive": None}
+    row["zero_stage"] = training_of(cost).zero_stage
+    return row, found
+
+
+def searched_record(method: str, found: SearchResult, cost: CostModel) -> dict[str, Any]:
+    """The record of a method at the layout its search found."""
+    row = _record(method, found.plan, found.record, found.parallel) | search_columns(
+        search_summary(found), found)
+    clock_stop = [t["stopped"] for t in found.tried
+                  if "stopped" in t and t["stopped"].startswith("budget_s")]
+    if clock_stop:
+        # The wall-clock search budget chose the layout: this machine's answer only.
+        row["fallback"] = "; ".join(filter(None, (row["fallback"], f"search {clock_stop[0]}")))
     row["zero_stage"] = training_of(cost).zero_stage
     return row
+
+
+def search_summary(found: SearchResult) -> str:
+    """One line on what a search covered, for records and tables."""
+    text = (f"{found.simulated} of {found.candidates} layouts simulated, "
+            f"{found.pruned} pruned by bound")
+    if found.winner_layouts:
+        text += f", {found.winner_layouts} of them because a faster method won with them"
+    return text
 
 
 def search_columns(search: str, found: SearchResult | None) -> dict[str, Any]:
@@ -359,7 +420,8 @@ def search_columns(search: str, found: SearchResult | None) -> dict[str, Any]:
             "search_space": SEARCH_SPACE.describe() if found else "fixed layout",
             "layouts_candidates": found.candidates if found else None,
             "layouts_simulated": found.simulated if found else None,
-            "layouts_pruned": found.pruned if found else None}
+            "layouts_pruned": found.pruned if found else None,
+            "layouts_from_winners": found.winner_layouts if found else None}
 
 
 def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: HardwareSpec,
@@ -425,27 +487,56 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
         # One batch, cost model and context: the ranking's work and unit prices are shared
         # by every method that uses the same cost model.
         caches: dict[int, dict] = {}
-        rows = []
+        results = []
         for task in tasks:
             bar.set_postfix_str(task["method"])
-            rows.append(compare_method(**task,
-                                       estimate_cache=caches.setdefault(id(task["cost"]), {})))
+            results.append(_compare_method(
+                **task, estimate_cache=caches.setdefault(id(task["cost"]), {})))
             bar.update()
     else:
         # Methods are independent: each runs in its own process (its own caches).
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(compare_method, **task): i for i, task in enumerate(tasks)}
-            rows_at: dict[int, dict[str, Any]] = {}
+            futures = {pool.submit(_compare_method, **task): i for i, task in enumerate(tasks)}
+            results_at: dict[int, tuple[dict[str, Any], SearchResult | None]] = {}
             for future in as_completed(futures):
-                rows_at[futures[future]] = future.result()
-                bar.set_postfix_str(rows_at[futures[future]]["method"])
+                results_at[futures[future]] = future.result()
+                bar.set_postfix_str(results_at[futures[future]][0]["method"])
                 bar.update()
-        rows = [rows_at[i] for i in range(len(tasks))]
+        results = [results_at[i] for i in range(len(tasks))]
+        caches = {}
     bar.close()
+    rows = [row for row, _ in results]
+    if auto_parallel:
+        rows = _with_winner_layouts(tasks, results, caches)
     first = rows[0]["step_time_s"]
     for row in rows:
         step = row["step_time_s"]
         row["speedup_vs_first"] = first / step if step and not math.isnan(step) else float("nan")
+    return rows
+
+
+def _with_winner_layouts(tasks: list[dict[str, Any]],
+                         results: list[tuple[dict[str, Any], SearchResult | None]],
+                         caches: dict[int, dict]) -> list[dict[str, Any]]:
+    """The records after :func:`slimpack.planning.winners.try_winner_layouts`: a method whose
+    capped search is slower than another method is also tried on that method's layout."""
+    by_method = {task["method"]: task for task in tasks}
+
+    def extend(method: str, found: SearchResult, layouts: list[ParallelSpec]) -> SearchResult:
+        task = by_method[method]
+        return extend_search(found, method, layouts, task["batch"], task["model"],
+                             task["hardware"], task["gpus"], task["cost"],
+                             context=task["context"],
+                             estimate_cache=caches.setdefault(id(task["cost"]), {}),
+                             **task["options"])
+
+    answers = {task["method"]: found for task, (_, found) in zip(tasks, results, strict=True)}
+    answers = try_winner_layouts(answers, extend)
+    rows = []
+    for task, (row, found) in zip(tasks, results, strict=True):
+        now = answers[task["method"]]
+        rows.append(row if now is None or now is found else
+                    searched_record(task["method"], now, task["cost"]))
     return rows
 
 

@@ -195,9 +195,10 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
     narrows its layouts (e.g. vpp == 1 for plain 1F1B) and ``labels`` renames entries in the
     rows. A method that cannot be planned gets a row with ``error`` set, never silence.
     """
-    from slimpack.compare import best_parallel, paper_recipe_costs, search_columns
+    from slimpack.compare import best_parallel, extend_search, paper_recipe_costs
     from slimpack.cost.kernel_model import default_cost_model
     from slimpack.cost.model import training_of
+    from slimpack.planning.winners import try_winner_layouts
     from slimpack.specs import hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
@@ -206,30 +207,53 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
     caps = (harness_caps(methods) if top_k is None else top_k if isinstance(top_k, dict)
             else dict.fromkeys(methods, top_k))
     batch = batch if batch is not None else draw_batch(point, experiment)
+    options = with_harness_options(methods, method_options)
+
+    def keep_of(entry: str):
+        return None if candidate_filter is None else (
+            lambda c, entry=entry: candidate_filter(entry, c))
+
+    def search(entry: str):
+        return best_parallel(entry.split(":")[0], batch, model, hardware, point["num_gpus"],
+                             recipe.get(entry, cost), context=point["context"],
+                             top_k=caps[entry], candidate_filter=keep_of(entry),
+                             **options.get(entry, {}))
+
+    def extend(entry: str, found, layouts):
+        return extend_search(found, entry.split(":")[0], layouts, batch, model, hardware,
+                             point["num_gpus"], recipe.get(entry, cost),
+                             context=point["context"], candidate_filter=keep_of(entry),
+                             **options.get(entry, {}))
+
+    answers, errors = {}, {}
+    for entry in methods:
+        try:
+            answers[entry] = search(entry)
+        except (ValueError, RuntimeError) as exc:
+            answers[entry], errors[entry] = None, f"{type(exc).__name__}: {exc}"
+    # A capped search that lost to another method is also tried on the winner's layout.
+    answers = try_winner_layouts(answers, extend)
     rows = []
     for entry in methods:
-        method = entry.split(":")[0]
         label = (labels or {}).get(entry, entry)
-        keep = None if candidate_filter is None else (
-            lambda c, entry=entry: candidate_filter(entry, c))
-        try:
-            found = best_parallel(method, batch, model, hardware, point["num_gpus"],
-                                  recipe.get(entry, cost),
-                                  context=point["context"], top_k=caps[entry],
-                                  candidate_filter=keep,
-                                  **with_harness_options(methods, method_options).get(entry, {}))
-        except (ValueError, RuntimeError) as exc:
-            rows.append({"method": label, "error": f"{type(exc).__name__}: {exc}"})
+        found = answers[entry]
+        if found is None:
+            rows.append({"method": label, "error": errors[entry]})
             continue
-        row = flatten(found.record.to_row())
-        row.update(flatten(search_columns(
-            f"{found.simulated} of {found.candidates} layouts simulated, "
-            f"{found.pruned} pruned by bound", found)))
-        row.update(method=label, error="",
-                   plan_seconds=float(found.plan.metadata.get("plan_seconds", 0.0)),
-                   parallel=jsonable(found.parallel.to_dict()),
-                   recompute=",".join(sorted({g.recompute for g in found.plan.groups()})),
-                   offload=max(g.offload for g in found.plan.groups()),
-                   zero_stage=training_of(recipe.get(entry, cost)).zero_stage)
-        rows.append(row)
+        rows.append(searched_row(found, label, training_of(recipe.get(entry, cost))))
     return rows
+
+
+def searched_row(found: Any, label: str, training: Any) -> Row:
+    """A full StepRecord row of a method at the layout its search found."""
+    from slimpack.compare import search_columns, search_summary
+
+    row = flatten(found.record.to_row())
+    row.update(flatten(search_columns(search_summary(found), found)))
+    row.update(method=label, error="",
+               plan_seconds=float(found.plan.metadata.get("plan_seconds", 0.0)),
+               parallel=jsonable(found.parallel.to_dict()),
+               recompute=",".join(sorted({g.recompute for g in found.plan.groups()})),
+               offload=max(g.offload for g in found.plan.groups()),
+               zero_stage=training.zero_stage)
+    return row
