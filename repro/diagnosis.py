@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from repro.experiments.common import fits_memory
+from repro.experiments.common import fits_memory, method_registry
+
+if TYPE_CHECKING:
+    from slimpack.methods import MethodRegistry
 
 CHALLENGER = "slimpack"
 
@@ -131,12 +135,11 @@ def describe_setting(group: pd.DataFrame) -> str:
     return ", ".join(parts)
 
 
-def report_lines(records_of: callable) -> list[str]:
+def report_lines(records_of: callable, registry: MethodRegistry | None = None) -> list[str]:
     """The report's section: per experiment, the share of settings SlimPack wins and a line
-    per loss. ``records_of(name)`` returns an experiment's records."""
-    from slimpack.methods import method_names
-
-    registered = set(method_names())
+    per loss. ``records_of(name)`` returns an experiment's records; rows of methods not in
+    ``registry`` (None: the suite's), such as variants, are left out."""
+    registered = set(method_registry(registry).names())
     lines, won, total = [], 0, 0
     for name, keys in SETTING_EXPERIMENTS.items():
         frame = records_of(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -11,6 +12,9 @@ matplotlib.use("Agg")  # before pyplot: figures are written on machines without 
 
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
+
+if TYPE_CHECKING:
+    from slimpack.methods import MethodRegistry
 
 # seaborn 0.13 passes `vert` to matplotlib >= 3.10 boxplots (ECOSYSTEM.md); harmless.
 warnings.filterwarnings("ignore", message=".*vert.*", category=matplotlib.MatplotlibDeprecationWarning)
@@ -23,13 +27,14 @@ def new_figure(ncols: int = 1, nrows: int = 1, *, width: float = 5.0, height: fl
     return fig, axes
 
 
-def method_order(present: object) -> list[str]:
-    """Registered methods in the registry's order (slimpack.methods), then any others
-    (variants such as ``megatron-1f1b``) alphabetically."""
-    from slimpack.methods import method_names
+def method_order(present: object, registry: MethodRegistry | None = None) -> list[str]:
+    """Registered methods in the registry's order (``registry``, None: the suite's
+    ``slimpack.methods.DEFAULT_METHODS``), then any others (variants such as
+    ``megatron-1f1b``) alphabetically."""
+    from slimpack.methods import DEFAULT_METHODS
 
     names = [str(m) for m in present]
-    known = [m for m in method_names() if m in names]
+    known = [m for m in (registry or DEFAULT_METHODS).names() if m in names]
     return known + sorted(set(names) - set(known))
 
 

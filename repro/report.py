@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -16,6 +17,9 @@ from repro.analysis import load_records
 from repro.diagnosis import report_lines
 from repro.experiment import Claim
 from repro.registry import experiment_names, resolve_experiment
+
+if TYPE_CHECKING:
+    from slimpack.methods import MethodRegistry
 
 VERDICT_MARK = {"reproduced": "yes", "not reproduced": "**no**", "no data": "no data"}
 CHECK_MARK = {"reproduced": "pass", "not reproduced": "**fail**", "no data": "no data"}
@@ -99,7 +103,10 @@ def _fmt(value: object) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def render_report(results_dir: Path, registry: str = "repro.registry") -> str:
+def render_report(results_dir: Path, registry: str = "repro.registry",
+                  method_registry: MethodRegistry | None = None) -> str:
+    """REPORT.md's text from the records: ``registry`` names the experiments' module,
+    ``method_registry`` the methods (None: the suite's)."""
     collected = collect_claims(results_dir, registry)
     frame = claims_frame(collected)
     is_claim = frame["kind"] == "claim" if not frame.empty else pd.Series(dtype=bool)
@@ -136,7 +143,7 @@ def render_report(results_dir: Path, registry: str = "repro.registry") -> str:
         *_table(claims),
         "",
         *_not_reproduced(claims),
-        *report_lines(lambda name: load_records(results_dir, name)),
+        *report_lines(lambda name: load_records(results_dir, name), method_registry),
         "## Consistency checks",
         "",
         "Checks that hold by construction of a schedule or a model, or test the suite against "

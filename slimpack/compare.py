@@ -23,7 +23,7 @@ from tqdm import tqdm
 from slimpack.batch import Batch
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.cost.model import CostModel, training_of
-from slimpack.methods import get_method
+from slimpack.methods import DEFAULT_METHODS, MethodRegistry
 from slimpack.plan import Plan
 from slimpack.planning.auto_parallel import (
     Candidate,
@@ -85,15 +85,15 @@ class CompareSettings:
 
 def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                 parallel: ParallelSpec, cost: CostModel, *, context: int | None = None,
-                **options: Any) -> Plan:
+                registry: MethodRegistry = DEFAULT_METHODS, **options: Any) -> Plan:
     """Run method ``method``'s planner. ``context`` is every method's option (None: the
     method's default); ``time_limit_s``, every method's too, is one of ``options``: absent,
     the planner's own safety net; None, no wall-clock limit at all (the harness). Options are
     checked against the method's options dataclass before any work.
     ``plan.metadata['plan_seconds']`` is always set, and so is ``plan.memory_fits``: the
     simulator's memory walk under ``cost``'s recipe, for a planner that did not give its own
-    verdict."""
-    spec = get_method(method)
+    verdict. ``registry`` is where ``method`` is looked up (every function here takes one)."""
+    spec = registry.get(method)
     shared = {"context": context} if context is not None else {}
     if shared and "context" in options:
         raise ValueError(f"{method}: ['context'] given twice (as a setting and as a method "
@@ -111,7 +111,7 @@ def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareS
 
 
 def paper_recipe_costs(methods: Sequence[str], model: ModelSpec, hardware: HardwareSpec,
-                       ) -> dict[str, CostModel]:
+                       registry: MethodRegistry = DEFAULT_METHODS) -> dict[str, CostModel]:
     """The default cost model under each method's paper recipe, for the methods whose paper ran
     them under another ZeRO stage than the suite's default (``MethodSpec.paper_zero_stage``:
     FlexSP and its Ulysses baselines under ZeRO-3): the ``method_costs`` that price every
@@ -119,7 +119,7 @@ def paper_recipe_costs(methods: Sequence[str], model: ModelSpec, hardware: Hardw
     default = TrainingSpec().zero_stage
     out: dict[str, CostModel] = {}
     for method in methods:
-        stage = get_method(method.split(":")[0]).paper_zero_stage
+        stage = registry.get(method.split(":")[0]).paper_zero_stage
         if stage is not None and stage != default:
             out[method] = default_cost_model(model, hardware, TrainingSpec(zero_stage=stage))
     return out
@@ -194,9 +194,9 @@ class SearchResult:
 
 def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpus: int,
                       context: int, candidate_filter: CandidateFilter | None = None,
-                      ) -> list[Candidate]:
+                      registry: MethodRegistry = DEFAULT_METHODS) -> list[Candidate]:
     """The memory-feasible layouts of ``gpus`` GPUs that method ``method`` runs on."""
-    spec = get_method(method)
+    spec = registry.get(method)
     candidates = spec.candidates(auto_parallel_candidates(
         model, hardware, gpus, context, schedule=spec.schedule_family,
         max_cp=SEARCH_SPACE.max_cp, max_pp=SEARCH_SPACE.max_pp,
@@ -236,7 +236,8 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
                   gpus: int, cost: CostModel, *, context: int, top_k: int | None = None,
                   budget_s: float | None = None,
                   candidate_filter: CandidateFilter | None = None,
-                  estimate_cache: dict | None = None, **options: Any) -> SearchResult:
+                  estimate_cache: dict | None = None,
+                  registry: MethodRegistry = DEFAULT_METHODS, **options: Any) -> SearchResult:
     """The configuration search (the only one in the suite): plan and simulate the
     memory-feasible layouts, skipping every one whose :func:`step_lower_bound` is no better
     than the fastest in-memory step found so far, so the answer is the true best of the
@@ -255,7 +256,8 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
         raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 or None, got {budget_s}")
-    candidates = method_candidates(method, model, hardware, gpus, context, candidate_filter)
+    candidates = method_candidates(method, model, hardware, gpus, context, candidate_filter,
+                                   registry)
     if not candidates:
         raise ValueError(f"no parallel configuration of {gpus} GPUs fits {model.name} at "
                          f"context {context} for {method}; add GPUs or shorten the context")
@@ -292,7 +294,7 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
         simulated += 1
         try:
             plan = plan_method(method, batch, model, hardware, cand.parallel, cost,
-                               context=context, **options)
+                               context=context, registry=registry, **options)
             rec = _simulate(plan, model, hardware, cost,
                             price_cache=cache.setdefault("unit_prices", {}))
         except (ValueError, RuntimeError) as exc:
@@ -320,7 +322,8 @@ def extend_search(found: SearchResult, method: str, layouts: Sequence[ParallelSp
                   batch: Batch, model: ModelSpec, hardware: HardwareSpec, gpus: int,
                   cost: CostModel, *, context: int,
                   candidate_filter: CandidateFilter | None = None,
-                  estimate_cache: dict | None = None, **options: Any) -> SearchResult:
+                  estimate_cache: dict | None = None,
+                  registry: MethodRegistry = DEFAULT_METHODS, **options: Any) -> SearchResult:
     """``found`` after also planning and simulating ``layouts`` (those of them in the
     method's search space and ``candidate_filter``), whatever cap ended its search: the
     faster answer, with every layout tried listed and counted in ``winner_layouts``."""
@@ -330,11 +333,12 @@ def extend_search(found: SearchResult, method: str, layouts: Sequence[ParallelSp
         return layout_key(cand.parallel) in wanted and (
             candidate_filter is None or candidate_filter(cand))
 
-    if not method_candidates(method, model, hardware, gpus, context, keep):
+    if not method_candidates(method, model, hardware, gpus, context, keep, registry):
         return found  # none of them is a layout this method may use
     try:
         extra = best_parallel(method, batch, model, hardware, gpus, cost, context=context,
-                              candidate_filter=keep, estimate_cache=estimate_cache, **options)
+                              candidate_filter=keep, estimate_cache=estimate_cache,
+                              registry=registry, **options)
     except ValueError:  # none of them could be planned: the search's answer stands
         return found
     better = (extra.record.oom, extra.record.step_time_s) < (found.record.oom,
@@ -351,14 +355,16 @@ def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Har
                    gpus: int, parallel: ParallelSpec | None, auto_parallel: bool,
                    cost: CostModel, context: int,
                    top_k: int | None, budget_s: float | None, options: Mapping[str, Any],
-                   estimate_cache: dict | None = None) -> dict[str, Any]:
+                   estimate_cache: dict | None = None,
+                   registry: MethodRegistry = DEFAULT_METHODS) -> dict[str, Any]:
     """One method's record of :func:`compare` (``speedup_vs_first`` left NaN): its planner on
     ``parallel`` or, with ``auto_parallel``, its :func:`best_parallel`; a method that fails
     gets ``error`` set and NaN numbers."""
     return _compare_method(method=method, batch=batch, model=model, hardware=hardware,
                            gpus=gpus, parallel=parallel, auto_parallel=auto_parallel,
                            cost=cost, context=context, top_k=top_k, budget_s=budget_s,
-                           options=options, estimate_cache=estimate_cache)[0]
+                           options=options, estimate_cache=estimate_cache,
+                           registry=registry)[0]
 
 
 def _compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
@@ -366,6 +372,7 @@ def _compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Ha
                     cost: CostModel, context: int,
                     top_k: int | None, budget_s: float | None, options: Mapping[str, Any],
                     estimate_cache: dict | None = None,
+                    registry: MethodRegistry = DEFAULT_METHODS,
                     ) -> tuple[dict[str, Any], SearchResult | None]:
     """:func:`compare_method`'s record and, with ``auto_parallel``, the search behind it."""
     plan, rec, used = None, None, parallel
@@ -374,11 +381,11 @@ def _compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Ha
         if auto_parallel:
             found = best_parallel(method, batch, model, hardware, gpus, cost, context=context,
                                   top_k=top_k, budget_s=budget_s, estimate_cache=estimate_cache,
-                                  **options)
+                                  registry=registry, **options)
             return searched_record(method, found, cost), found
         assert parallel is not None
         plan = plan_method(method, batch, model, hardware, parallel, cost, context=context,
-                           **options)
+                           registry=registry, **options)
         rec = _simulate(plan, model, hardware, cost)
         row = _record(method, plan, rec, used) | search_columns("fixed layout", None)
     except (ValueError, RuntimeError) as exc:
@@ -432,7 +439,7 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
             search_budget_s: float | None = None, progress: bool = False,
             method_options: Mapping[str, Mapping[str, Any]] | None = None,
             method_costs: Mapping[str, CostModel] | None = None, jobs: int = 1,
-            ) -> list[dict[str, Any]]:
+            registry: MethodRegistry = DEFAULT_METHODS) -> list[dict[str, Any]]:
     """One record per method (keys ``RECORD_KEYS`` plus ``ideal_step_time_s``).
 
     ``method_costs`` gives some methods their own cost model, e.g. a ZeRO-3 recipe
@@ -442,7 +449,8 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
     Give ``parallel`` (its world size must equal ``gpus``) or ``auto_parallel=True``. A method
     that fails to plan or simulate gets a record with ``error`` set and NaN numbers, so one
     broken method never hides the others. ``speedup_vs_first`` is the first method's step time
-    over this one's. ``jobs`` > 1 runs that many methods at once, each in its own process
+    over this one's. ``registry`` holds the methods (:data:`slimpack.methods.DEFAULT_METHODS`
+    unless a caller adds its own). ``jobs`` > 1 runs that many methods at once, each in its own process
     (the records are the same as with one job).
     """
     if not methods:
@@ -480,7 +488,8 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
                           parallel=parallel, auto_parallel=auto_parallel,
                           cost=(method_costs or {}).get(method, cost), context=ctx,
                           top_k=settings.top_k_for(method),
-                          budget_s=settings.search_budget_s, options=options))
+                          budget_s=settings.search_budget_s, options=options,
+                          registry=registry))
     bar = tqdm(total=len(methods), desc="compare", unit="method", disable=not progress,
                file=sys.stderr, leave=False)
     if jobs <= 1:
@@ -528,7 +537,7 @@ def _with_winner_layouts(tasks: list[dict[str, Any]],
                              task["hardware"], task["gpus"], task["cost"],
                              context=task["context"],
                              estimate_cache=caches.setdefault(id(task["cost"]), {}),
-                             **task["options"])
+                             registry=task["registry"], **task["options"])
 
     answers = {task["method"]: found for task, (_, found) in zip(tasks, results, strict=True)}
     answers = try_winner_layouts(answers, extend)

@@ -29,6 +29,20 @@ def test_every_registered_method_declares_itself_consistently():
         get_method("x")
 
 
+def test_each_method_declares_its_harness_search_budget_as_a_count():
+    from repro.experiments.common import harness_caps
+
+    caps = harness_caps(method_names())
+    # Megatron-LM, the baseline of every ratio, in both semantics: every layout not pruned.
+    assert {m for m, cap in caps.items() if cap is None} == {"megatron", "megatron-causal"}
+    assert {cap for cap in caps.values() if cap is not None} == {3}
+    assert harness_caps(("megatron:1f1b", "slimpack")) == {"megatron:1f1b": None, "slimpack": 3}
+    spec = get_method("naive")
+    for bad in (0, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="search_layouts must be an int >= 1 or None"):
+            dataclasses.replace(spec, search_layouts=bad)
+
+
 def test_method_layouts_come_from_the_spec():
     model, hw = model_preset("llama-7b"), hardware_preset("h100")
     flexsp = method_candidates("flexsp", model, hw, 16, 16384)

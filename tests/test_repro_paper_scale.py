@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from repro.experiments import paper_scale
-from repro.experiments.common import draw_batch
+from repro.experiments.common import draw_batch, harness_caps
 
 
 def test_the_batch_is_512_context_length_samples_of_tokens():
@@ -61,7 +61,7 @@ def test_one_point_per_method_with_the_whole_search_mapping():
         pts = paper_scale.points(quick)
         batches = 1 if quick else 2
         assert [p["methods"] for p in pts] == [[m] for m in paper_scale.METHODS] * batches
-        assert all(p["search_top_k"] == paper_scale.SEARCH_TOP_K for p in pts)
+        assert all(p["search_top_k"] == harness_caps(paper_scale.METHODS) for p in pts)
     # The cost hint starts SlimPipe's point (the longest search) first.
     by_cost = sorted(paper_scale.points(False), key=paper_scale.point_cost, reverse=True)
     assert by_cost[0]["methods"] == ["slimpipe"]
@@ -87,7 +87,7 @@ def test_a_methods_rows_do_not_depend_on_the_methods_sharing_its_point():
     (``slimpack.planning.winners``; paper-scale's one-method points never run it)."""
     base = {"model": "llama-7b", "dataset": "commoncrawl", "context": 16384, "num_gpus": 8,
             "token_budget": 32 * 16384, "seed": 0, "hardware": "h800-80g",
-            "search_top_k": {**paper_scale.SEARCH_TOP_K, "wlb-llm": 1, "slimpipe": 1,
+            "search_top_k": {**harness_caps(paper_scale.METHODS), "wlb-llm": 1, "slimpipe": 1,
                              "slimpack": 1}}
     together = paper_scale.run_point({**base, "methods": list(paper_scale.METHODS)})
     alone = [row for m in paper_scale.METHODS

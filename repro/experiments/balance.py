@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import seaborn as sns
@@ -25,18 +26,22 @@ from repro.experiments.common import (
 )
 from repro.figures import method_order, new_figure, placeholder, save
 
+if TYPE_CHECKING:
+    from slimpack.methods import MethodRegistry
+
 HARDWARE, MODEL, DATASET, CONTEXT, GPUS = "h800-80g", "llama-13b", "commoncrawl", 256 * 1024, 128
 SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
 
 
-def points(quick: bool) -> list[Point]:
+def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
+    """Every compared method of ``registry`` (None: the suite's) at each seed."""
     return [{"model": MODEL, "dataset": DATASET, "context": CONTEXT, "num_gpus": GPUS,
              "global_batch": 4 * GPUS, "seed": seed, "hardware": HARDWARE,
-             "methods": list(all_methods())} for seed in (QUICK_SEEDS if quick else SEEDS)]
+             "methods": list(all_methods(registry))} for seed in (QUICK_SEEDS if quick else SEEDS)]
 
 
-def run_point(point: Point) -> list[Row]:
-    return best_record_rows(point, tuple(point["methods"]), "balance")
+def run_point(point: Point, registry: MethodRegistry | None = None) -> list[Row]:
+    return best_record_rows(point, tuple(point["methods"]), "balance", registry=registry)
 
 
 def unit_times(records: pd.DataFrame) -> pd.DataFrame:
@@ -54,11 +59,12 @@ def unit_times(records: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot(records: pd.DataFrame, out_dir: Path,
+         registry: MethodRegistry | None = None) -> list[Path]:
     long = unit_times(records) if not records.empty else pd.DataFrame()
     if long.empty:
         return [placeholder(out_dir, "unit_times.png", "no records: run balance")]
-    order = method_order(long["method"].unique())
+    order = method_order(long["method"].unique(), registry)
     fig, axes = new_figure(2, width=6.5, sharey=True)
     for ax, name in zip(axes[0], ("forward", "backward"), strict=True):
         sns.violinplot(long[long["pass"] == name], x="method", y="relative", order=order, ax=ax,

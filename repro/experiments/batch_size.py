@@ -26,6 +26,7 @@ from repro.experiments.common import (
     TIMING_COLUMNS,
     bracket_speedups,
     compare_rows,
+    harness_caps,
     speedups,
 )
 from repro.figures import format_tokens, method_order, new_figure, placeholder, save
@@ -35,10 +36,6 @@ SAMPLES = (8, 32, 128, 512)
 """Context-length samples per global batch; 512 is the smallest of the papers' batches."""
 QUICK_SAMPLES = (8, 32)
 METHODS = (*MEGATRON_BRACKET, "slimpipe", "slimpack")
-SEARCH_TOP_K = {"megatron": None, "megatron-causal": None, "slimpipe": 3, "slimpack": 3}
-"""Megatron-LM searched exhaustively (bound-pruned), as in ``e2e-throughput``: at a small
-batch its best layout trades pipeline depth for data parallelism, and a capped search would
-miss that."""
 KEYS = ["samples", "seed"]
 SECONDS_AT_512 = 80.0
 """Rough core-seconds of the 512-sample point, the pool's cost hint (measured with `repro run
@@ -47,9 +44,13 @@ proportion. Orders work only; never in a record or a point's key."""
 
 
 def points(quick: bool) -> list[Point]:
+    """Each method with its own search budget (``MethodSpec.search_layouts``): Megatron-LM
+    searched exhaustively (bound-pruned), as in ``e2e-throughput``: at a small batch its best
+    layout trades pipeline depth for data parallelism, and a capped search would miss that."""
+    caps = harness_caps(METHODS)
     return [{"model": MODEL, "dataset": DATASET, "context": CONTEXT, "num_gpus": GPUS,
              "token_budget": samples * CONTEXT, "samples": samples, "seed": 0,
-             "hardware": HARDWARE, "methods": list(METHODS), "search_top_k": SEARCH_TOP_K}
+             "hardware": HARDWARE, "methods": list(METHODS), "search_top_k": caps}
             for samples in (QUICK_SAMPLES if quick else SAMPLES)]
 
 

@@ -5,21 +5,49 @@ Library imports happen inside the functions, so listing experiments stays cheap.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from repro.experiment import Point, Row
+from repro.experiment import Experiment, Point, Row
+
+if TYPE_CHECKING:
+    from slimpack.methods import MethodRegistry
 
 
-def all_methods() -> tuple[str, ...]:
+def method_registry(registry: MethodRegistry | None) -> MethodRegistry:
+    """``registry``, or the suite's (:data:`slimpack.methods.DEFAULT_METHODS`) for None: the
+    harness's functions take None so that importing an experiment imports no planner."""
+    from slimpack.methods import DEFAULT_METHODS
+
+    return DEFAULT_METHODS if registry is None else registry
+
+
+def all_methods(registry: MethodRegistry | None = None) -> tuple[str, ...]:
     """Every method the suite compares, from the registry (``MethodSpec.compared``), in its
     order: a method registered there joins every all-method experiment."""
-    from slimpack.methods import compared_method_names
+    return tuple(method_registry(registry).compared_names())
 
-    return tuple(compared_method_names())
+
+def over_methods(experiment: Experiment, registry: MethodRegistry) -> Experiment:
+    """``experiment`` over ``registry``'s methods instead of the suite's: its ``points``,
+    ``run_point`` and ``plot`` (which all take ``registry=``) bound to it. The all-method
+    experiments (e2e-throughput, balance, memory, solver-overhead) support it; a harness
+    registry module can hold the result as its ``EXPERIMENT``."""
+    fields = ("points", "run_point", "plot")
+    lacking = [f for f in fields
+               if "registry" not in inspect.signature(getattr(experiment, f)).parameters]
+    if lacking:
+        raise ValueError(f"experiment {experiment.name!r} takes no method registry: its "
+                         f"{', '.join(lacking)} have no registry= parameter (all-method "
+                         f"experiments: e2e-throughput, balance, memory, solver-overhead)")
+    bound = {f: functools.partial(getattr(experiment, f), registry=registry) for f in fields}
+    return dataclasses.replace(experiment, **bound)
 
 
 BASELINE = "megatron"
@@ -36,19 +64,16 @@ planner's search is bounded by counts (SlimPack's ``search_candidates``, SlimPip
 search gives a plan that depends on the machine's load, so records never rely on one
 (:mod:`slimpack.planning.deadline`). An experiment cannot set a limit back
 (:func:`with_harness_options` refuses it)."""
-SEARCH_TOP_K = 3
-"""Layouts simulated per method in a harness configuration search unless an experiment sets
-its own caps (``slimpack.compare.best_parallel``; records say how much each search covered).
-Megatron-LM, the baseline of every ratio, is searched exhaustively (:func:`harness_caps`)."""
 
 
-def harness_caps(methods: tuple[str, ...]) -> dict[str, int | None]:
-    """Every entry's cap: None (every layout not pruned by the bound) for Megatron-LM in both
-    attention semantics, :data:`SEARCH_TOP_K` for the others. A capped baseline search inflates
-    every ratio over it: with the shared layout space (vpp up to 5) Megatron-LM's 3
-    best-estimated layouts in flexsp-headline were interleaved ones 1.45x slower than its
-    best (llama-7b Wikipedia), and FlexSP's ratio over it rose from 1.31x to 1.89x."""
-    return {m: None if m.split(":")[0] in MEGATRON_BRACKET else SEARCH_TOP_K for m in methods}
+def harness_caps(methods: tuple[str, ...] | list[str],
+                 registry: MethodRegistry | None = None) -> dict[str, int | None]:
+    """Every entry's cap on the layouts its configuration search simulates: its method's
+    ``MethodSpec.search_layouts`` (entries may be ``"planner:variant"``), a count, so records
+    are the same on every machine: None (every layout not pruned by the bound) for
+    Megatron-LM in both attention semantics, 3 for the others."""
+    registry = method_registry(registry)
+    return {m: registry.get(m.split(":")[0]).search_layouts for m in methods}
 
 
 def draw_batch(point: Point, experiment: str) -> Any:
@@ -83,28 +108,32 @@ def flatten(record: dict[str, Any]) -> Row:
 
 
 def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
-                 **extra: Any) -> list[Row]:
-    """One row per method from ``slimpack.compare.compare`` on the point's workload."""
+                 registry: MethodRegistry | None = None, **extra: Any) -> list[Row]:
+    """One row per method from ``slimpack.compare.compare`` on the point's workload, the
+    methods looked up in ``registry`` (None: the suite's)."""
     from slimpack.compare import compare, paper_recipe_costs
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
+    registry = method_registry(registry)
     batch = extra.pop("batch", None) or draw_batch(point, experiment)
     # Harness searches are capped by count, never by wall time, so every machine computes the
-    # same records: each method's 3 best-estimated layouts unless the experiment says more.
-    extra.setdefault("auto_parallel_top_k", harness_caps(methods))
+    # same records: each method's own budget (MethodSpec.search_layouts) unless the
+    # experiment says otherwise.
+    extra.setdefault("auto_parallel_top_k", harness_caps(methods, registry))
     extra.setdefault("search_budget_s", None)
     extra["method_options"] = with_harness_options(methods, extra.get("method_options"))
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
     # Every method priced under its paper's recipe (FlexSP and the Ulysses baselines ZeRO-3)
     # unless the experiment gives its own costs; the records carry ``zero_stage``.
     if extra.get("cost") is None:
-        extra["method_costs"] = {**paper_recipe_costs(methods, model, hardware),
+        extra["method_costs"] = {**paper_recipe_costs(methods, model, hardware, registry),
                                  **(extra.get("method_costs") or {})}
     parallel = None
     if point.get("parallel"):
         parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
     records = compare(list(methods), batch, model, hardware, point["num_gpus"], parallel=parallel,
-                      auto_parallel=parallel is None, context=point["context"], **extra)
+                      auto_parallel=parallel is None, context=point["context"],
+                      registry=registry, **extra)
     rows = []
     for record in records:
         row = flatten(dict(record))
@@ -129,11 +158,10 @@ def with_harness_options(methods: tuple[str, ...],
 
 
 def simulate_planner(point: Point, method: str, experiment: str, batch: Any = None,
-                     **options: Any) -> Row:
+                     registry: MethodRegistry | None = None, **options: Any) -> Row:
     """Plan with one registered planner at the point's fixed parallel config and simulate."""
     from slimpack import sim
     from slimpack.cost.kernel_model import default_cost_model
-    from slimpack.methods import get_planner
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
@@ -141,7 +169,7 @@ def simulate_planner(point: Point, method: str, experiment: str, batch: Any = No
     cost = default_cost_model(model, hardware)
     batch = batch if batch is not None else draw_batch(point, experiment)
     options = with_harness_options((method,), {method: options})[method]
-    plan = get_planner(method)(batch, model, hardware, parallel, cost, **options)
+    plan = method_registry(registry).planner(method)(batch, model, hardware, parallel, cost, **options)
     record = sim.simulate(plan, model=model, hardware=hardware, cost=cost).record
     row = flatten(record.to_row())
     row["plan_seconds"] = float(plan.metadata.get("plan_seconds", record.plan_seconds))
@@ -187,13 +215,15 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
                      batch: Any = None, candidate_filter: Any = None,
                      top_k: int | None | dict[str, int | None] = None,
                      method_options: dict[str, dict[str, Any]] | None = None,
-                     labels: dict[str, str] | None = None) -> list[Row]:
+                     labels: dict[str, str] | None = None,
+                     registry: MethodRegistry | None = None) -> list[Row]:
     """Full StepRecord rows (per-unit times, per-stage memory) for each method at the layout
     ``slimpack.compare.best_parallel`` (the suite's one configuration search) picks.
 
     A method entry may be ``"planner:variant"``; ``candidate_filter(entry, candidate)``
     narrows its layouts (e.g. vpp == 1 for plain 1F1B) and ``labels`` renames entries in the
     rows. A method that cannot be planned gets a row with ``error`` set, never silence.
+    ``registry`` holds the methods (None: the suite's).
     """
     from slimpack.compare import best_parallel, extend_search, paper_recipe_costs
     from slimpack.cost.kernel_model import default_cost_model
@@ -203,8 +233,9 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
     cost = default_cost_model(model, hardware)
-    recipe = paper_recipe_costs(methods, model, hardware)  # e.g. FlexSP under ZeRO-3
-    caps = (harness_caps(methods) if top_k is None else top_k if isinstance(top_k, dict)
+    registry = method_registry(registry)
+    recipe = paper_recipe_costs(methods, model, hardware, registry)  # e.g. FlexSP under ZeRO-3
+    caps = (harness_caps(methods, registry) if top_k is None else top_k if isinstance(top_k, dict)
             else dict.fromkeys(methods, top_k))
     batch = batch if batch is not None else draw_batch(point, experiment)
     options = with_harness_options(methods, method_options)
@@ -217,13 +248,13 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
         return best_parallel(entry.split(":")[0], batch, model, hardware, point["num_gpus"],
                              recipe.get(entry, cost), context=point["context"],
                              top_k=caps[entry], candidate_filter=keep_of(entry),
-                             **options.get(entry, {}))
+                             registry=registry, **options.get(entry, {}))
 
     def extend(entry: str, found, layouts):
         return extend_search(found, entry.split(":")[0], layouts, batch, model, hardware,
                              point["num_gpus"], recipe.get(entry, cost),
                              context=point["context"], candidate_filter=keep_of(entry),
-                             **options.get(entry, {}))
+                             registry=registry, **options.get(entry, {}))
 
     answers, errors = {}, {}
     for entry in methods:

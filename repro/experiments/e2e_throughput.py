@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import seaborn as sns
@@ -44,6 +45,7 @@ from repro.experiments.common import (
     bracket_speedups,
     compare_rows,
     fits_memory,
+    harness_caps,
     speedups,
 )
 from repro.figures import (
@@ -56,6 +58,9 @@ from repro.figures import (
     with_status,
 )
 
+if TYPE_CHECKING:
+    from slimpack.methods import MethodRegistry
+
 HARDWARE = "h800-80g"
 SAMPLES = 512
 """Context-length samples per global batch: the smallest of the papers' 512-2048."""
@@ -67,13 +72,6 @@ SETTINGS = (("llama-13b", "commoncrawl"), ("llama-13b", "github"), ("llama-13b",
 core-minutes for all eight methods, so this is what `make reproduce` affords on 2 cores
 besides the 256K ``paper-scale`` point. The dataset varies at llama-13b, the model at Common
 Crawl."""
-SEARCH_TOP_K = {"naive": 3, "megatron": None, "megatron-causal": None, "megatron-dcp": 3,
-                "wlb-llm": 3, "flexsp": 3, "slimpipe": 3, "slimpack": 3}
-"""Layouts simulated per method and point (None: every memory-feasible layout, pruned by the
-lower bound). Megatron-LM in both semantics is searched exhaustively: the baseline's layout
-decides the headline's fairness, and a capped baseline search can only inflate SlimPack's
-lead; the other planners get their 3 best-estimated layouts, which can only understate theirs.
-A count, not a time budget, so every machine gets the same records."""
 MIN_SAMPLES_PER_REPLICA = 16
 """Megatron-LM's micro-batches per data-parallel replica that a fair batch gives at least
 (the reviewers' bar, issue "Comparisons a reviewer would accept"; 512 samples on 128 GPUs
@@ -91,9 +89,6 @@ point's key."""
 KEYS = ["model", "dataset", "context", "num_gpus", "token_budget", "seed"]
 
 
-FLEXSP_ZERO_STAGE = 3
-"""FlexSP's memory recipe in its paper; every other method keeps Megatron-LM's ZeRO-1
-(distributed optimizer). Records carry ``zero_stage``."""
 FLEXSP_OPTIONS = {"milp_counts": 0}
 """FlexSP without its MILP here (its greedy warm start for every micro-batch count): a
 node-limited HiGHS root costs 25-50 s per plan on these 32-64-slot pools (docs/methods.md),
@@ -101,11 +96,19 @@ more than the whole point's budget, and the old 2 s wall-clock limit gave nearly
 answer anyway. This can only understate FlexSP; flexsp-headline runs it with its MILP."""
 
 
-def points(quick: bool) -> list[Point]:
+def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
+    """Every compared method of ``registry`` (None: the suite's), each with its own search
+    budget (``MethodSpec.search_layouts``: None, every layout the lower bound does not prune,
+    for Megatron-LM in both semantics, whose layout decides the headline's fairness; 3
+    best-estimated layouts for the others, which can only understate their lead). A count,
+    not a time budget, so every machine gets the same records."""
+    methods = all_methods(registry)
+    caps = harness_caps(methods, registry)
+
     def point(model: str, dataset: str, samples: int) -> Point:
         return {"model": model, "dataset": dataset, "context": CONTEXT, "num_gpus": GPUS,
                 "token_budget": samples * CONTEXT, "seed": 0, "hardware": HARDWARE,
-                "methods": list(all_methods()), "search_top_k": SEARCH_TOP_K}
+                "methods": list(methods), "search_top_k": caps}
 
     smoke = [point(*SETTINGS[0], SMOKE_SAMPLES)]
     return smoke if quick else [point(m, d, SAMPLES) for m, d in SETTINGS] + smoke
@@ -134,19 +137,14 @@ def point_cost(point: Point) -> float:
     return POINT_SECONDS * point["token_budget"] / (SAMPLES * CONTEXT)
 
 
-def run_point(point: Point) -> list[Row]:
-    from slimpack.cost.kernel_model import default_cost_model
-    from slimpack.specs import hardware_preset, model_preset
-    from slimpack.specs.training import TrainingSpec
-
-    model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
-    # FlexSP as its paper ran it, with ZeRO-3 (arXiv 2412.01523, evaluation); under ZeRO-1
-    # the model states of llama-70b leave its SP pool no room for a 64K sequence.
-    zero3 = default_cost_model(model, hardware, TrainingSpec(zero_stage=FLEXSP_ZERO_STAGE))
-    rows = compare_rows(point, tuple(point["methods"]), "e2e-throughput",
+def run_point(point: Point, registry: MethodRegistry | None = None) -> list[Row]:
+    # Every method is priced under its paper's recipe (``compare_rows``: FlexSP with ZeRO-3,
+    # arXiv 2412.01523, evaluation; under ZeRO-1 the model states of llama-70b leave its SP
+    # pool no room for a 64K sequence), the others under Megatron-LM's ZeRO-1; records carry
+    # ``zero_stage``. FLEXSP_OPTIONS apply only where FlexSP is compared.
+    rows = compare_rows(point, tuple(point["methods"]), "e2e-throughput", registry,
                         auto_parallel_top_k=point["search_top_k"], search_budget_s=None,
-                        method_options={"flexsp": FLEXSP_OPTIONS},
-                        method_costs={"flexsp": zero3})
+                        method_options={"flexsp": FLEXSP_OPTIONS})
     for row in rows:
         row["protocol"] = BEST_LAYOUT
     baseline = next((r for r in rows if r["method"] == BASELINE and not r.get("error")), None)
@@ -154,9 +152,8 @@ def run_point(point: Point) -> list[Row]:
         # The paper protocol beside it: every method on Megatron-LM's best layout.
         layout = json.loads(baseline["parallel"])
         fixed_point = {**point, "parallel": {k: layout[k] for k in ("tp", "cp", "pp", "vpp")}}
-        fixed = compare_rows(fixed_point, tuple(point["methods"]), "e2e-throughput",
-                             method_options={"flexsp": FLEXSP_OPTIONS},
-                             method_costs={"flexsp": zero3})
+        fixed = compare_rows(fixed_point, tuple(point["methods"]), "e2e-throughput", registry,
+                             method_options={"flexsp": FLEXSP_OPTIONS})
         rows += [{**row, "protocol": FIXED_LAYOUT} for row in fixed]
     for row in rows:
         parallel = row.get("parallel")
@@ -168,14 +165,15 @@ def run_point(point: Point) -> list[Row]:
     return rows
 
 
-def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot(records: pd.DataFrame, out_dir: Path,
+         registry: MethodRegistry | None = None) -> list[Path]:
     if records.empty:
         return [placeholder(out_dir, "throughput.png", "no records: run e2e-throughput")]
     records = headline(records)
     frame = with_status(speedups(records, KEYS), "speedup")
     frame["setting"] = frame["model"] + "\n" + frame["dataset"]
     order = [f"{m}\n{d}" for m, d in SETTINGS if f"{m}\n{d}" in set(frame["setting"])]
-    hue_order = method_order(frame["method"].unique())
+    hue_order = method_order(frame["method"].unique(), registry)
     fig, axes = new_figure(1, width=max(8.0, 2.2 * len(order)), height=3.6)
     ax = axes[0][0]
     sns.barplot(frame, x="setting", y="speedup", hue="method", order=order,

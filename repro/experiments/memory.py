@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
@@ -24,21 +25,26 @@ from repro.experiments.common import (
 )
 from repro.figures import method_order, new_figure, placeholder, save
 
+if TYPE_CHECKING:
+    from slimpack.methods import MethodRegistry
+
 HARDWARE, MODEL, DATASET, GPUS = "h800-80g", "llama-70b", "commoncrawl", 128
 CONTEXTS, QUICK_CONTEXTS = (128 * 1024, 256 * 1024), (256 * 1024,)
 
 
-def points(quick: bool) -> list[Point]:
+def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
+    """Every compared method of ``registry`` (None: the suite's) at each context."""
     return [{"model": MODEL, "dataset": DATASET, "context": context, "num_gpus": GPUS,
              "global_batch": 4 * GPUS, "seed": 0, "hardware": HARDWARE,
-             "methods": list(all_methods())} for context in (QUICK_CONTEXTS if quick else CONTEXTS)]
+             "methods": list(all_methods(registry))} for context in (QUICK_CONTEXTS if quick else CONTEXTS)]
 
 
-def run_point(point: Point) -> list[Row]:
-    return best_record_rows(point, tuple(point["methods"]), "memory")
+def run_point(point: Point, registry: MethodRegistry | None = None) -> list[Row]:
+    return best_record_rows(point, tuple(point["methods"]), "memory", registry=registry)
 
 
-def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot(records: pd.DataFrame, out_dir: Path,
+         registry: MethodRegistry | None = None) -> list[Path]:
     if records.empty:
         return [placeholder(out_dir, "peak_memory.png", "no records: run memory")]
     from slimpack.specs import hardware_preset
@@ -48,7 +54,7 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig, axes = new_figure(len(contexts), width=5.5, sharey=True)
     for ax, context in zip(axes[0], contexts, strict=True):
         frame = records[records["context"] == context]
-        for method in method_order(frame["method"].unique()):
+        for method in method_order(frame["method"].unique(), registry):
             rec = frame[frame["method"] == method].iloc[0]
             cell = rec.get("peak_memory_bytes")
             if not isinstance(cell, str):

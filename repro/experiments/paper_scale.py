@@ -28,6 +28,7 @@ from repro.experiments.common import (
     TIMING_COLUMNS,
     bracket_speedups,
     compare_rows,
+    harness_caps,
 )
 from repro.figures import method_order, new_figure, placeholder, save
 
@@ -52,22 +53,21 @@ METHOD_SECONDS = {"slimpipe": 210.0, "slimpack": 55.0, "megatron": 40.0,
 Measured on the shared 2-core machine (`repro run all --jobs 1`, each point timed, with a
 second job beside it): SlimPipe's 3 layouts with all their trials take longest, so its point
 starts first."""
-SEARCH_TOP_K = {"megatron": None, "megatron-causal": None, "wlb-llm": 3, "slimpipe": 3,
-                "slimpack": 3}
-"""Both Megatron-LM variants are searched exhaustively (the baseline's layout decides the
-headline's fairness; a capped megatron-causal search inflated the bracket's far end from 2.94x
-to 3.21x); the slow planners get their 3 best-estimated layouts, which can only understate
-their lead. A count, not a time budget, so every machine gets the same records."""
 
 
 def points(quick: bool) -> list[Point]:
     """One point per method and dataset, so `repro run --jobs N` runs the methods side by side
     (one 5-method point took 14 minutes of one core). Every point carries the whole
-    ``search_top_k`` mapping; ``compare`` reads its own method's entry."""
+    ``search_top_k`` mapping (``harness_caps``: each method's ``MethodSpec.search_layouts``);
+    ``compare`` reads its own method's entry. Both Megatron-LM variants are searched
+    exhaustively (the baseline's layout decides the headline's fairness; a capped
+    megatron-causal search inflated the bracket's far end from 2.94x to 3.21x); the slow
+    planners get their 3 best-estimated layouts, which can only understate their lead."""
+    caps = harness_caps(METHODS)
     batches = (SMOKE_SAMPLES,) if quick else (SAMPLES, SMOKE_SAMPLES)
     return [{"model": MODEL, "dataset": dataset, "context": CONTEXT, "num_gpus": GPUS,
              "token_budget": samples * CONTEXT, "seed": 0, "hardware": HARDWARE,
-             "methods": [method], "search_top_k": SEARCH_TOP_K}
+             "methods": [method], "search_top_k": caps}
             for samples in batches
             for dataset in (QUICK_DATASETS if quick else DATASETS) for method in METHODS]
 

@@ -9,40 +9,50 @@ Plan times are wall-clock measurements: they vary run to run (timing columns).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import seaborn as sns
 
 from repro.analysis import select
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, all_methods, draw_batch
+from repro.experiments.common import (
+    SLIMPACK_SOURCE,
+    TIMING_COLUMNS,
+    all_methods,
+    compare_rows,
+    draw_batch,
+)
 from repro.figures import method_order, new_figure, placeholder, save
+
+if TYPE_CHECKING:
+    from slimpack.methods import MethodRegistry
 
 HARDWARE, MODEL, DATASET, CONTEXT, GPUS = "h800-80g", "llama-13b", "commoncrawl", 256 * 1024, 256
 PARALLEL = {"tp": 8, "pp": 4}
 BATCHES, QUICK_BATCHES = (256, 512, 1024, 2048, 4096), (512, 2048)
 
 
-def points(quick: bool) -> list[Point]:
+def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
+    """Every compared method of ``registry`` (None: the suite's) at each batch size."""
     return [{"model": MODEL, "dataset": DATASET, "context": CONTEXT, "num_gpus": GPUS,
              "global_batch": gb, "seed": 0, "hardware": HARDWARE, "parallel": PARALLEL,
-             "methods": list(all_methods())} for gb in (QUICK_BATCHES if quick else BATCHES)]
+             "methods": list(all_methods(registry))} for gb in (QUICK_BATCHES if quick else BATCHES)]
 
 
-def run_point(point: Point) -> list[Row]:
-    from repro.experiments.common import compare_rows
-
+def run_point(point: Point, registry: MethodRegistry | None = None) -> list[Row]:
     return compare_rows(point, tuple(point["methods"]), "solver-overhead",
-                        batch=draw_batch(point, "solver-overhead"))
+                               registry=registry, batch=draw_batch(point, "solver-overhead"))
 
 
-def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot(records: pd.DataFrame, out_dir: Path,
+         registry: MethodRegistry | None = None) -> list[Path]:
     if records.empty:
         return [placeholder(out_dir, "plan_time.png", "no records: run solver-overhead")]
     fig, axes = new_figure(1, width=6.0)
     ax = axes[0][0]
     sns.lineplot(records, x="global_batch", y="plan_seconds", hue="method", marker="o",
-                 hue_order=method_order(records["method"].unique()), ax=ax)
+                 hue_order=method_order(records["method"].unique(), registry), ax=ax)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("global batch (sequences)")

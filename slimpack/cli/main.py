@@ -5,6 +5,11 @@ Each subcommand lives in its own module under ``slimpack.cli`` and exposes
 parsed namespace and returning an exit code). Adding a subcommand means adding a module and
 one name to ``SUBCOMMAND_MODULES``; modules that are missing or fail to import are reported,
 not silently skipped, so a broken subcommand never hides.
+
+The subcommands that name methods (``METHOD_SUBCOMMAND_MODULES``) take the method registry as
+``register(subparsers, registry=...)``: :func:`main` passes the one it is given, so a caller
+with its own methods (``DEFAULT_METHODS.with_methods(spec)``) gets them in every choice,
+listing and planner lookup without touching a global.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from slimpack.methods import DEFAULT_METHODS, MethodRegistry
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "slimpack.cli.memory",
@@ -21,9 +28,11 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "slimpack.cli.run",
     "slimpack.cli.validate",
 )
+METHOD_SUBCOMMAND_MODULES: tuple[str, ...] = ("slimpack.cli.plan",)
+"""Subcommand modules whose ``register`` takes ``registry`` (plan, compare, methods)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(registry: MethodRegistry = DEFAULT_METHODS) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slimpack",
         description=(
@@ -42,12 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name == module_name:
                 continue  # subcommand not built yet
             raise
-        module.register(subparsers)
+        if module_name in METHOD_SUBCOMMAND_MODULES:
+            module.register(subparsers, registry=registry)
+        else:
+            module.register(subparsers)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, registry: MethodRegistry = DEFAULT_METHODS) -> int:
+    parser = build_parser(registry)
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
         parser.print_help()

@@ -25,7 +25,7 @@ from slimpack.cli.types import (
 )
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.jsonio import check_output_path, strict_json
-from slimpack.methods import get_method, method_names
+from slimpack.methods import DEFAULT_METHODS, MethodRegistry
 from slimpack.planning.options import parse_options
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 from slimpack.specs.training import ZERO_STAGES, TrainingSpec
@@ -62,21 +62,23 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
                         "the method: --option slimpack:search=false")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction,
+             registry: MethodRegistry = DEFAULT_METHODS) -> None:
+    """Add plan, compare and methods; their handlers read ``registry`` (``args.registry``)."""
     plan_p = subparsers.add_parser("plan", help="plan one global batch with one method")
-    plan_p.add_argument("--method", required=True, choices=method_names(),
+    plan_p.add_argument("--method", required=True, choices=registry.names(),
                         help="the method to plan with")
     _add_workload_flags(plan_p)
     plan_p.add_argument("-o", "--output", default=None, help="write the plan JSON here")
     plan_p.add_argument("--strict", action="store_true",
                         help="exit 1 (and write no plan) when the plan does not fit device "
                              "memory; without it a warning is printed and the plan written")
-    plan_p.set_defaults(handler=run_plan)
+    plan_p.set_defaults(handler=run_plan, registry=registry)
 
     cmp_p = subparsers.add_parser("compare", help="plan and simulate several methods on the "
                                                   "same batch and print one table")
     cmp_p.add_argument("--methods", required=True,
-                       help="comma-separated method names: " + ", ".join(method_names()))
+                       help="comma-separated method names: " + ", ".join(registry.names()))
     _add_workload_flags(cmp_p)
     cmp_p.add_argument("--zero-stage", action="append", default=[], metavar="[METHOD=]STAGE",
                        help="ZeRO stage (0, 1 or 3) the memory and step are priced under, for "
@@ -91,15 +93,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "same cap for every method (default: every memory-feasible layout "
                             "not pruned by the step lower bound). A count, never wall time: "
                             "the table is the same on every machine")
-    cmp_p.set_defaults(handler=run_compare)
+    cmp_p.set_defaults(handler=run_compare, registry=registry)
 
     list_p = subparsers.add_parser("methods", help="list the methods, or one method's options")
-    list_p.add_argument("name", nargs="?", choices=method_names(), help="a method to describe")
-    list_p.set_defaults(handler=run_methods)
+    list_p.add_argument("name", nargs="?", choices=registry.names(),
+                        help="a method to describe")
+    list_p.set_defaults(handler=run_methods, registry=registry)
 
 
-def method_options(methods: list[str], pairs: list[str], *, prefixed: bool
-                   ) -> dict[str, dict[str, Any]]:
+def method_options(methods: list[str], pairs: list[str], *, prefixed: bool,
+                   registry: MethodRegistry = DEFAULT_METHODS) -> dict[str, dict[str, Any]]:
     """``--option`` values typed per method. With ``prefixed``, each pair names its method
     (``slimpack:search=false``); otherwise every pair belongs to ``methods[0]``."""
     raw: dict[str, list[str]] = {m: [] for m in methods}
@@ -116,7 +119,7 @@ def method_options(methods: list[str], pairs: list[str], *, prefixed: bool
         raw[method].append(text)
     out = {}
     for method, texts in raw.items():
-        spec = get_method(method)
+        spec = registry.get(method)
         out[method] = parse_options(spec.options, method, texts)
         shared = sorted({"context", "time_limit_s"} & set(out[method]))
         if shared:
@@ -127,10 +130,11 @@ def method_options(methods: list[str], pairs: list[str], *, prefixed: bool
 DEFAULT_ZERO_STAGE = TrainingSpec().zero_stage
 
 
-def zero_stages(methods: list[str], values: list[str]) -> dict[str, int]:
+def zero_stages(methods: list[str], values: list[str],
+                registry: MethodRegistry = DEFAULT_METHODS) -> dict[str, int]:
     """Each method's ZeRO stage: its paper's (``MethodSpec.paper_zero_stage``) or the suite's
     default, then ``--zero-stage`` values in order (``STAGE`` for all, ``METHOD=STAGE``)."""
-    stages = {m: get_method(m).paper_zero_stage for m in methods}
+    stages = {m: registry.get(m).paper_zero_stage for m in methods}
     stages = {m: DEFAULT_ZERO_STAGE if z is None else z for m, z in stages.items()}
     for value in values:
         method, sep, text = value.rpartition("=")
@@ -150,12 +154,13 @@ def zero_stages(methods: list[str], values: list[str]) -> dict[str, int]:
 
 
 def run_methods(args: argparse.Namespace) -> int:
+    registry: MethodRegistry = args.registry
     if args.name is None:
-        for name in method_names():
-            spec = get_method(name)
+        for name in registry.names():
+            spec = registry.get(name)
             print(f"{name:<13} {spec.summary}\n{'':<13} ({spec.source})")
         return 0
-    spec = get_method(args.name)
+    spec = registry.get(args.name)
     print(f"{spec.name}: {spec.summary}\nsource: {spec.source}\noptions (--option KEY=VALUE):")
     for name, type_name, default in spec.describe_options():
         print(f"  {name:<26} {type_name:<28} default {default}")
@@ -210,17 +215,19 @@ def run_plan(args: argparse.Namespace) -> int:
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
                        token_budget=args.token_budget,
                        seed=args.seed)
-    options = method_options([args.method], args.option, prefixed=False)[args.method]
+    registry: MethodRegistry = args.registry
+    options = method_options([args.method], args.option, prefixed=False,
+                             registry=registry)[args.method]
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
     if parallel is None:
         found = best_parallel(args.method, batch, model, hardware, args.gpus, cost,
-                              context=args.context, **options)
+                              context=args.context, registry=registry, **options)
         plan, parallel = found.plan, found.parallel
     else:
         parallel.validate_for_model(model)
         plan = plan_method(args.method, batch, model, hardware, parallel, cost,
-                           context=args.context, **options)
+                           context=args.context, registry=registry, **options)
     fits = plan.memory_fits
     if fits is False:
         print(f"slimpack plan: warning: the {args.method} plan does not fit in "
@@ -264,10 +271,11 @@ def run_compare(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise ValueError("--methods must name at least one planner")
-    unknown = [m for m in methods if m not in method_names()]
+    registry: MethodRegistry = args.registry
+    unknown = [m for m in methods if m not in registry.names()]
     if unknown:
-        raise ValueError(f"--methods: unknown {unknown}; allowed: {', '.join(method_names())}")
-    options = method_options(methods, args.option, prefixed=True)
+        raise ValueError(f"--methods: unknown {unknown}; allowed: {', '.join(registry.names())}")
+    options = method_options(methods, args.option, prefixed=True, registry=registry)
     if args.search_layouts is not None and not args.auto_parallel:
         raise ValueError("--search-layouts caps the --auto-parallel search; give --auto-parallel "
                          "or drop it")
@@ -278,14 +286,15 @@ def run_compare(args: argparse.Namespace) -> int:
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
                        token_budget=args.token_budget,
                        seed=args.seed)
-    stages = zero_stages(methods, args.zero_stage)
+    stages = zero_stages(methods, args.zero_stage, registry)
     method_costs = {m: default_cost_model(model, hardware, TrainingSpec(zero_stage=z))
                     for m, z in stages.items() if z != DEFAULT_ZERO_STAGE}
     rows = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
                    time_limit_s=args.time_limit, method_options=options, progress=True,
                    auto_parallel_top_k=args.search_layouts,
-                   method_costs=method_costs, jobs=args.jobs or usable_cpus())
+                   method_costs=method_costs, jobs=args.jobs or usable_cpus(),
+                   registry=registry)
     if args.json:
         print(strict_json({"records": rows}, indent=1))
     else:

@@ -2,7 +2,9 @@
 
 Each planner module declares ``METHOD = MethodSpec(...)`` beside its ``plan`` function:
 the options dataclass it accepts, the schedule family its memory follows, which parallel
-layouts it runs on and how it reshapes a layout (FlexSP's SP pool). The registry in
+layouts it runs on and how it reshapes a layout (FlexSP's SP pool), how many layouts the
+harness's search tries for it, whether the all-method comparisons include it, and the ZeRO
+stage of its paper. The registry in
 :mod:`slimpack.methods` only maps names to these declarations, and the configuration search
 in :mod:`slimpack.compare` reads them, so nothing about a method is written twice.
 
@@ -63,6 +65,10 @@ cannot run (``MethodSpec.allows``: SlimPipe needs pp > 1, the Ulysses baselines 
 by a smaller search."""
 
 
+HARNESS_SEARCH_LAYOUTS = 3
+"""The default of ``MethodSpec.search_layouts``: the 3 best-estimated layouts."""
+
+
 def any_layout(parallel: ParallelSpec) -> bool:
     """The default ``allows``: the method runs on every (tp, cp, pp, vpp, dp) layout."""
     return True
@@ -92,8 +98,8 @@ class MethodSpec:
     reshape: Callable[[Sequence[Candidate]], list[Candidate]] = keep_layouts
     """Turns the memory-feasible layouts into the method's own (e.g. FlexSP's SP pool)."""
     compared: bool = True
-    """Whether the suite's method comparisons (``slimpack.methods.compared_method_names``:
-    the harness's all-method experiments, figures' order) include the method. False for the
+    """Whether the suite's method comparisons (``MethodRegistry.compared_names``: the
+    harness's all-method experiments) include the method. False for the
     suite's unsliced reference and for baselines that only one paper's protocol runs
     (FlexSP's Ulysses baselines)."""
     paper_zero_stage: int | None = None
@@ -101,7 +107,22 @@ class MethodSpec:
     default (1, Megatron-LM's distributed optimizer): ``slimpack compare`` prices the method
     under it unless ``--zero-stage`` says otherwise (FlexSP and its Ulysses baselines: 3)."""
 
+    search_layouts: int | None = HARNESS_SEARCH_LAYOUTS
+    """The method's deterministic search budget in the harness: how many layouts its
+    configuration search (``slimpack.compare.best_parallel``, best-estimated first) plans and
+    simulates, a count so every machine gets the same records; None: every layout the step
+    lower bound does not prune. None for the baselines every ratio is taken over
+    (Megatron-LM in both attention semantics): a capped baseline search can only inflate the
+    ratios over it (with vpp up to 5, Megatron-LM's 3 best-estimated layouts in
+    flexsp-headline were interleaved ones 1.45x slower than its best, and FlexSP's ratio rose
+    from 1.31x to 1.89x). Read by ``repro.experiments.common.harness_caps``."""
+
     def __post_init__(self) -> None:
+        if self.search_layouts is not None and (
+                isinstance(self.search_layouts, bool) or not isinstance(self.search_layouts, int)
+                or self.search_layouts < 1):
+            raise ValueError(f"MethodSpec {self.name}: search_layouts must be an int >= 1 or "
+                             f"None (every layout not pruned), got {self.search_layouts!r}")
         if self.schedule_family not in SCHEDULE_FAMILIES:
             raise ValueError(f"MethodSpec {self.name}: schedule_family must be one of "
                              f"{SCHEDULE_FAMILIES}, got {self.schedule_family!r}")

@@ -25,7 +25,7 @@ import numpy as np
 from slimpack.batch import Batch
 from slimpack.compare import plan_method
 from slimpack.cost.kernel_model import default_cost_model
-from slimpack.methods import get_method, method_names
+from slimpack.methods import DEFAULT_METHODS, MethodRegistry
 from slimpack.sim import simulate
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
@@ -60,11 +60,12 @@ def _random_case(rng: np.random.Generator) -> tuple[list[int], ParallelSpec, int
     return [int(x) for x in lengths], parallel, context
 
 
-def run(cases: int, *, seed: int = 0, grace_s: float = 0.0) -> PlannerFuzzResult:
+def run(cases: int, *, seed: int = 0, grace_s: float = 0.0,
+        registry: MethodRegistry = DEFAULT_METHODS) -> PlannerFuzzResult:
     rng = np.random.default_rng(seed)
     hw = hardware_preset("h800")
     costs = {m: default_cost_model(model_preset(m), hw) for m in MODELS}
-    methods = method_names()
+    methods = registry.names()
     failures: list[str] = []
     fallbacks: Counter = Counter()
     per_method: Counter = Counter()
@@ -80,14 +81,14 @@ def run(cases: int, *, seed: int = 0, grace_s: float = 0.0) -> PlannerFuzzResult
             parallel.validate_for_model(cost.model)
         except ValueError:
             continue
-        if not get_method(method).allows(parallel):
+        if not registry.get(method).allows(parallel):
             continue
         batch = Batch.from_lengths(lengths)
         label = f"case {case}: {method}, {len(lengths)} seqs, max {max(lengths)}, {parallel.describe()}"
         t0 = time.perf_counter()
         try:
             plan = plan_method(method, batch, cost.model, hw, parallel, cost, context=context,
-                               time_limit_s=TIME_LIMIT_S)
+                               registry=registry, time_limit_s=TIME_LIMIT_S)
         except ValueError as exc:
             # A clear refusal (e.g. a sequence no layout of this method can hold) is an answer.
             if not str(exc):
