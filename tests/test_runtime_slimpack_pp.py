@@ -35,7 +35,7 @@ def test_vocab_parallel_pp_is_refused_by_name():
 
 @pytest.mark.slow
 def test_slimpack_pp2_plan_without_it_runs_gradient_exact():
-    plan = _plan(vocab_parallel_pp=False)
+    plan = _plan(vocab_parallel_pp=False, attention_redistribution=False)
     assert not any(g.vocab_parallel_pp for g in plan.groups()) and plan.parallel.pp == 2
     check_runtime_plan(plan, TINY, world_size=4)
     (result,) = run_plans([plan], TINY, RuntimeConfig(seed=2), return_grads=True,

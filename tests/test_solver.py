@@ -1,5 +1,7 @@
 """SlimPack planner (reconstructed): components in isolation, then whole plans."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -333,7 +335,9 @@ def test_search_skips_only_candidates_the_simulator_finds_out_of_memory():
     batch, parallel = Batch.from_lengths(lengths), ParallelSpec(tp=8, pp=2, dp=4)
     result = plan(batch, MODEL, HW, parallel, COST, search=True, time_limit_s=600,
                   search_candidates=3)
-    tried = result.metadata["search"]
+    # The slice-length candidates; SlimPipe's mechanisms, tried on the chosen plan after
+    # them, are listed too (without a slice length).
+    tried = [t for t in result.metadata["search"] if "slice_tokens" in t]
     skipped = [t for t in tried if t.get("simulated") is False]
     assert skipped and all(t["oom"] and not t["merge"] for t in skipped)
     ctx = BuildContext(batch=batch, model=MODEL, hardware=HW, parallel=parallel, cost=COST,
@@ -346,7 +350,10 @@ def test_search_skips_only_candidates_the_simulator_finds_out_of_memory():
         if not record.oom:
             steps[(t["slice_tokens"], t["merge"])] = record.step_time_s
     kept = simulate(result, model=MODEL, hardware=HW, cost=COST).record.step_time_s
-    assert kept == min(steps.values())
+    chosen = dataclasses.replace(result, attention_redistribution=False)
+    assert simulate(chosen, model=MODEL, hardware=HW, cost=COST).record.step_time_s == min(
+        steps.values())
+    assert kept <= min(steps.values())  # redistribution is kept only when it is faster
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

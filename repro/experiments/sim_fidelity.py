@@ -29,9 +29,10 @@ from repro.figures import new_figure, placeholder, save
 HARDWARE = "h200-141g"
 MODEL, DATASET, CONTEXT = "small", "commoncrawl", 4096
 METHODS = ("megatron", "wlb-llm", "slimpack")
-RUNTIME_OPTIONS = {"slimpack": {"vocab_parallel_pp": False}}
-"""The runtime refuses ``vocab_parallel_pp`` at pp > 1 (docs/architecture.md, the runtime): SlimPack
-keeps its LM head on the last stage here, and the simulator prices the same plan."""
+RUNTIME_OPTIONS = {"slimpack": {"vocab_parallel_pp": False, "attention_redistribution": False}}
+"""The runtime refuses ``vocab_parallel_pp`` and ``attention_redistribution`` at pp > 1
+(docs/architecture.md, the runtime): SlimPack keeps its LM head on the last stage and its
+attention where its slice is here, and the simulator prices the same plan."""
 BATCHES, QUICK_BATCHES = (16, 32, 64), (16,)
 MEASURED = ("step_time_s", "peak_memory_gib")
 

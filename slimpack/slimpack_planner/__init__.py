@@ -33,6 +33,7 @@ from slimpack.slimpack_planner.assemble import (
     build_plan,
     max_tokens_in_flight,
 )
+from slimpack.slimpack_planner.mechanisms import try_mechanisms, with_offload
 from slimpack.slimpack_planner.options import SlimPackOptions
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
@@ -84,19 +85,42 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
     candidates = _slice_candidates(batch, parallel, opts,
                                    fit_tokens=max_tokens_in_flight(ctx, parallel.cp))
     merge_choices = (True,) if opts.no_dp_merge else (True, False)
+    record = None
     if not opts.search:
         best, tried, cut = _first_fit(ctx, candidates, deadline)
+        # Heuristic mode times nothing: only a mechanism the options force is applied.
+        if opts.offload:
+            best = with_offload(best, opts.offload)
+        if opts.attention_redistribution:
+            best = dataclasses.replace(best, attention_redistribution=True)
     else:
-        best, tried, cut = _search(ctx, candidates, merge_choices, deadline)
+        best, tried, cut, record = _search(ctx, candidates, merge_choices, deadline)
+        if record is not None:
+            best, record, more = _mechanisms(ctx, best, record)
+            tried += more
     if cut:
         best.metadata["fallback"] = WALL_CLOCK_FALLBACK.format(limit=opts.time_limit_s)
     # Every group's peak is the simulator's own memory walk (assemble.peaks_and_schedule),
-    # so the verdict is the simulator's.
-    best = dataclasses.replace(best, memory_fits=bool(
+    # so the verdict is the simulator's; offload changes it, so the simulated one then.
+    offloaded = any(g.offload for g in best.groups())
+    best = dataclasses.replace(best, memory_fits=None if offloaded and record is None else bool(
+        not record.oom if offloaded else
         best.metadata["slimpack"]["peak_bytes"] <= hardware.usable_memory_bytes))
     best.metadata["plan_seconds"] = deadline.elapsed_s
     best.metadata["search"] = tried
     return best  # validated where it was built (heuristic) or simulated (search)
+
+
+def _mechanisms(ctx: BuildContext, best: Plan, record) -> tuple[Plan, Any, list[dict]]:
+    """SlimPipe's offload and attention redistribution on the chosen plan (``mechanisms``)."""
+    from slimpack.sim import simulate
+
+    def timed(plan: Plan):
+        return simulate(plan, model=ctx.model, hardware=ctx.hardware, cost=ctx.cost).record
+
+    opts = ctx.options
+    return try_mechanisms(best, record, timed, offload=opts.offload,
+                          attention_redistribution=opts.attention_redistribution)
 
 
 def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOptions, *,
@@ -193,10 +217,11 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
 
 
 def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tuple[bool, ...],
-            deadline: Deadline) -> tuple[Plan, list[dict], bool]:
+            deadline: Deadline) -> tuple[Plan, list[dict], bool, Any]:
     from slimpack.sim import simulate
 
     best: Plan | None = None
+    best_record = None  # the simulated record of ``best`` (None: never simulated)
     best_key: tuple[bool, float] | None = None
     budget = ctx.hardware.usable_memory_bytes  # the simulator's out-of-memory line
     tried: list[dict] = []
@@ -219,7 +244,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                 if build_deadline.remaining_s < predicted + 2 * sim_seconds:
                     # Not enough time left to build and judge another candidate: stop
                     # before starting one (its build would stop at the deadline, wasted).
-                    return best, tried, True
+                    return best, tried, True, best_record
             build_started = time.perf_counter()
             # Once a plan that fits is held, a candidate whose group overflows memory cannot
             # win (the build's peaks are the simulator's): its build stops at that group and
@@ -229,7 +254,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                 candidate = build_plan(ctx, s, use_merge=use_merge, deadline=build_deadline,
                                        stop_over_bytes=budget if holds_fit else None)
             except OutOfTime:
-                return best, tried, True
+                return best, tried, True, best_record
             except OverMemory as over:
                 if use_merge:
                     merged_outliers = over.outliers
@@ -258,7 +283,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                     best = candidate.validate()
                     tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
                                   "built_s": built_s, "simulated": False})
-                return best, tried, True
+                return best, tried, True, best_record
             sim_started = time.perf_counter()
             # simulate() validates the plan first: the plan kept is a validated one.
             record = simulate(candidate, model=ctx.model, hardware=ctx.hardware,
@@ -271,6 +296,6 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                           "oom": record.oom})
             key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
             if best_key is None or key < best_key:
-                best, best_key = candidate, key
+                best, best_key, best_record = candidate, key, record
     assert best is not None
-    return best, tried, False
+    return best, tried, False, best_record

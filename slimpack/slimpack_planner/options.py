@@ -60,6 +60,14 @@ class SlimPackOptions:
     runtime can execute today (it refuses ``vocab_parallel_pp`` at pp > 1)."""
     memory_headroom: float = 0.9
     """Fraction of usable device memory the planner lets activations and states take."""
+    offload: float | None = None
+    """Share of every group's activations offloaded to host memory (SlimPipe's mechanism).
+    None: only when the search's best plan still overflows memory, the smallest share that
+    fits (``mechanisms.OFFLOAD_SHARES``); 0: never; a share in (0, 1]: always that share."""
+    attention_redistribution: bool | None = None
+    """SlimPipe's attention redistribution between pipeline ranks (pp > 1). None: simulated
+    on the chosen plan and kept when faster; True: always; False: never (the CPU runtime
+    refuses it at pp > 1)."""
 
     def __post_init__(self) -> None:
         if self.slice_tokens is not None and (self.slice_tokens <= 0 or self.slice_tokens % 128):
@@ -83,6 +91,13 @@ class SlimPackOptions:
                 or not 0.0 <= self.short_reserve < 1.0:
             raise ValueError(f"SlimPackOptions.short_reserve must be a number in [0, 1), "
                              f"got {self.short_reserve!r}")
+        if self.offload is not None and (isinstance(self.offload, bool) or not isinstance(
+                self.offload, int | float) or not 0.0 <= self.offload <= 1.0):
+            raise ValueError(f"SlimPackOptions.offload must be None (when memory needs it) or "
+                             f"a share in [0, 1], got {self.offload!r}")
+        if self.attention_redistribution not in (None, True, False):
+            raise ValueError(f"SlimPackOptions.attention_redistribution must be None (try "
+                             f"it), true or false, got {self.attention_redistribution!r}")
         if not 0 < self.memory_headroom <= 1:
             raise ValueError(f"SlimPackOptions.memory_headroom must be in (0, 1], got {self.memory_headroom}")
 
