@@ -196,7 +196,8 @@ def express(record: dict[str, Any]) -> Case | Skipped:
     if parallel.world != p["num_gpus"]:
         return Skipped(record_id=rid, reason=f"tp*pp*dp = {parallel.world} != num_gpus {p['num_gpus']}")
     training = TrainingSpec(dtype="bf16", sequence_parallel=bool(p.get("sequence_parallel")),
-                            zero_stage=zero, attention_kernel="unfused", dropout=True)
+                            zero_stage=zero, attention_kernel="unfused", dropout=True,
+                            p2p_blocking=True)  # Megatron-LM 2021-22 / DeepSpeed pipeline p2p
     return Case(record_id=rid, source=record["source"]["work"].split(",")[0],
                 params_b=float(m.get("params_b", 0.0)), model=model, hardware=hardware,
                 parallel=parallel, training=training, recompute=recompute,
