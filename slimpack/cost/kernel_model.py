@@ -86,10 +86,14 @@ class KernelCostModel:
     # -- kernels -----------------------------------------------------------------------------
     def _gemm(self, m: float, n: float, k: float, batch: int = 1,
               dtype: str | None = None) -> float:
-        """A GEMM in the recipe's precision (``dtype`` overrides: the LM head stays bf16)."""
-        return K.gemm_seconds(self.hardware, int(m), int(n), int(k), batch=batch,
-                              dtype=self.training.dtype if dtype is None else dtype) \
-            / self.gemm_scale
+        """A GEMM in the recipe's precision (``dtype`` overrides: the LM head stays bf16):
+        the tile/wave model, never faster than the measured maximum achievable matmul
+        throughput (:data:`~slimpack.cost.kernels.GEMM_CEILING`)."""
+        dtype = self.training.dtype if dtype is None else dtype
+        m, n, k = int(m), int(n), int(k)
+        seconds = max(K.gemm_seconds(self.hardware, m, n, k, batch=batch, dtype=dtype),
+                      K.gemm_ceiling_seconds(self.hardware, m, n, k, batch=batch, dtype=dtype))
+        return seconds / self.gemm_scale
 
     def _linear_shapes(self, tokens: int, tp: int) -> list[tuple[int, int, int]]:
         """(m, n, k) of the forward GEMMs of one layer on one TP rank (fused QKV, out

@@ -91,6 +91,28 @@ Ampere from nccl-tests all-reduce runs, Hopper from the NCCL maintainers' figure
 NVLink4 370 of 450 GB/s; NDR 46-48 of 50 GB/s per NIC)."""
 
 
+GEMM_CEILING: dict[tuple[str, str], float] = {
+    ("ampere", "bf16"): 267.9 / 312,
+    ("hopper", "bf16"): 792.1 / 989,
+}
+"""Maximum achievable matmul throughput as a fraction of the dtype's peak, per (kernel family,
+dtype): the best of a brute-force shape search (stas00/ml-engineering,
+compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table": A100 SXM
+267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989, bf16, CUDA 12.1). No GEMM of any shape ran
+faster, so the tile model's asymptote (``eta`` x peak: 281 and 831 TFLOP/s) is capped there;
+kernel families or dtypes without a measurement are not capped."""
+
+
+def gemm_ceiling_seconds(hw: HardwareSpec, m: int, n: int, k: int, *, dtype: str = "bf16",
+                         batch: int = 1) -> float:
+    """Seconds of ``batch`` ``(m x k) @ (k x n)`` GEMMs at the measured maximum achievable
+    matmul throughput (:data:`GEMM_CEILING`); 0 where none is measured."""
+    frac = GEMM_CEILING.get((hw.kernel_family, dtype))
+    if frac is None or m <= 0 or n <= 0 or k <= 0 or batch <= 0:
+        return 0.0
+    return batch * 2.0 * m * n * k / (_peak(hw, dtype) * frac)
+
+
 def _peak(hw: HardwareSpec, dtype: str) -> float:
     if dtype == "fp8":
         if hw.peak_fp8_tflops <= 0:

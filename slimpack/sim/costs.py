@@ -20,7 +20,7 @@ import numpy as np
 from slimpack.cost.cp_sharding import shard_buffers, shard_piece_arrays
 from slimpack.cost.kernels import ATTN_TILE
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
-from slimpack.cost.model import CostModel, PassTimes, rank_layer_times
+from slimpack.cost.model import CostModel, PassTimes, rank_layer_times, training_of
 from slimpack.plan import Group, Unit
 from slimpack.specs.model import ModelSpec
 
@@ -44,6 +44,8 @@ class GroupCosts:
     bwd_send_s: list[list[float]]
     fwd_unit_tokens: list[int]
     bwd_unit_tokens: list[int]
+    blocking_sends: bool = False
+    """A stage's compute lane waits for each of its sends to arrive (``TrainingSpec.p2p_blocking``)."""
 
 
 HOST_COPY_EFFICIENCY = 0.8
@@ -182,13 +184,21 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
                                    (bwd_ideal, columns[3], bwd_head)):
             out.append((column * n + (extra if with_head else 0.0)).tolist())
 
+    training = training_of(cost)
+    # Megatron's scatter/gather split without sequence parallelism: the receiver all-gathers
+    # the 1/tp shares over its TP group on the compute stream (priced with blocking p2p).
+    gather = training.p2p_blocking and tp > 1 and not training.sequence_parallel
+
     def sends(tokens: list[int], step: int) -> list[list[float]]:
         counts, where = np.unique(np.array(tokens, dtype=np.int64), return_inverse=True)
         by_link = {}
         for intra in (True, False):
-            # Sequence parallelism: each TP rank sends its 1/tp share of the hidden states.
+            # Sequence parallelism (or the scatter/gather split): each TP rank sends its 1/tp
+            # share of the hidden states.
             by_link[intra] = np.array(
                 [cost.comm.p2p(t / (tp * cp) * model.hidden * BF16, intra_node=intra)
+                 + (cost.comm.all_gather(t / cp * model.hidden * BF16, tp, intra_node=True)
+                    if gather else 0.0)
                  for t in counts.tolist()], dtype=np.float64)[where.reshape(-1)]
         out = []
         for s in range(pp):
@@ -200,7 +210,7 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
     return GroupCosts(layers=layers, fwd_s=fwd_s, bwd_s=bwd_s, fwd_ideal_s=fwd_ideal,
                       bwd_ideal_s=bwd_ideal, fwd_send_s=sends(fwd_tokens, 1),
                       bwd_send_s=sends(bwd_tokens, -1), fwd_unit_tokens=fwd_tokens,
-                      bwd_unit_tokens=bwd_tokens)
+                      bwd_unit_tokens=bwd_tokens, blocking_sends=training.p2p_blocking)
 
 
 def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: CostModel,

@@ -8,6 +8,9 @@ edges (KV-cache order, reverse-order backward, B after the last stage's F) are l
 checked by :func:`slimpack.schedules.validate_schedule` for custom lists and guaranteed by
 :func:`slimpack.schedules.build_schedule`.
 
+With ``GroupCosts.blocking_sends`` (Megatron-LM 2021-22's p2p on the compute stream) a stage's
+compute lane is held until each of its sends arrives; the op's own busy time is unchanged.
+
 Sends leave a lane in the order its stage produces them, so a lane is a single "free at"
 time, not a queue. A stage that waits for a missing input parks on that input's key and is
 woken when it is produced: every op is visited once, O(ops), no heap needed. If the work list
@@ -71,6 +74,7 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
     layers = costs.layers
     fwd_s, bwd_s = costs.fwd_s, costs.bwd_s
     fwd_send, bwd_send = costs.fwd_send_s, costs.bwd_send_s
+    blocking = costs.blocking_sends and pp > 1
     fwd_alloc, bwd_free = memory.fwd_alloc, memory.bwd_free
     kv_alloc, kv_free = memory.kvgrad_alloc, memory.kvgrad_free
     offload, fetch = memory.fwd_offload, memory.bwd_fetch
@@ -95,7 +99,7 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                     start = ready if ready > free else free
                 else:
                     start = free
-                end = start + fwd_s[vs][u]
+                end = lane_end = start + fwd_s[vs][u]
                 act[s] += fwd_alloc[u] * layers[vs]
                 mem[s] += fwd_alloc[u] * layers[vs]
                 if act[s] > peak_act[s]:
@@ -110,6 +114,8 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                         t0 = end if end > send_next_free[s] else send_next_free[s]
                         arrive = t0 + fwd_send[s][u]
                         send_next_free[s] = arrive
+                        if blocking:
+                            lane_end = arrive
                         if record:
                             timings.append(OpTiming(stage=s, kind="send-F", unit=u, chunk=c,
                                                     start_s=t0, end_s=arrive, lane="send-next",
@@ -129,7 +135,7 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                     start = ready if ready > free else free
                 else:
                     start = free
-                end = start + bwd_s[vs][u]
+                end = lane_end = start + bwd_s[vs][u]
                 last_b_start[s] = start
                 act[s] += fetch[u] * layers[vs]  # back from host before B runs
                 if act[s] > peak_act[s]:
@@ -145,6 +151,8 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                         t0 = end if end > send_prev_free[s] else send_prev_free[s]
                         arrive = t0 + bwd_send[s][u]
                         send_prev_free[s] = arrive
+                        if blocking:
+                            lane_end = arrive
                         if record:
                             timings.append(OpTiming(stage=s, kind="send-B", unit=u, chunk=c,
                                                     start_s=t0, end_s=arrive, lane="send-prev",
@@ -159,7 +167,7 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
             if record:
                 timings.append(OpTiming(stage=s, kind="F" if is_f else "B", unit=u, chunk=c,
                                         start_s=start, end_s=end, group=group_id))
-            free = end
+            free = lane_end  # blocking p2p: the lane is held until the send arrives
             i += 1
         pos[s] = i
         lane_free[s] = free

@@ -119,8 +119,10 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
             runs.append(_GroupRun(group=group, costs=costs, memory=memory, timeline=timeline))
     # Every cost model prices its recipe's ZeRO traffic (the analytic one the default recipe);
     # only those with an optimizer model (KernelCostModel) add the optimizer step.
+    training = training_of(cost)
     sync = dp_sync(plan, [(r.group, r.timeline) for r in runs], model=model, comm=cost.comm,
-                   overlap=overlap_dp_sync, zero_stage=training_of(cost).zero_stage,
+                   overlap=overlap_dp_sync and training.dp_overlap,
+                   zero_stage=training.zero_stage,
                    optimizer_step=getattr(cost, "optimizer_step_seconds", None))
     record = _record(plan, runs, sync, model=model, hardware=hardware, trace=trace,
                      wall_s=time.perf_counter() - wall)

@@ -46,6 +46,18 @@ class TrainingSpec:
     (FlashAttention-3 or cuDNN kernels of its generation, from July 2024) or ``fa2``
     (FlashAttention-2-class kernels, as containers before FlashAttention-3 ran them). Ampere
     has only the FlashAttention-2 generation; there this field changes nothing."""
+    p2p_blocking: bool = False
+    """Pipeline p2p on the compute stream, as Megatron-LM 2021-22 ran it (``_communicate`` in
+    ``megatron/p2p_communication.py``: ``batch_isend_irecv``, wait, ``torch.cuda.synchronize``;
+    DeepSpeed's pipeline engine sends and receives with blocking ``dist.send``/``recv``): a
+    stage computes nothing while its send is in flight, and without sequence parallelism the
+    receiver all-gathers the scatter/gather split over its TP group (``gather_split_1d_tensor``)
+    before it computes. Off: sends run on their own lane beside compute."""
+    dp_overlap: bool = True
+    """The data-parallel gradient reduction starts as the last backward produces its buckets
+    (PyTorch DDP, Megatron-core's ``overlap_grad_reduce``). False: it runs after the pipeline
+    flush, as Megatron-LM 2021-22's ``local`` DDP did (``train_step``: the schedule, then
+    ``allreduce_gradients()`` on every model chunk)."""
     dropout: bool = False
     """Hidden and attention-probability dropout (GPT-3 recipes): its masks and the extra
     elementwise passes are priced; the s x s attention mask only for ``unfused``."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -165,6 +166,18 @@ def _zero_stage(text: str) -> int | None:
     return None
 
 
+def _dp_overlaps(record: dict[str, Any]) -> bool:
+    """Whether the run's data-parallel gradient all-reduce overlapped backward. Megatron-LM
+    2021-22 defaults to its ``local`` DDP, which all-reduces after the pipeline flush
+    (Korthikanti et al. section 6.3: "no overlap of gradient all-reduce with backprop"); the
+    Table 1 script of Narayanan et al. ran PyTorch DDP (bucketed, overlapping the last
+    backward) up to the size its record's notes give. DeepSpeed runs keep the default."""
+    found = re.search(r"torch for <=\s*([\d.]+)B", record.get("notes", ""))
+    if found:
+        return float(record["model"].get("params_b", 0.0)) <= float(found.group(1))
+    return "deepspeed" in record["parallel"].get("dp_sharding", "").lower()
+
+
 def express(record: dict[str, Any]) -> Case | Skipped:
     """The record as a :class:`Case`, or why it cannot be expressed."""
     rid = record["id"]
@@ -196,7 +209,9 @@ def express(record: dict[str, Any]) -> Case | Skipped:
     if parallel.world != p["num_gpus"]:
         return Skipped(record_id=rid, reason=f"tp*pp*dp = {parallel.world} != num_gpus {p['num_gpus']}")
     training = TrainingSpec(dtype="bf16", sequence_parallel=bool(p.get("sequence_parallel")),
-                            zero_stage=zero, attention_kernel="unfused", dropout=True)
+                            zero_stage=zero, attention_kernel="unfused", dropout=True,
+                            p2p_blocking=True,  # Megatron-LM 2021-22 / DeepSpeed pipeline p2p
+                            dp_overlap=_dp_overlaps(record))
     return Case(record_id=rid, source=record["source"]["work"].split(",")[0],
                 params_b=float(m.get("params_b", 0.0)), model=model, hardware=hardware,
                 parallel=parallel, training=training, recompute=recompute,
