@@ -57,6 +57,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         method="reference", model=model.name, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences},
         phases=(Phase(groups=tuple(groups)),),
+        zero_stage=training_of(cost).zero_stage,
     ).validate()
     return dataclasses.replace(plan, memory_fits=plan_fits_memory(plan, model, hardware,
                                                                   training_of(cost)))

@@ -180,7 +180,8 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         # The flag travels with the probe so the simulator times each trial as it will run.
         return Plan(method="slimpipe", model=model.name, parallel=parallel,
                     sequence_lengths=layout.sequence_lengths, phases=(Phase(groups=trial),),
-                    attention_redistribution=opts.attention_redistribution)
+                    attention_redistribution=opts.attention_redistribution,
+                    zero_stage=training_of(cost).zero_stage)
 
     trials = [(n, recompute, offload) for n in counts]
     if opts.offload is None and recompute != "none":

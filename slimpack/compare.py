@@ -90,7 +90,8 @@ def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareS
     method's default); ``time_limit_s``, every method's too, is one of ``options``: absent,
     the planner's own safety net; None, no wall-clock limit at all (the harness). Options are
     checked against the method's options dataclass before any work.
-    ``plan.metadata['plan_seconds']`` is always set, and so is ``plan.memory_fits``: the
+    ``plan.metadata['plan_seconds']`` is always set, and so are ``plan.zero_stage`` (``cost``'s
+    recipe) and ``plan.memory_fits``: the
     simulator's memory walk under ``cost``'s recipe, for a planner that did not give its own
     verdict. ``registry`` is where ``method`` is looked up (every function here takes one)."""
     spec = registry.get(method)
@@ -102,6 +103,8 @@ def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareS
     started = time.perf_counter()
     plan = spec.planner(batch, model, hardware, parallel, cost, **shared, **options)
     plan.metadata.setdefault("plan_seconds", time.perf_counter() - started)
+    if plan.zero_stage is None:  # a planner that states no recipe was planned under cost's
+        plan = dataclasses.replace(plan, zero_stage=training_of(cost).zero_stage)
     if plan.memory_fits is None:
         from slimpack.sim.memory import plan_fits_memory
 

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from slimpack.jsonio import atomic_write_text, check_output_path, strict_json
 from slimpack.specs.parallel import ParallelSpec
 from slimpack.specs.recompute import RECOMPUTE_MODES
+from slimpack.specs.training import ZERO_STAGES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe", "asymmetric")
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved", "slimpipe", "asymmetric"]
@@ -319,9 +320,10 @@ class DocumentMap:
         return cls(pieces=pieces, samples=samples)
 
 
-PLAN_FORMATS = ("slimpack-plan/1", "slimpack-plan/2")
+PLAN_FORMATS = ("slimpack-plan/1", "slimpack-plan/2", "slimpack-plan/3")
 """Formats :meth:`Plan.from_dict` reads; plans are written in the last. Format 1 plans (no
-typed ``documents``, ``memory_fits``, ``attention_redistribution``) read with their defaults."""
+typed ``documents``, ``memory_fits``, ``attention_redistribution``) and format 2 plans (no
+typed ``zero_stage``) read with those fields lifted from ``metadata``, or their defaults."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -348,6 +350,11 @@ class Plan:
     attention_redistribution: bool = False
     """SlimPipe's attention redistribution (arXiv 2504.14519): the simulator moves attention
     work of a pipeline's slices between its ranks to even out the causal imbalance."""
+    zero_stage: int | None = None
+    """The ZeRO stage of the training recipe the plan was made for (``TrainingSpec.zero_stage``:
+    0, 1 or 3): the simulator refuses a cost model of another stage, the runtime executes it
+    (3: parameters sharded over the data-parallel ranks). None: a hand-built plan that states
+    none (the simulator then charges its cost model's stage; the runtime runs it as 0)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.documents, DocumentMap):
@@ -359,6 +366,16 @@ class Plan:
         if not isinstance(self.attention_redistribution, bool):
             raise PlanError(f"Plan.attention_redistribution must be true or false, got "
                             f"{self.attention_redistribution!r}")
+        if self.zero_stage is not None and (isinstance(self.zero_stage, bool)
+                                            or self.zero_stage not in ZERO_STAGES):
+            raise PlanError(f"Plan.zero_stage must be null or one of {list(ZERO_STAGES)}, got "
+                            f"{self.zero_stage!r}")
+        if "zero_stage" in self.metadata:
+            # Before format 3 FlexSP wrote its stage here; a stage in metadata is read by
+            # nothing, so it is refused rather than left to disagree with the field.
+            raise PlanError(f"Plan.metadata['zero_stage'] is not read "
+                            f"(got {self.metadata['zero_stage']!r}); state it in "
+                            f"Plan.zero_stage")
 
     @property
     def world_size(self) -> int:
@@ -493,6 +510,7 @@ class Plan:
             "documents": self.documents.to_dict(),
             "memory_fits": self.memory_fits,
             "attention_redistribution": self.attention_redistribution,
+            "zero_stage": self.zero_stage,
             "metadata": self.metadata,
         }
 
@@ -541,6 +559,8 @@ class Plan:
         metadata = _get(obj, "metadata", dict, "", default={})
         if fmt == "slimpack-plan/1":
             obj = _lift_format_1(obj, metadata)
+        if fmt in ("slimpack-plan/1", "slimpack-plan/2"):
+            obj = _lift_format_2(obj, metadata)
         return cls(
             method=_get(obj, "method", str, ""),
             model=_get(obj, "model", str, "", default=""),
@@ -552,6 +572,7 @@ class Plan:
             memory_fits=_optional_bool(obj, "memory_fits"),
             attention_redistribution=_get(obj, "attention_redistribution", bool, "",
                                           default=False),
+            zero_stage=_optional_zero_stage(obj),
         )
 
     @classmethod
@@ -683,6 +704,22 @@ def _lift_format_1(obj: dict[str, Any], metadata: dict[str, Any]) -> dict[str, A
         if key in metadata:
             obj[key] = metadata.pop(key)
     return obj
+
+
+def _lift_format_2(obj: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+    """A format-2 plan (FlexSP and the Ulysses baselines) stated its ZeRO stage in
+    ``metadata['zero_stage']``: move it to the typed field."""
+    if "zero_stage" not in metadata:
+        return obj
+    return {**obj, "zero_stage": metadata.pop("zero_stage")}
+
+
+def _optional_zero_stage(obj: dict[str, Any]) -> int | None:
+    value = obj.get("zero_stage")
+    if value is not None and (isinstance(value, bool) or value not in ZERO_STAGES):
+        raise PlanError(f"Plan JSON: zero_stage must be null or one of {list(ZERO_STAGES)}, "
+                        f"got {value!r}")
+    return value
 
 
 def _optional_bool(obj: dict[str, Any], key: str) -> bool | None:

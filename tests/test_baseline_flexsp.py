@@ -119,7 +119,7 @@ def test_cp_layout_plans_on_the_sp_pool_with_states_sharded_over_every_slot():
     assert p.parallel.cp == 1 and p.parallel.dp == 8 and p.parallel.tp == 2
     assert p.metadata["num_microbatches"] < 10  # not one phase per sequence (128)
     assert np.isfinite(p.metadata["estimated_seconds"]) and p.metadata["estimated_seconds"] > 0
-    assert p.memory_fits and p.metadata["zero_stage"] == 1
+    assert p.memory_fits and p.zero_stage == 1 and "zero_stage" not in p.metadata
     rec = simulate(p, model=model, hardware=hw, cost=cost).record
     assert not rec.oom
     # The cp layout and the pool it folds into are the same FlexSP problem.
@@ -274,7 +274,7 @@ def test_ulysses_under_zero3_budgets_what_the_simulator_charges():
         cost = KernelCostModel(model=model, hardware=hw, training=TrainingSpec(zero_stage=stage))
         p = plan_static(batch, model, hw, ParallelSpec(dp=16), cost, context=65536)
         rec = simulate(p, model=model, hardware=hw, cost=cost).record
-        assert p.metadata["zero_stage"] == stage
+        assert p.zero_stage == stage
         assert p.memory_fits == (not rec.oom)
         assert p.metadata["recompute"] == "none"  # no escalation from a ZeRO-1 memory check
         degrees[stage] = p.metadata["sp_degree"]

@@ -10,7 +10,7 @@ import pytest
 
 from slimpack.batch import Batch
 from slimpack.compare import best_parallel, method_candidates, plan_method
-from slimpack.cost.model import AnalyticCostModel
+from slimpack.cost.model import AnalyticCostModel, training_of
 from slimpack.methods import METHODS, get_method, method_names
 from slimpack.planning.options import parse_options
 from slimpack.sim import simulate
@@ -115,6 +115,9 @@ def test_planners_memory_verdict_is_the_simulators(method):
         record = simulate(plan, model=model, hardware=hw, cost=cost).record
         assert plan.memory_fits is not None, method
         assert plan.memory_fits == (not record.oom), (method, parallel.describe(), context)
+        # Every planner states the recipe's ZeRO stage itself (a typed field, not metadata).
+        assert plan.zero_stage == training_of(cost).zero_stage, method
+        assert "zero_stage" not in plan.metadata, method
         verdicts.append(record.oom)
     assert len(verdicts) == 6
 

@@ -51,11 +51,29 @@ def test_vocab_parallel_pp_on_one_stage_is_the_same_computation_and_runs():
                        TINY)
 
 
-def test_zero_stage_other_than_plain_data_parallel_is_refused():
-    plan = dataclasses.replace(packed_plan(pp=2, dp=1), metadata={"zero_stage": 3})
-    _refused(plan, r"plan: zero_stage=3 is not executed by the runtime; allowed: \(0, 1\)")
-    # ZeRO-1 shards optimizer states; the runtime takes no optimizer step, so none to shard.
-    check_runtime_plan(dataclasses.replace(plan, metadata={"zero_stage": 1}), TINY)
+def test_zero3_with_tied_embedding_copies_on_two_stages_is_refused():
+    plan = dataclasses.replace(packed_plan(pp=2, dp=2), zero_stage=3)
+    tied = model_preset("tiny-mha")
+    with pytest.raises(ValueError) as err:
+        check_runtime_plan(plan, tied)
+    assert str(err.value) == ("plan: zero_stage=3 is not executed by the runtime; allowed: 0 or "
+                              "1 for tiny-mha (tied embeddings) at pp > 1; 3 with untied "
+                              "embeddings or pp = 1")
+    # Every stage the IR allows runs otherwise: ZeRO-1 shards optimizer states, and the
+    # runtime takes no optimizer step, so it is ZeRO-0's all-reduce; 3 shards parameters.
+    for stage in (None, 0, 1, 3):
+        check_runtime_plan(dataclasses.replace(plan, zero_stage=stage), TINY)
+    check_runtime_plan(dataclasses.replace(packed_plan(pp=1, dp=2), zero_stage=3), tied)
+
+
+def test_old_plan_with_zero_stage_in_metadata_reaches_the_runtime_as_the_field():
+    old = {**packed_plan(pp=2, dp=2).to_dict(), "format": "slimpack-plan/2",
+           "metadata": {"zero_stage": 3}}
+    old.pop("zero_stage")
+    plan = Plan.from_dict(old)
+    assert plan.zero_stage == 3
+    _refused(plan, r"^plan: zero_stage=3 is not executed by the runtime; allowed: 0 or 1 for "
+                   r"tiny-mha", model=model_preset("tiny-mha"))
 
 
 def test_attention_redistribution_across_pipeline_ranks_is_refused():

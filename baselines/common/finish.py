@@ -29,7 +29,8 @@ def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parall
     fit move to the next costlier recompute mode until the plan fits or full recompute is
     reached; ``metadata['recompute']`` then names the mode(s) the plan runs. ``training``: the
     cost model's recipe (:func:`slimpack.cost.model.training_of`), whose ZeRO stage the
-    simulator will charge: required, so no planner checks memory under another recipe.
+    simulator will charge: required, so no planner checks memory under another recipe; the
+    plan states that stage (``Plan.zero_stage``), so every baseline's plan carries it.
     ``schedules``: op lists the planner already built for some group ids (recompute does not
     change them, so they hold for the escalated plans too).
     ``metadata['plan_seconds']`` is the wall time since ``started`` (``time.perf_counter``).
@@ -37,7 +38,8 @@ def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parall
     plan = Plan(method=method, model=model.name, parallel=parallel,
                 sequence_lengths=dict(sequence_lengths), phases=tuple(phases),
                 metadata=dict(metadata), documents=documents or DocumentMap(),
-                attention_redistribution=attention_redistribution)
+                attention_redistribution=attention_redistribution,
+                zero_stage=training.zero_stage)
     plan.validate()
     fits = plan_fits_memory(plan, model, hardware, training, schedules)
     while not fits and escalate_recompute:

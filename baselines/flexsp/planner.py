@@ -346,7 +346,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                   "sp_degrees": [[g.degree for g in a.groups] for a in answers],
                   "time_limit_s": opts.time_limit_s, "mip_max_nodes": opts.mip_max_nodes,
                   "mip_sub_mip_heuristics": opts.mip_sub_mip_heuristics,
-                  "stopped_by": stopped_by(sources, net_reached), "zero_stage": zero_stage,
+                  "stopped_by": stopped_by(sources, net_reached),
                   **({"fallback": fallback} if fallback is not None else {})},
         escalate_recompute=opts.recompute == AUTO, training=training_of(cost),
     )

@@ -154,7 +154,7 @@ def _plan(mode: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
     metadata: dict[str, Any] = {
         "sp_degree": d, "sizing_length": sizing, "num_groups": slots // d,
         "num_microbatches": m, "recompute": choice.recompute,
-        "estimated_seconds": estimate, "zero_stage": zero_stage,
+        "estimated_seconds": estimate,
         "time_limit_s": opts.time_limit_s,
         "stopped_by": stopped_by([a.source for a in answers], net_reached)}
     if metadata["stopped_by"] == "time-limit":

@@ -231,7 +231,7 @@ def run_plan(args: argparse.Namespace) -> int:
     fits = plan.memory_fits
     if fits is False:
         print(f"slimpack plan: warning: the {args.method} plan does not fit in "
-              f"{hardware.name} memory ({_peak_note(plan, model, hardware)}); try more "
+              f"{hardware.name} memory ({_peak_note(plan, model, hardware, cost)}); try more "
               "pp/tp/cp, recompute, or --auto-parallel",
               file=sys.stderr)
         if args.strict:
@@ -258,10 +258,12 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _peak_note(plan, model, hardware) -> str:
+def _peak_note(plan, model, hardware, cost) -> str:
+    from slimpack.cost.model import training_of
     from slimpack.sim.memory import plan_peak_bytes
 
-    return (f"peak {plan_peak_bytes(plan, model) / 2**30:.1f} GiB per device, usable "
+    peak = plan_peak_bytes(plan, model, training_of(cost))  # the recipe it was planned under
+    return (f"peak {peak / 2**30:.1f} GiB per device, usable "
             f"{hardware.usable_memory_bytes / 2**30:.1f} GiB")
 
 

@@ -139,6 +139,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.calibration:
         from slimpack.cost.calibrated import CalibratedCostModel
         cost = CalibratedCostModel.from_csv(args.calibration, model=spec)
+        from slimpack.cost.model import training_of
+        from slimpack.sim.memory import check_zero_stage
+        check_zero_stage(plan, training_of(cost))  # the comparison would refuse it after the run
     best = run_plan(plan, spec, config, nproc=world, timeout_s=args.timeout)
     if best is None:
         return 0  # non-zero torchrun rank: rank 0 reports

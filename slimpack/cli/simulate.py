@@ -78,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         if not args.plan:
             raise ValueError("give a plan JSON file, or --uniform for a synthetic workload")
+        from slimpack.cost.kernel_model import default_cost_model
         from slimpack.plan import Plan
+        from slimpack.specs.training import TrainingSpec
 
         plan = Plan.load(args.plan)
         name = args.model or plan.model
@@ -86,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"plan {args.plan} names no model; pass --model")
         model = model_preset(name)
         _check_plan_model(plan, model, given=args.model)
-        cost = None
+        # Priced under the ZeRO stage the plan states (the simulator refuses any other).
+        cost = None if plan.zero_stage is None else default_cost_model(
+            model, hardware, TrainingSpec(zero_stage=plan.zero_stage))
     from slimpack.sim import plot_gantt, simulate, to_chrome_trace
 
     want_ops = bool(args.trace or args.gantt)

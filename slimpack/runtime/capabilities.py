@@ -18,11 +18,13 @@ from slimpack.specs.model import ModelSpec
 EXECUTED_RECOMPUTE = ("none", "selective", "full")
 """selective: core attention recomputed in backward; full: each decoder layer recomputed."""
 
-EXECUTED_ZERO_STAGES = (0, 1)
-"""The runtime sums gradients over data parallelism with one all-reduce and takes no optimizer
-step, so it holds no optimizer states: ZeRO-1's sharding of those states (and its
-reduce-scatter instead of all-reduce, the same sums) leaves the step it runs unchanged. ZeRO-3
-shards the parameters themselves (all-gathered per layer), which the runtime does not do."""
+EXECUTED_ZERO_STAGES = (0, 1, 3)
+"""``Plan.zero_stage`` values the runtime executes. 0 and 1 (and None, no stated stage): one
+data-parallel gradient all-reduce at the end of the step. The runtime takes no optimizer step,
+so it holds no optimizer states: ZeRO-1's sharding of those states (and its reduce-scatter
+instead of all-reduce, the same sums) leaves the step it runs unchanged. 3: parameters and
+gradients sharded over the data-parallel ranks, all-gathered before each plan phase and the
+phase's gradients reduce-scattered after it (:mod:`slimpack.runtime.zero`)."""
 
 
 def refuse(group: Group | None, field: str, value: object, allowed: str) -> ValueError:
@@ -43,18 +45,24 @@ def check_model_supported(model: ModelSpec) -> None:
 
 def check_plan_fields(plan: Plan) -> None:
     """Plan-level fields the executor does not implement."""
-    # The IR has no typed ZeRO field: planners that choose one (FlexSP) state it in metadata,
-    # where the simulator reads it too.
-    stated = plan.metadata.get("zero_stage")
-    if stated is not None and stated not in EXECUTED_ZERO_STAGES:
-        raise refuse(None, "zero_stage", stated,
-                     f"{EXECUTED_ZERO_STAGES} (one data-parallel gradient all-reduce, no "
-                     f"optimizer step; parameters are not sharded)")
+    if plan.zero_stage is not None and plan.zero_stage not in EXECUTED_ZERO_STAGES:
+        raise refuse(None, "zero_stage", plan.zero_stage,
+                     f"None or one of {EXECUTED_ZERO_STAGES} (0/1: gradients all-reduced, no "
+                     f"optimizer step; 3: parameters sharded over data parallelism)")
     # SlimPipe's attention redistribution ships KV between paired pipeline ranks; with one
     # stage there is no pair, so the flag describes the plain computation.
     if plan.attention_redistribution and any(g.pp > 1 for g in plan.groups()):
         raise refuse(None, "attention_redistribution", True,
                      "false when pp > 1 (attention runs where its slice is)")
+
+
+def check_zero_stage(plan: Plan, model: ModelSpec) -> None:
+    """ZeRO-3 shards each rank's parameters over the ranks holding the same stage; tied
+    embedding copies on the first and last stage (pp > 1) sit in different ranks' shards, and
+    summing their gradients shard by shard is not implemented."""
+    if plan.zero_stage == 3 and model.tied_embeddings and any(g.pp > 1 for g in plan.groups()):
+        raise refuse(None, "zero_stage", 3, f"0 or 1 for {model.name} (tied embeddings) at "
+                                            f"pp > 1; 3 with untied embeddings or pp = 1")
 
 
 def check_group_fields(group: Group, model: ModelSpec) -> None:

@@ -10,7 +10,10 @@ gets different documents so data parallelism is not a copy of one replica.
   per unit (SlimPipe's slice-level pipeline);
 * ``slimpack``: continuation slices of a long sequence packed with short documents, forward
   and backward MicroPacks different (SlimPack's asymmetric partition);
-* ``packed``: short whole documents packed into slices (varlen, no KV prefix).
+* ``packed``: short whole documents packed into slices (varlen, no KV prefix);
+* ``flexsp`` (:func:`flexsp_plan`, 4 ranks): FlexSP's shape, one phase per micro-batch with
+  Ulysses groups of mixed degrees (4; 2 and 2; then 1, 1, 1 with one rank idle and the
+  groups running different numbers of slices).
 """
 
 from __future__ import annotations
@@ -87,6 +90,37 @@ def packed_plan(*, pp: int = 2, dp: int = 2, vpp: int = 1, scale: int = 1,
                 tp: int = 1, **cp_fields) -> Plan:
     return _plan("example-packed", _PACKED, pp=pp, dp=dp, vpp=vpp, scale=scale,
                  schedule="1f1b" if vpp == 1 else "interleaved", tp=tp, **cp_fields)
+
+
+def flexsp_plan(*, scale: int = 1, zero_stage: int | None = None) -> Plan:
+    """FlexSP's shape on 4 ranks (dp 4, pp 1): one phase per micro-batch, each a set of
+    Ulysses groups of its own degree over disjoint ranks, every sequence whole in one slice
+    (or packed with others). The last phase leaves rank 3 idle and gives rank 0 two units
+    where ranks 1 and 2 run one: what per-use collectives over the data-parallel ranks (ZeRO-3)
+    must not assume away."""
+    lengths = {0: 64 * scale, 1: 24 * scale, 2: 16 * scale, 3: 30 * scale, 4: 11 * scale,
+               5: 9 * scale, 6: 13 * scale, 7: 7 * scale}
+    # phase -> groups as (ranks, slices as lists of seq ids, forward units as slice ids)
+    layout = [
+        [((0, 1, 2, 3), [[0]], [[0]])],
+        [((0, 1), [[1, 2]], [[0]]), ((2, 3), [[3]], [[0]])],
+        [((0,), [[4], [5]], [[0], [1]]), ((1,), [[6]], [[0]]), ((2,), [[7]], [[0]])],
+    ]
+    phases, gid = [], 0
+    for groups_spec in layout:
+        groups = []
+        for ranks, slices_spec, units in groups_spec:
+            slices = tuple(Slice(slice_id=i, segments=tuple(
+                Segment(seq_id=s, start=0, end=lengths[s]) for s in seqs))
+                for i, seqs in enumerate(slices_spec))
+            fwd = tuple(Unit(slice_ids=tuple(u)) for u in units)
+            groups.append(Group(group_id=gid, ranks=ranks, cp=len(ranks), cp_kind="ulysses",
+                                slices=slices, forward_units=fwd, backward_units=fwd))
+            gid += 1
+        phases.append(Phase(groups=tuple(groups)))
+    return Plan(method="example-flexsp", parallel=ParallelSpec(dp=4), sequence_lengths=lengths,
+                phases=tuple(phases), metadata={"example": "flexsp"},
+                zero_stage=zero_stage).validate()
 
 
 EXAMPLES: dict[str, Callable[..., Plan]] = {

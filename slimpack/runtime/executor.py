@@ -9,6 +9,13 @@ Phases of :func:`execute_rank`:
 3. gradient synchronisation: tied-embedding copies, then the data-parallel sum;
 4. measurements: per-op times, busy time, peak memory, loss.
 
+Under ZeRO-3 (``Plan.zero_stage == 3``, :mod:`slimpack.runtime.zero`) a rank keeps only its
+data-parallel shard of its chunks' parameters and gradients: each plan phase starts with an
+all-gather of them and ends with a reduce-scatter of its gradients, on every rank of the
+group whether it runs a group in that phase or not, and phase 3's all-reduce is then already
+done. ZeRO-0/1 (or no stated stage) run the all-reduce: with no optimizer step the runtime
+holds no optimizer states for ZeRO-1 to shard, and its reduce-scatter computes the same sums.
+
 A stage of a group is ``cp*tp`` ranks. Context parallelism gives each cp rank its rows of every
 slice (:mod:`slimpack.runtime.cp_layout`) for the whole layer stack; sequence parallelism then
 splits those cp-local rows over the tp ranks (:mod:`slimpack.runtime.tensor_parallel`), so
@@ -48,6 +55,7 @@ from slimpack.runtime.tensor_parallel import (
     tp_rank_sets,
 )
 from slimpack.runtime.validate import RuntimePlan
+from slimpack.runtime.zero import ZeroShards
 from slimpack.specs.model import ModelSpec
 
 
@@ -143,17 +151,24 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
               build_tp_chunks(spec, tp, **kw) if tp is not None else build_chunks(spec, **kw))
     tokens = make_tokens(rplan.plan.sequence_lengths, vocab_size=spec.vocab_size,
                          seed=config.seed)
+    zero = (ZeroShards([p for c in chunks for p in c.parameters()], groups.dp_group)
+            if rplan.plan.zero_stage == 3 and chunks else None)
     setup = _Setup(rplan=rplan, spec=spec, config=config, rank=rank, stage=stage, device=device,
                    chunks=chunks, groups=groups, cp_groups=cp_groups, tokens=tokens, tp=tp,
-                   backend=choose_backend(device, config.torch_dtype, config.attention))
+                   backend=choose_backend(device, config.torch_dtype, config.attention),
+                   zero=zero)
     results = []
     for step in range(config.warmup_steps + config.measured_steps):
         for c in chunks:
             c.zero_grad(set_to_none=True)
+        if zero is not None:
+            zero.zero_grad()
         result = _step(setup)
         if step >= config.warmup_steps:
             results.append(result)
     if return_grads:
+        if zero is not None:  # whole gradients from the shards (collective over dp)
+            zero.gather_gradients()
         results[-1].grads = {}
         for c in chunks:
             if tp is not None:  # shards gathered whole, to compare with the unsliced model
@@ -178,6 +193,8 @@ class _Setup:
     tokens: dict[int, torch.Tensor]
     backend: str
     tp: TPGroup | None
+    zero: ZeroShards | None
+    """This rank's ZeRO-3 shards (None: parameters replicated, gradients all-reduced)."""
 
     def rows(self, num_tokens: int) -> int:
         """Rows of a slice's hidden states this rank holds when its cp share of the slice is
@@ -193,10 +210,9 @@ class _Setup:
 def _step(su: _Setup) -> RankResult:
     """One training step (forward, backward, gradient sync) of this rank, measured."""
     rplan, spec, config, device, stage = su.rplan, su.spec, su.config, su.device, su.stage
-    pp, dtype = rplan.pp, config.torch_dtype
-    denom = float(num_label_tokens(rplan.plan.sequence_lengths))
-    model_state_bytes = 2 * sum(p.numel() * p.element_size() for c in su.chunks
-                                for p in c.parameters())  # parameters and their gradients
+    model_state_bytes = (2 * sum(p.numel() * p.element_size() for c in su.chunks
+                                 for p in c.parameters())  # parameters and their gradients
+                         if su.zero is None else su.zero.state_bytes)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
@@ -211,54 +227,26 @@ def _step(su: _Setup) -> RankResult:
     # -- phase 2: every plan phase, this rank's group ---------------------------------------
     for phase in rplan.plan.phases:
         group = next((g for g in phase.groups if su.rank in g.ranks), None)
-        if group is None:
-            continue
-        layout = GroupLayout(group)
-        exchange = make_exchange(group, layout, cp=su.cp_groups.of(group.group_id))
-        policy = ActivationPolicy(recompute=group.recompute, offload=group.offload)
-        runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
-                               loss_scale=1.0 / denom, policy=policy, exchange=exchange)
-                   for c in su.chunks]
-        pipe = _Pipe(su.groups, rplan.num_blocks, device)
-        inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}
-        cp_rows = {sl.slice_id: sl.num_tokens for sl in group.slices}
-        if group.cp > 1:  # this rank's rows of every slice (cp_layout), all layers and loss
-            inputs = {i: local_inputs(x, exchange.shard(i)) for i, x in inputs.items()}
-            cp_rows = {i: exchange.shard(i).num_local for i in cp_rows}
-        lane = _Lane(group=group, rank=su.rank,
-                     rows={i: su.rows(n) for i, n in cp_rows.items()})
-        for op in rplan.schedules[group.group_id][stage]:
-            start = clock.since_start()
-            if op.kind == "F":
-                waited = _forward(lane, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
-                                  inputs, spec, dtype, clock, loss_here)
-            else:
-                waited = _backward(lane, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
-                                   spec, dtype, clock)
-            end = clock.since_start()
-            busy += end - start - waited
-            if config.record_ops:
-                if waited > 0:
-                    ops_out.append(OpTiming(stage=stage, kind="recv", unit=op.unit,
-                                            chunk=op.chunk, start_s=start, end_s=start + waited,
-                                            lane="comm"))
-                    op_groups.append(group.group_id)
-                ops_out.append(OpTiming(stage=stage, kind=op.kind, unit=op.unit, chunk=op.chunk,
-                                        start_s=start + waited, end_s=end))
-                op_groups.append(group.group_id)
-            live = sum(r.live_bytes() for r in runners)
-            peak_tracked = max(peak_tracked, model_state_bytes + live)
-        pipe.drain()
-        leftover = [(c, r.pending()) for c, r in enumerate(runners) if r.pending()]
-        if leftover:
-            raise RuntimeError(f"rank {su.rank}: slices forwarded but never backwarded: "
-                               f"{leftover}")
+        held = model_state_bytes
+        if su.zero is not None:  # every rank of the dp group, in a group this phase or not
+            su.zero.unshard()
+            held += su.zero.gathered_bytes
+            peak_tracked = max(peak_tracked, held)
+        if group is not None:
+            group_busy, group_peak = _run_group(su, group, clock, loss_here, ops_out,
+                                                op_groups, held_bytes=held)
+            busy += group_busy
+            peak_tracked = max(peak_tracked, group_peak)
+        if su.zero is not None:  # tp sums of replicated weights first (sums commute)
+            su.zero.reshard(before_reduce=None if su.tp is None else
+                            lambda: sync_tp_gradients(su.chunks, su.tp))
 
     # -- phase 3: gradient synchronisation ------------------------------------------------
     start = clock.since_start()
-    _sync_gradients(su.chunks, su.groups, tied=spec.tied_embeddings)
-    if su.tp is not None:  # norm weights: each tp rank saw only its rows (sums commute)
-        sync_tp_gradients(su.chunks, su.tp)
+    if su.zero is None:  # ZeRO-3 reduce-scattered every phase's gradients already
+        _sync_gradients(su.chunks, su.groups, tied=spec.tied_embeddings)
+        if su.tp is not None:  # norm weights: each tp rank saw only its rows (sums commute)
+            sync_tp_gradients(su.chunks, su.tp)
     dist.all_reduce(loss_sum)  # only last blocks contribute; report the step's loss
     end = clock.since_start()
     if config.record_ops and stage is not None:
@@ -274,6 +262,58 @@ def _step(su: _Setup) -> RankResult:
     return RankResult(rank=su.rank, stage=stage, loss=float(loss_sum), elapsed_s=end,
                       busy_s=busy, peak_memory_bytes=peak, memory_source=source,
                       attention_backend=su.backend, ops=ops_out, op_groups=op_groups)
+
+
+def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
+               ops_out: list[OpTiming], op_groups: list[int], *, held_bytes: float
+               ) -> tuple[float, float]:
+    """This rank's ops of ``group`` in one plan phase: (busy seconds, tracked peak bytes,
+    ``held_bytes`` of model state plus the live activations and caches)."""
+    rplan, spec, config, device, stage = su.rplan, su.spec, su.config, su.device, su.stage
+    pp, dtype = rplan.pp, config.torch_dtype
+    denom = float(num_label_tokens(rplan.plan.sequence_lengths))
+    busy, peak = 0.0, float(held_bytes)
+    layout = GroupLayout(group)
+    exchange = make_exchange(group, layout, cp=su.cp_groups.of(group.group_id))
+    policy = ActivationPolicy(recompute=group.recompute, offload=group.offload)
+    runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
+                           loss_scale=1.0 / denom, policy=policy, exchange=exchange)
+               for c in su.chunks]
+    pipe = _Pipe(su.groups, rplan.num_blocks, device)
+    inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}
+    cp_rows = {sl.slice_id: sl.num_tokens for sl in group.slices}
+    if group.cp > 1:  # this rank's rows of every slice (cp_layout), all layers and loss
+        inputs = {i: local_inputs(x, exchange.shard(i)) for i, x in inputs.items()}
+        cp_rows = {i: exchange.shard(i).num_local for i in cp_rows}
+    lane = _Lane(group=group, rank=su.rank,
+                 rows={i: su.rows(n) for i, n in cp_rows.items()})
+    for op in rplan.schedules[group.group_id][stage]:
+        start = clock.since_start()
+        if op.kind == "F":
+            waited = _forward(lane, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
+                              inputs, spec, dtype, clock, loss_here)
+        else:
+            waited = _backward(lane, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
+                               spec, dtype, clock)
+        end = clock.since_start()
+        busy += end - start - waited
+        if config.record_ops:
+            if waited > 0:
+                ops_out.append(OpTiming(stage=stage, kind="recv", unit=op.unit,
+                                        chunk=op.chunk, start_s=start, end_s=start + waited,
+                                        lane="comm"))
+                op_groups.append(group.group_id)
+            ops_out.append(OpTiming(stage=stage, kind=op.kind, unit=op.unit, chunk=op.chunk,
+                                    start_s=start + waited, end_s=end))
+            op_groups.append(group.group_id)
+        live = sum(r.live_bytes() for r in runners)
+        peak = max(peak, held_bytes + live)
+    pipe.drain()
+    leftover = [(c, r.pending()) for c, r in enumerate(runners) if r.pending()]
+    if leftover:
+        raise RuntimeError(f"rank {su.rank}: slices forwarded but never backwarded: "
+                           f"{leftover}")
+    return busy, peak
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,8 @@ model (docs/architecture.md, runtime, prints the table this writes).
 
 Cases combine tensor parallelism (with sequence parallelism), context parallelism (ring
 all-gather of K/V, both shardings) and Ulysses, pipeline and data parallelism, virtual stages,
-slices with a KV cache, asymmetric units, every recompute mode and offload.
+slices with a KV cache, asymmetric units, every recompute mode and offload, and ZeRO-3
+parameter sharding (gradients compared whole, gathered from the shards).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from slimpack.plan import Phase, Plan
 from slimpack.runtime.config import RuntimeConfig
-from slimpack.runtime.examples import packed_plan, slimpack_plan, slimpipe_plan
+from slimpack.runtime.examples import flexsp_plan, packed_plan, slimpack_plan, slimpipe_plan
 from slimpack.runtime.launch import run_plan
 from slimpack.runtime.parity import Parity, parity
 from slimpack.runtime.reference import reference_step
@@ -33,13 +34,14 @@ class Case:
     model: str = "tiny"
     recompute: str = "none"
     offload: float = 0.0
+    zero_stage: int | None = None
 
     def plan(self) -> Plan:
         plan = self.make()
         phases = tuple(Phase(groups=tuple(
             dataclasses.replace(g, recompute=self.recompute, offload=self.offload)
             for g in ph.groups)) for ph in plan.phases)
-        return dataclasses.replace(plan, phases=phases)
+        return dataclasses.replace(plan, phases=phases, zero_stage=self.zero_stage)
 
 
 CASES: tuple[Case, ...] = (
@@ -93,6 +95,20 @@ CASES: tuple[Case, ...] = (
     Case(name="tp2 cp2 pp2 ring per-document, packed documents, tied embeddings",
          make=lambda: packed_plan(pp=2, dp=1, tp=2, cp=2, cp_sharding="per-document"),
          model="tiny-mha"),
+    # ZeRO-3: parameters sharded over the ranks holding a stage (dp and cp), gathered per
+    # plan phase, gradients reduce-scattered.
+    Case(name="zero3, FlexSP phases: ulysses4; ulysses2 x2; 1 x3 + idle rank",
+         make=flexsp_plan, zero_stage=3),
+    Case(name="zero3, FlexSP phases, tied embeddings, full",
+         make=flexsp_plan, model="tiny-mha", recompute="full", zero_stage=3),
+    Case(name="zero3 pp2 dp2, 4 slices/seq", make=lambda: slimpipe_plan(pp=2, dp=2),
+         zero_stage=3),
+    Case(name="zero3 tp2 dp2, asymmetric units, selective, offload 0.5",
+         make=lambda: slimpack_plan(pp=1, dp=2, tp=2), recompute="selective", offload=0.5,
+         zero_stage=3),
+    Case(name="zero3 cp2 dp2 ring per-document, asymmetric units",
+         make=lambda: slimpack_plan(pp=1, dp=2, cp=2, cp_sharding="per-document"),
+         zero_stage=3),
 )
 
 

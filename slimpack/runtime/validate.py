@@ -16,6 +16,7 @@ from slimpack.runtime.capabilities import (
     check_model_supported,
     check_plan_fields,
     check_tp_layout,
+    check_zero_stage,
 )
 from slimpack.runtime.schedule import build_group_schedule
 from slimpack.specs.model import ModelSpec
@@ -55,6 +56,7 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
             f"(or torchrun --nproc-per-node {plan.world_size})")
     check_model_supported(model)
     check_plan_fields(plan)
+    check_zero_stage(plan, model)
     groups = list(plan.groups())
     pps = {g.pp for g in groups}
     vpps = {g.vpp for g in groups}

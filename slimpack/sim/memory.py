@@ -26,7 +26,7 @@ from slimpack.cost.memory import (
     logits_bytes,
     model_state_bytes,
 )
-from slimpack.plan import Group, Plan
+from slimpack.plan import Group, Plan, PlanError
 from slimpack.schedules import Op, build_schedule, stage_forward_counts
 from slimpack.sim.costs import head_stages, layers_per_virtual_stage
 from slimpack.specs.hardware import HardwareSpec
@@ -250,11 +250,28 @@ def peaks_and_schedule(group: Group, model: ModelSpec, dp: int,
     return peak_bytes_by_stage(ops, memory, layers), ops
 
 
+def check_zero_stage(plan: Plan, training: TrainingSpec | None) -> None:
+    """Refuse to price ``plan`` under a recipe of another ZeRO stage than the one it states
+    (``Plan.zero_stage``; None states none). ``training`` None is the default recipe.
+
+    Refused rather than one of them chosen: the planner sized the plan's memory and degrees
+    for its stage, so pricing it under another would report a step nobody planned. Every
+    planner states the stage of the cost model it was given, and the harness simulates a
+    plan under that same cost model, so no existing record takes this path."""
+    stage = (training or TrainingSpec()).zero_stage
+    if plan.zero_stage is not None and plan.zero_stage != stage:
+        raise PlanError(f"Plan.zero_stage={plan.zero_stage} but the cost model's "
+                        f"TrainingSpec.zero_stage={stage}: simulate the plan under the recipe "
+                        f"it was planned for")
+
+
 def plan_peak_bytes(plan: Plan, model: ModelSpec, training: TrainingSpec | None = None,
                     schedules: Mapping[int, list[list[Op]]] | None = None) -> float:
     """The largest per-device peak over every group of every phase of ``plan``;
     ``schedules``: :func:`build_schedule`'s op lists of some groups (by group id), already
-    built by the caller (the others are built here)."""
+    built by the caller (the others are built here). Raises PlanError when ``training``'s
+    ZeRO stage is not the plan's (:func:`check_zero_stage`)."""
+    check_zero_stage(plan, training)
     schedules = schedules or {}
     return max(max(schedule_peak_bytes(g, model, plan.parallel.dp, training,
                                        schedules.get(g.group_id)))

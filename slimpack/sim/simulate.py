@@ -23,7 +23,7 @@ from slimpack.schedules import Op, build_schedule, validate_schedule
 from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
-from slimpack.sim.memory import GroupMemory, group_memory
+from slimpack.sim.memory import GroupMemory, check_zero_stage, group_memory
 from slimpack.sim.redistribution import merge_stats, redistribute_group
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
@@ -81,6 +81,7 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
     if validate:
         plan.validate()
     cost = cost if cost is not None else default_cost_model(model, hardware)
+    check_zero_stage(plan, training_of(cost))
     world = plan.world_size
     gpus_per_node = plan.parallel.gpus_per_node
     rank_free = [0.0] * world

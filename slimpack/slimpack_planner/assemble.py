@@ -208,7 +208,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
 
     info["peak_bytes"] = max(peaks)
     return Plan(method="slimpack", model=ctx.model.name, parallel=par,
-                sequence_lengths=lengths, phases=tuple(phases), metadata={"slimpack": info})
+                sequence_lengths=lengths, phases=tuple(phases), metadata={"slimpack": info},
+                zero_stage=training_of(ctx.cost).zero_stage)
 
 
 def _stop_if_over(peak: float, limit: float | None, outliers: int) -> None:
