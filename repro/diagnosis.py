@@ -40,10 +40,13 @@ def _num(row: pd.Series, column: str) -> float:
 def cause(ours: pd.Series, winner: pd.Series) -> str:
     """The first rule that holds, in this order:
 
-    1. ``search``: the winner's layout is not the one SlimPack ran and SlimPack's search was
-       capped (``layouts_simulated`` < its candidates less those pruned): a layout it did not
-       try may be faster. ``planner``: the layouts differ and the search was not capped, so
-       SlimPack's own plan on the winner's layout is the slower one.
+    1. ``search``: the winner's layout is not the one SlimPack ran, SlimPack's search was
+       capped (``layouts_simulated`` < its candidates less those pruned) and no winner-layout
+       pass ran (``slimpack.planning.winners``: records without ``layouts_from_winners``, or
+       points of one method): a layout it did not try may be faster. ``planner``: the layouts
+       differ but SlimPack's search held the winner's layout (not capped, or the pass gave it
+       the winner's layout), so SlimPack's own plan on it is the slower one; the rules below
+       then say how its own best differs.
     2. ``bubble``: SlimPack's bubble fraction exceeds the winner's by more than 2 points.
     3. ``balance``: SlimPack's step over its ideal exceeds the winner's by more than 2%.
     4. ``recompute`` / ``offload``: SlimPack recomputes or offloads where the winner does not.
@@ -55,12 +58,34 @@ def cause(ours: pd.Series, winner: pd.Series) -> str:
     pruned = _num(ours, "layouts_pruned")
     capped = (not math.isnan(simulated) and not math.isnan(candidates)
               and simulated + (0 if math.isnan(pruned) else pruned) < candidates)
-    if not same_layout and capped:
+    if not same_layout and capped and not _winner_pass_ran(ours):
         return (f"search: SlimPack simulated {simulated:.0f} of {candidates:.0f} layouts "
                 f"and not the winner's")
+    if not same_layout and capped:
+        return ("planner: SlimPack was also planned on the winner's layout (winner-layout "
+                "pass) and is slower there; at its own best layout, "
+                + _mechanism_cause(ours, winner))
     if not same_layout and not math.isnan(candidates):
         return ("planner: SlimPack's search held the winner's layout (simulated, or pruned by "
                 "the bound), and SlimPack's plan there is slower than the winner's")
+    return _mechanism_cause(ours, winner)
+
+
+def _winner_pass_ran(row: pd.Series) -> bool:
+    """Whether the record's search went through the winner-layout pass with other methods."""
+    if math.isnan(_num(row, "layouts_from_winners")):
+        return False
+    methods = row.get("methods")
+    if isinstance(methods, str):
+        try:
+            methods = json.loads(methods)
+        except ValueError:
+            methods = None
+    return not (isinstance(methods, list) and len(methods) == 1)
+
+
+def _mechanism_cause(ours: pd.Series, winner: pd.Series) -> str:
+    """Rules 2-5 of :func:`cause`."""
     bubble = _num(ours, "bubble_fraction") - _num(winner, "bubble_fraction")
     if bubble > 0.02:
         return f"bubble: SlimPack's bubble fraction is {100 * bubble:.0f} points higher"

@@ -43,3 +43,18 @@ def test_causes_follow_the_rules_in_order():
     assert cause(ours, pd.Series(_row("megatron", 130.0, over=1.0))).startswith(
         "balance: SlimPack's step over its ideal is 1.10x")
     assert cause(ours, pd.Series(_row("megatron", 130.0))).startswith("kernel work")
+
+
+def test_a_capped_search_after_the_winner_layout_pass_is_a_planner_cause():
+    # The pass planned SlimPack on every faster method's layout: a capped search no longer
+    # explains the loss, unless the point held SlimPack alone (paper-scale's points).
+    winner = pd.Series(_row("slimpipe", 130.0, layout=LAYOUT_B, bubble=0.01))
+    passed = pd.Series({**_row("slimpack", 100.0, simulated=4), "layouts_from_winners": 1,
+                        "methods": json.dumps(["slimpipe", "slimpack"])})
+    assert cause(passed, winner) == (
+        "planner: SlimPack was also planned on the winner's layout (winner-layout pass) and "
+        "is slower there; at its own best layout, bubble: SlimPack's bubble fraction is 4 "
+        "points higher")
+    alone = pd.Series({**_row("slimpack", 100.0), "layouts_from_winners": 0,
+                       "methods": json.dumps(["slimpack"])})
+    assert cause(alone, winner).startswith("search: SlimPack simulated 3 of 100")
