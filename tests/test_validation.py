@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from slimpack.batch import Batch
@@ -77,7 +79,10 @@ def test_fp8_and_zero3_configurations_plan_and_simulate(training):
     batch = Batch.from_lengths([4096, 1024, 2048, 512] * 4)
     plan = plan_method("megatron", batch, model, hw, parallel, cost, context=4096)
     rec = simulate(plan, model=model, hardware=hw, cost=cost).record
-    base = simulate(plan, model=model, hardware=hw,
+    # The same groups under the default recipe (the plan states its ZeRO stage, which the
+    # simulator holds to the cost model's).
+    default = dataclasses.replace(plan, zero_stage=TrainingSpec().zero_stage)
+    base = simulate(default, model=model, hardware=hw,
                     cost=KernelCostModel(model=model, hardware=hw)).record
     assert rec.step_time_s > 0
     if training.dtype == "fp8":
