@@ -8,7 +8,9 @@ Each point draws one global batch of 512 samples (documents drawn until 512 x co
 33,554,432 at 64K) and runs every method through ``slimpack.compare`` on the simulator, each at
 its own best parallel configuration. Megatron-LM (both attention semantics) is searched
 exhaustively, pruned only by the lower bound, so the baseline runs at its best layout; the
-other planners get their 3 best-estimated layouts. Every method is searched over the same
+other planners get their 3 best-estimated layouts, then every layout with which a faster
+method won (the winner-layout pass, ``slimpack.planning.winners``). Every method is searched
+over the same
 layout space (``slimpack.planning.method.SEARCH_SPACE``), and the records say how many layouts
 each one simulated of its candidates.
 
@@ -270,7 +272,7 @@ EXPERIMENT = Experiment(
                  "H800 GPUs, llama-13b on Common Crawl, GitHub and Wikipedia lengths and "
                  "llama-70b on Common Crawl; Megatron-LM at the best layout of an exhaustive "
                  "(bound-pruned) search, the others at the best of their 3 best-estimated "
-                 "layouts."),
+                 "layouts and of every layout a faster method won with."),
     points=points, run_point=run_point, plot=plot, claims=claims,
     needs=("slimpack.compare", "slimpack.data"), timing_columns=TIMING_COLUMNS,
     point_cost=point_cost,
