@@ -2,15 +2,24 @@
 
     python -m slimpack.cli.gpu_check [--out results/gpu] [--skip-profile]
 
-1. parity on CUDA, fp32 and bf16: the three example plans (SlimPipe-, SlimPack- and
-   packed-style; one with virtual stages) against the unsliced fp32 reference, plus the
-   attention backend chosen for bf16 against the dense reference;
-2. ``slimpack profile`` of one model (llama-7b layer shapes, 4 layers) in bf16;
-3. the example plans scaled up, run and simulated with the calibrated cost model: simulated
-   vs measured step time and peak memory. With two or more GPUs the plans also run with pp=2.
+1. attention: flash-attn's varlen kernel (and torch's, when present) against the exact
+   per-document SDPA path, bf16, forward output and dQ/dK/dV, documents of 1 to 8K tokens
+   with and without a KV prefix;
+2. parity on CUDA: the parity matrix's single-rank cases in fp32 (slices with KV cache,
+   asymmetric units, virtual stages, every recompute mode, offload, tied embeddings; a single
+   GPU runs no multi-rank case: those stay on the CPU gloo matrix) and the three example
+   plans in bf16, against the unsliced fp32 reference;
+3. ``slimpack profile`` of one model (llama-7b layer shapes, 4 layers) in bf16, then the
+   example plans scaled up, run and simulated with the calibrated cost model: simulated vs
+   measured step time and peak memory (with two or more GPUs the plans also run with pp=2);
+4. MFU: Megatron-LM's and SlimPack's plans of one batch of 8 x 16K tokens for a 1.2B model
+   (Llama 3.2 1B shapes), executed in bf16 and priced by the default kernel-level model.
 
-Writes parity.csv, calib.csv, sim_vs_real.csv and summary.json under ``--out``. Without CUDA
-it prints why and exits with status 2 (nothing was checked).
+Writes attention.csv, parity.csv, calib.csv, sim_vs_real.csv, mfu.csv, summary.json and
+summary.md (the tables) under ``--out``; exits 1 when a check fails. Installs nothing: on a
+machine without a network, run it from the checkout with the machine's own torch
+(``PYTHONPATH=. python3 -m slimpack.cli.gpu_check``). Without CUDA it prints why and exits
+with status 2 (nothing was checked).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scale", type=int, default=128,
                    help="token multiplier of the timed example plans (default 128)")
     p.add_argument("--skip-profile", action="store_true",
-                   help="parity only (no profile, no sim-vs-real)")
+                   help="attention and parity only (no profile, sim-vs-real or MFU)")
     args = p.parse_args(argv)
     if args.scale < 1:
         p.error(f"--scale must be >= 1, got {args.scale}")
@@ -64,64 +73,180 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {"device": torch.cuda.get_device_name(0),
                      "num_gpus": torch.cuda.device_count(), "torch": torch.__version__}
     try:
+        summary["attention"] = _attention(out)
         summary["parity"] = _parity(out)
         if not args.skip_profile:
             summary["sim_vs_real"] = _sim_vs_real(out, args.scale)
+            summary["mfu"] = _mfu(out)
     finally:
         dist.destroy_process_group()
     summary["wall_s"] = time.perf_counter() - started
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    failed = [r for r in summary["parity"] if not r["ok"]]
-    print(f"gpu_check: {len(summary['parity']) - len(failed)}/{len(summary['parity'])} parity "
-          f"checks passed in {summary['wall_s']:.0f} s; results in {out}/")
+    (out / "summary.md").write_text(summary_markdown(summary))
+    checks = summary["attention"] + summary["parity"]
+    failed = [r for r in checks if r["ok"] is False]
+    checked = [r for r in checks if r["ok"] is not None]
+    print(f"gpu_check: {len(checked) - len(failed)}/{len(checked)} checks passed "
+          f"({len(checks) - len(checked)} not checked) in {summary['wall_s']:.0f} s; "
+          f"results in {out}/ (summary.md)")
     return 1 if failed else 0
 
 
-def _parity(out: Path) -> list[dict]:
+def summary_markdown(summary: dict) -> str:
+    """The check's one table per part, for people (summary.json keeps every field)."""
+    lines = [f"# GPU check on {summary['device']} (torch {summary['torch']}, "
+             f"{summary['num_gpus']} GPU(s) visible)", "",
+             "Single-rank cases only: the multi-rank parity matrix runs on CPU gloo "
+             "(`python -m slimpack.runtime.parity_matrix`).", "",
+             "| check | dtype | error | verdict | detail |", "|---|---|---|---|---|"]
+    for row in summary.get("attention", []) + summary.get("parity", []):
+        verdict = {True: "pass", False: "FAIL", None: "not checked"}[row["ok"]]
+        error = "" if row["error"] is None else f"{row['error']:.1e}"
+        lines.append(f"| {row['check']} | {row['dtype']} | {error} | {verdict} | "
+                     f"{row['note']} |")
+    if summary.get("sim_vs_real"):
+        lines += ["", "| example plan | pp | measured ms | simulated ms (calibrated) | step error "
+                  "| measured GiB | simulated GiB |", "|---|---|---|---|---|---|---|"]
+        for r in summary["sim_vs_real"]:
+            lines.append(f"| {r['plan']} | {r['pp']} | {r['real_step_s'] * 1e3:.2f} | "
+                         f"{r['sim_step_s'] * 1e3:.2f} | {r['step_error'] * 100:+.1f}% | "
+                         f"{r['real_peak_bytes'] / 2**30:.2f} | {r['sim_peak_bytes'] / 2**30:.2f} |")
+    if summary.get("mfu"):
+        lines += ["", f"| method ({MFU_MODEL}, {MFU_MICRO_BATCHES} x {MFU_CONTEXT} tokens) | "
+                  "attention | measured MFU | goal | simulated MFU | step error | measured GiB "
+                  "| simulated GiB |", "|---|---|---|---|---|---|---|---|"]
+        for r in summary["mfu"]:
+            lines.append(f"| {r['method']} | {r['attention']} | {r['mfu'] * 100:.1f}% | "
+                         f">= {r['goal_mfu'] * 100:.0f}% | {r['sim_mfu'] * 100:.1f}% | "
+                         f"{r['step_error'] * 100:+.1f}% | {r['measured_peak_gib']:.2f} | "
+                         f"{r['sim_peak_gib']:.2f} |")
+        lines += ["", "The runtime takes no optimizer step, so its measured peak holds no Adam "
+                  "states; the simulated peak includes them (ZeRO-1 over dp = 1)."]
+    lines += ["", f"Wall time: {summary.get('wall_s', 0.0):.0f} s.", ""]
+    return "\n".join(lines)
+
+
+ATTENTION_LAYOUT = {"q_lens": (4096, 1000, 37, 1), "k_lens": (8192, 1000, 37, 513)}
+"""Documents of very different lengths, two with a KV prefix (bottom-right causal masks)."""
+ATTENTION_SHAPE = {"heads": 32, "kv_heads": 8, "head_dim": 128}
+"""Llama-3-style GQA heads (head_dim 128, the FlashAttention kernels' common case)."""
+MFU_MODEL, MFU_CONTEXT, MFU_MICRO_BATCHES = "llama3.2-1b", 16384, 8
+MFU_METHODS = ("megatron", "slimpack")
+MFU_GOAL = 0.45
+"""Issue 23's goal for one H200, a 1-3B model and 8K-32K tokens per micro-batch with
+flash-attn varlen."""
+
+
+def _attention(out: Path) -> list[dict]:
+    """Each fast varlen backend present against the exact per-document SDPA path, bf16,
+    forward output and dQ/dK/dV; a backend that is not installed is a row saying so."""
     import torch
 
-    from slimpack.runtime.attention import (
-        VarlenLayout,
-        choose_backend,
-        dense_reference_attention,
-        varlen_causal_attention,
-    )
+    from slimpack.runtime.attention import VarlenLayout, _flash_varlen, _torch_varlen
+    from slimpack.runtime.attention_check import backend_agreement
+
+    dev = torch.device("cuda", 0)
+    layout = VarlenLayout(**ATTENTION_LAYOUT)
+    present = {"flash": _flash_varlen() is not None, "torch-varlen": _torch_varlen() is not None}
+    rows = []
+    for backend, available in present.items():
+        if not available:
+            rows.append({"check": f"attention {backend} vs sdpa", "dtype": "bf16",
+                         "error": None, "ok": None,
+                         "note": "not installed" + (" (pip install -e '.[gpu]')"
+                                                    if backend == "flash" else "")})
+            continue
+        agree = backend_agreement(layout, **ATTENTION_SHAPE, backend=backend, reference="sdpa",
+                                  device=dev, dtype=torch.bfloat16)
+        rows.append({"check": f"attention {backend} vs sdpa", "dtype": "bf16",
+                     "error": agree.worst, "ok": agree.worst < TOLERANCE["bf16"],
+                     "note": f"out {agree.out_rel:.1e}, " + ", ".join(
+                         f"{k} {v:.1e}" for k, v in agree.grad_rel.items())})
+        print(f"attention {backend:12s} vs sdpa: {rows[-1]['note']}")
+    _write_csv(out / "attention.csv", rows)
+    return rows
+
+
+def _parity(out: Path) -> list[dict]:
+    """The parity matrix's single-rank cases in fp32 (a single GPU runs no more ranks than it
+    has: the multi-rank cases stay on the CPU gloo matrix), then the example plans in bf16,
+    each against the unsliced fp32 reference on the same device."""
     from slimpack.runtime.config import RuntimeConfig
     from slimpack.runtime.examples import EXAMPLES
     from slimpack.runtime.launch import run_in_process_group
+    from slimpack.runtime.parity_matrix import run_single_rank_case, single_rank_cases
     from slimpack.runtime.reference import reference_step
     from slimpack.specs import model_preset
 
-    spec = model_preset("tiny")
     rows = []
-    dev = torch.device("cuda", 0)
-    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        backend = choose_backend(dev, dtype)
-        layout = VarlenLayout(q_lens=(100, 37, 1), k_lens=(300, 37, 64))
-        gen = torch.Generator(device=dev).manual_seed(0)
-        q = torch.randn(sum(layout.q_lens), 8, 64, device=dev, dtype=dtype, generator=gen)
-        k = torch.randn(sum(layout.k_lens), 2, 64, device=dev, dtype=dtype, generator=gen)
-        v = torch.randn_like(k)
-        got = varlen_causal_attention(q, k, v, layout, backend=backend).float()
-        want = dense_reference_attention(q.float(), k.float(), v.float(), layout)
-        err = float((got - want).norm() / want.norm())
-        rows.append({"check": f"attention-{backend}", "dtype": dtype_name, "loss_error": 0.0,
-                     "max_grad_error": err, "ok": err < TOLERANCE[dtype_name]})
-        for name, make in EXAMPLES.items():
-            plan = make(pp=1, dp=1, vpp=2 if name == "slimpack" else 1)
-            config = RuntimeConfig(device="cuda", dtype=dtype_name, dist_backend="nccl")
-            res = run_in_process_group(plan, spec, config, rank=0, local_rank=0,
-                                       return_grads=True)
-            ref = reference_step(spec, plan.sequence_lengths, device="cuda")
-            grads = res.grads()
-            worst = max(float((grads[n] - g).norm() / g.norm()) for n, g in ref.grads.items())
-            loss_err = abs(res.loss - ref.loss) / abs(ref.loss)
-            ok = worst < TOLERANCE[dtype_name] and loss_err < TOLERANCE[dtype_name]
-            rows.append({"check": f"{name}-plan", "dtype": dtype_name, "loss_error": loss_err,
-                         "max_grad_error": worst, "ok": ok})
-            print(f"parity {name:9s} {dtype_name}: loss err {loss_err:.2e}, worst grad err "
-                  f"{worst:.2e} {'ok' if ok else 'FAIL'}")
+    fp32 = RuntimeConfig(device="cuda", dtype="fp32", dist_backend="nccl")
+    for case in single_rank_cases():
+        check = run_single_rank_case(case, fp32)
+        worst = max(check.loss_rel, check.max_grad_rel)
+        rows.append({"check": f"matrix: {case.name}", "dtype": "fp32", "error": worst,
+                     "ok": not check.missing and worst < TOLERANCE["fp32"],
+                     "note": check.describe()})
+        print(f"parity {case.name}: {check.describe()}")
+    spec = model_preset("tiny")
+    bf16 = RuntimeConfig(device="cuda", dtype="bf16", dist_backend="nccl")
+    for name, make in EXAMPLES.items():
+        plan = make(pp=1, dp=1, vpp=2 if name == "slimpack" else 1)
+        res = run_in_process_group(plan, spec, bf16, rank=0, local_rank=0, return_grads=True)
+        ref = reference_step(spec, plan.sequence_lengths, device="cuda")
+        grads = res.grads()
+        worst = max(float((grads[n] - g).norm() / g.norm()) for n, g in ref.grads.items())
+        loss_err = abs(res.loss - ref.loss) / abs(ref.loss)
+        rows.append({"check": f"{name} example plan", "dtype": "bf16",
+                     "error": max(worst, loss_err),
+                     "ok": max(worst, loss_err) < TOLERANCE["bf16"],
+                     "note": f"loss {loss_err:.1e}, worst grad {worst:.1e}"})
+        print(f"parity {name} example bf16: {rows[-1]['note']}")
     _write_csv(out / "parity.csv", rows)
+    return rows
+
+
+def _mfu(out: Path) -> list[dict]:
+    """MFU of real plans on this GPU: each method in ``MFU_METHODS`` plans the same batch
+    (``MFU_MICRO_BATCHES`` x ``MFU_CONTEXT`` tokens of Common Crawl lengths) for one GPU, the
+    runtime executes it in bf16 with the fastest attention backend, and the simulator prices
+    the same plan with the default (uncalibrated) kernel-level cost model."""
+    import torch
+
+    from slimpack import data
+    from slimpack.compare import plan_method
+    from slimpack.cost.kernel_model import default_cost_model
+    from slimpack.runtime.config import RuntimeConfig
+    from slimpack.runtime.launch import run_in_process_group
+    from slimpack.sim import simulate
+    from slimpack.specs import ParallelSpec, model_preset
+
+    model = model_preset(MFU_MODEL)
+    hardware = _hardware_for(torch.cuda.get_device_name(0))
+    cost = default_cost_model(model, hardware)
+    batch = data.sample_batch("commoncrawl", token_budget=MFU_MICRO_BATCHES * MFU_CONTEXT,
+                              context=MFU_CONTEXT, seed=0)
+    config = RuntimeConfig(device="cuda", dtype="bf16", dist_backend="nccl", warmup_steps=2,
+                           measured_steps=3, record_ops=False)
+    rows = []
+    for method in MFU_METHODS:
+        plan = plan_method(method, batch, model, hardware, ParallelSpec(), cost,
+                           context=MFU_CONTEXT, time_limit_s=None)
+        measured = run_in_process_group(plan, model, config, rank=0, local_rank=0,
+                                        hardware=hardware).record
+        simulated = simulate(plan, model=model, hardware=hardware, cost=cost).record
+        rows.append({"method": method, "model": MFU_MODEL, "tokens": plan.num_tokens,
+                     "attention": measured.extra.get("attention_backend", ""),
+                     "measured_step_s": measured.step_time_s, "mfu": measured.mfu,
+                     "sim_step_s": simulated.step_time_s, "sim_mfu": simulated.mfu,
+                     "step_error": (simulated.step_time_s - measured.step_time_s)
+                     / measured.step_time_s,
+                     "measured_peak_gib": max(measured.peak_memory_bytes) / 2**30,
+                     "sim_peak_gib": max(simulated.peak_memory_bytes) / 2**30,
+                     "goal_mfu": MFU_GOAL})
+        print(f"mfu {method}: {measured.mfu * 100:.1f}% measured "
+              f"({measured.step_time_s * 1e3:.1f} ms), simulated {simulated.mfu * 100:.1f}% "
+              f"({rows[-1]['step_error'] * 100:+.1f}% step error)")
+    _write_csv(out / "mfu.csv", rows)
     return rows
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from slimpack.plan import Phase, Plan
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.examples import flexsp_plan, packed_plan, slimpack_plan, slimpipe_plan
-from slimpack.runtime.launch import run_plan
+from slimpack.runtime.launch import run_in_process_group, run_plan
 from slimpack.runtime.parity import Parity, parity
 from slimpack.runtime.reference import reference_step
 from slimpack.specs import model_preset
@@ -45,6 +45,15 @@ class Case:
 
 
 CASES: tuple[Case, ...] = (
+    # One rank: the subset the GPU check runs on a single device (`make gpu-check`).
+    Case(name="1 rank, 4 slices/seq, selective, offload 0.5",
+         make=lambda: slimpipe_plan(pp=1, dp=1), recompute="selective", offload=0.5),
+    Case(name="1 rank, asymmetric units, full", make=lambda: slimpack_plan(pp=1, dp=1),
+         recompute="full"),
+    Case(name="1 rank vpp2, asymmetric units, selective",
+         make=lambda: slimpack_plan(pp=1, dp=1, vpp=2), recompute="selective"),
+    Case(name="1 rank, packed documents, tied embeddings, offload 0.5",
+         make=lambda: packed_plan(pp=1, dp=1), model="tiny-mha", offload=0.5),
     Case(name="pp2 dp2, 4 slices/seq", make=lambda: slimpipe_plan(pp=2, dp=2)),
     Case(name="pp2 dp2, 4 slices/seq, selective, offload 0.5",
          make=lambda: slimpipe_plan(pp=2, dp=2), recompute="selective", offload=0.5),
@@ -112,14 +121,34 @@ CASES: tuple[Case, ...] = (
 )
 
 
+def single_rank_cases() -> tuple[Case, ...]:
+    """The cases whose plan runs on one rank: what a single GPU can check without emulating
+    ranks it does not have."""
+    return tuple(c for c in CASES if c.plan().world_size == 1)
+
+
 def run_case(case: Case, *, seed: int = 3) -> tuple[Parity, int, float]:
-    """(parity, world size, seconds)."""
+    """(parity, world size, seconds) on CPU gloo, spawning the plan's ranks."""
     plan, spec = case.plan(), model_preset(case.model)
     start = time.perf_counter()
     result = run_plan(plan, spec, RuntimeConfig(seed=seed), return_grads=True, timeout_s=300)
     ref = reference_step(spec, plan.sequence_lengths, seed=seed)
     return (parity(result.loss, result.grads(), ref.loss, ref.grads), plan.world_size,
             time.perf_counter() - start)
+
+
+def run_single_rank_case(case: Case, config: RuntimeConfig, *, seed: int = 3) -> Parity:
+    """One single-rank case in the caller's process group of one rank (the GPU check: CUDA,
+    NCCL), against the fp32 unsliced reference on the same device. The bounds of
+    :class:`Parity` are CPU fp32's; callers on other devices judge the errors themselves."""
+    plan, spec = case.plan(), model_preset(case.model)
+    if plan.world_size != 1:
+        raise ValueError(f"case {case.name!r} needs {plan.world_size} ranks; "
+                         f"run_single_rank_case runs world-1 cases only")
+    result = run_in_process_group(plan, spec, dataclasses.replace(config, seed=seed), rank=0,
+                                  local_rank=0, return_grads=True)
+    ref = reference_step(spec, plan.sequence_lengths, seed=seed, device=config.device)
+    return parity(result.loss, result.grads(), ref.loss, ref.grads)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,6 +125,12 @@ MODEL_PRESETS: dict[str, Callable[[], ModelSpec]] = {
     "mixtral-8x22b": lambda: ModelSpec(name="mixtral-8x22b", num_layers=56, hidden=6144,
                                        ffn_hidden=16384, num_heads=48, num_kv_heads=8,
                                        num_experts=8, moe_top_k=2),
+    # Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json: 16 layers, hidden 2048, intermediate
+    # 8192, 32 heads, 8 kv heads, vocab 128,256, tied embeddings): the 1-3B model the GPU
+    # check's MFU run uses (`make gpu-check`).
+    "llama3.2-1b": lambda: ModelSpec(name="llama3.2-1b", num_layers=16, hidden=2048,
+                                     ffn_hidden=8192, num_heads=32, num_kv_heads=8,
+                                     vocab_size=128256, tied_embeddings=True),
     # Tiny models for runtime tests: small enough for fp32 gradient parity on 2 CPU cores.
     "tiny": lambda: ModelSpec(name="tiny", num_layers=4, hidden=64, ffn_hidden=128,
                               num_heads=4, num_kv_heads=2, vocab_size=256),
