@@ -126,8 +126,9 @@ def test_compare_gives_it_a_row_at_a_fixed_layout_and_under_the_search():
     from slimpack.compare import compare
 
     batch, model, hardware, _ = _workload()
-    fixed = compare(["megatron", "throwaway"], batch, model, hardware, 8,
-                    parallel=ParallelSpec(tp=2, pp=2, dp=2), context=8192, registry=REGISTRY)
+    fixed = [r.to_dict() for r in compare(
+        ["megatron", "throwaway"], batch, model, hardware, 8,
+        parallel=ParallelSpec(tp=2, pp=2, dp=2), context=8192, registry=REGISTRY)]
     assert [r["method"] for r in fixed] == ["megatron", "throwaway"]
     assert not fixed[1]["error"] and fixed[1]["step_time_s"] > 0
     assert {k: fixed[1]["parallel"][k] for k in ("tp", "cp", "pp", "dp")} == {
@@ -135,13 +136,13 @@ def test_compare_gives_it_a_row_at_a_fixed_layout_and_under_the_search():
     searched = compare(["megatron", "throwaway"], batch, model, hardware, 8,
                        auto_parallel=True, context=8192, registry=REGISTRY,
                        auto_parallel_top_k={"megatron": 2, "throwaway": 2})
-    mine = searched[1]
+    mine = searched[1].to_dict()
     assert mine["method"] == "throwaway" and not mine["error"]
     assert mine["layouts_simulated"] == 2 and mine["layouts_candidates"] > 2
     # Under the suite's registry the name is unknown: an error row, never a silent gap.
     default = compare(["throwaway"], batch, model, hardware, 8,
                       parallel=ParallelSpec(tp=2, pp=2, dp=2), context=8192)
-    assert "unknown method 'throwaway'" in default[0]["error"]
+    assert "unknown method 'throwaway'" in default[0].error and default[0].step is None
 
 
 def test_a_harness_experiment_runs_plots_and_reports_it(tmp_path):

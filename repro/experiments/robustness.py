@@ -91,9 +91,9 @@ def run_point(point: Point) -> list[Row]:
     cost = KernelCostModel(model=model, hardware=hardware, **scales)
     parallel = ParallelSpec.for_world(spec["num_gpus"], **spec["parallel"])
     batch = _batch(spec, spec["context"], point["seed"])
-    records = compare(spec["methods"], batch, model, hardware, spec["num_gpus"], parallel=parallel,
-                      cost=cost, context=spec["context"],
-                      method_options=with_harness_options(tuple(spec["methods"]), None))
+    records = [r.to_dict() for r in compare(
+        spec["methods"], batch, model, hardware, spec["num_gpus"], parallel=parallel, cost=cost,
+        context=spec["context"], method_options=with_harness_options(tuple(spec["methods"]), None))]
     base = records[0]["tokens_per_s"]
     other = next((r["tokens_per_s"] for r in records if r["method"] == spec.get("bracket")),
                  None)
