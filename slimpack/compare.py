@@ -31,6 +31,7 @@ from slimpack.planning.auto_parallel import (
     estimate_fixed_length_step,
 )
 from slimpack.planning.method import SEARCH_SPACE
+from slimpack.planning.setup import PlanSetup
 from slimpack.planning.winners import layout_key, try_winner_layouts
 from slimpack.records import MethodRecord, StepRecord
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
@@ -80,30 +81,35 @@ class CompareSettings:
 def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                 parallel: ParallelSpec, cost: CostModel, *, context: int | None = None,
                 registry: MethodRegistry = DEFAULT_METHODS, **options: Any) -> Plan:
-    """Run method ``method``'s planner. ``context`` is every method's option (None: the
-    method's default); ``time_limit_s``, every method's too, is one of ``options``: absent,
-    the planner's own safety net; None, no wall-clock limit at all (the harness). Options are
-    checked against the method's options dataclass before any work.
-    ``plan.metadata['plan_seconds']`` is always set, and so are ``plan.zero_stage`` (``cost``'s
-    recipe) and ``plan.memory_fits``: the
-    simulator's memory walk under ``cost``'s recipe, for a planner that did not give its own
-    verdict. ``registry`` is where ``method`` is looked up (every function here takes one)."""
+    """Run method ``method``'s planner, ``plan(batch, setup, options)``: the one opening and
+    closing every planner shares. Opening: ``options`` become the method's typed options
+    dataclass (unknown or bad options fail before any work) and ``parallel`` is checked
+    against ``model``. Closing: ``plan.metadata['plan_seconds']`` is the planner's wall time,
+    ``plan.zero_stage`` is ``cost``'s recipe when the planner stated none, and
+    ``plan.memory_fits`` is the simulator's memory walk under that recipe for a planner that
+    gave no verdict of its own (the baselines give theirs, having escalated recompute
+    until it fits). ``context`` is every method's option (None: the method's default);
+    ``time_limit_s``, every method's too, is one of ``options``: absent, the planner's own
+    safety net; None, no wall-clock limit at all (the harness). ``registry`` is where
+    ``method`` is looked up (every function here takes one)."""
     spec = registry.get(method)
     shared = {"context": context} if context is not None else {}
     if shared and "context" in options:
         raise ValueError(f"{method}: ['context'] given twice (as a setting and as a method "
                          f"option)")
-    spec.make_options({**shared, **options})  # unknown or bad options fail before planning
     started = time.perf_counter()
-    plan = spec.planner(batch, model, hardware, parallel, cost, **shared, **options)
-    plan.metadata.setdefault("plan_seconds", time.perf_counter() - started)
+    typed = spec.make_options({**shared, **options})
+    parallel.validate_for_model(model)
+    setup = PlanSetup(model=model, hardware=hardware, parallel=parallel, cost=cost)
+    plan = spec.planner(batch, setup, typed)
+    plan.metadata["plan_seconds"] = time.perf_counter() - started
     if plan.zero_stage is None:  # a planner that states no recipe was planned under cost's
-        plan = dataclasses.replace(plan, zero_stage=training_of(cost).zero_stage)
+        plan = dataclasses.replace(plan, zero_stage=setup.training.zero_stage)
     if plan.memory_fits is None:
         from slimpack.sim.memory import plan_fits_memory
 
         plan = dataclasses.replace(plan, memory_fits=plan_fits_memory(
-            plan, model, hardware, training_of(cost)))
+            plan, model, hardware, setup.training))
     return plan
 
 

@@ -15,7 +15,6 @@ import json
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 import pytest
 
@@ -23,12 +22,11 @@ from baselines import naive
 from repro.experiments import e2e_throughput
 from repro.experiments.common import over_methods
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
 from slimpack.methods import DEFAULT_METHODS, MethodRegistry
 from slimpack.plan import Plan
-from slimpack.planning import build_options
 from slimpack.planning.method import MethodSpec
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.setup import PlanSetup
+from slimpack.specs import ParallelSpec
 
 # -- the throwaway method's "one file" ---------------------------------------------------------
 
@@ -40,11 +38,9 @@ class ThrowawayOptions:
     recompute: str = "auto"
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    opts = build_options(ThrowawayOptions, "throwaway", options)
-    packed = naive.plan(batch, model, hardware, parallel, cost, packing="ffd",
-                        context=opts.context, recompute=opts.recompute, time_limit_s=None)
+def plan(batch: Batch, setup: PlanSetup, options: ThrowawayOptions) -> Plan:
+    packed = naive.plan(batch, setup, naive.NaiveOptions(
+        packing="ffd", context=options.context, recompute=options.recompute, time_limit_s=None))
     return dataclasses.replace(packed, method="throwaway")
 
 
