@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,20 +27,17 @@ from typing import Any
 from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import DocumentMap, Phase, Plan, Segment
 from slimpack.planning import (
     GroupLayout,
-    build_options,
     packed_group,
     replica_groups,
     resolve_recompute,
     schedule_for,
 )
 from slimpack.planning.method import MethodSpec
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.setup import PlanSetup
 from slimpack.specs.recompute import AUTO, check_recompute
-from slimpack.specs.training import TrainingSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,33 +57,27 @@ class MegatronOptions:
             raise ValueError(f"megatron: time_limit_s must be >= 0, got {self.time_limit_s}")
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    started = time.perf_counter()
-    opts = build_options(MegatronOptions, "megatron", options)
-    parallel.validate_for_model(model)
-    context = opts.context or max(batch.lengths)
+def plan(batch: Batch, setup: PlanSetup, options: MegatronOptions) -> Plan:
+    context = options.context or max(batch.lengths)
     layout = fixed_length_samples(batch, context)
     return plan_samples(
         method="megatron", samples=layout.samples, sequence_lengths=layout.sequence_lengths,
-        model=model, hardware=hardware, parallel=parallel, recompute=opts.recompute,
-        started=started, training=training_of(cost),
+        setup=setup, recompute=options.recompute,
         metadata={"context": context, "attention": "document masks"},
         documents=DocumentMap(pieces=layout.document_pieces))
 
 
 def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
-                 sequence_lengths: dict[int, int], model: ModelSpec, hardware: HardwareSpec,
-                 parallel: ParallelSpec, recompute: str, started: float,
-                 metadata: dict[str, Any], training: TrainingSpec,
-                 documents: DocumentMap) -> Plan:
+                 sequence_lengths: dict[int, int], setup: PlanSetup, recompute: str,
+                 metadata: dict[str, Any], documents: DocumentMap) -> Plan:
     """Megatron-LM's step for fixed-length ``samples`` (one per micro-batch): dealt to DP
     replicas round-robin, 1F1B or interleaved, per-document CP sharding, recompute resolved
     ("auto": the cheapest mode the memory model accepts, escalated by ``finish_plan`` until
     the simulator's memory walk agrees). Shared by ``megatron``
     and ``megatron-causal``, which differ only in what a sample's sequences are."""
+    parallel = setup.parallel
     schedule = schedule_for(parallel)
-    mode, _ = resolve_recompute(recompute, model, hardware, parallel,
+    mode, _ = resolve_recompute(recompute, setup.model, setup.hardware, parallel,
                                 max(sum(s.num_tokens for s in smp) for smp in samples), schedule)
     group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
                                schedule=schedule, cp_sharding="per-document", recompute=mode)
@@ -98,13 +88,11 @@ def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
         if dealt:
             groups.append(packed_group(dp_rank, ranks, group_layout, dealt))
     return finish_plan(
-        method=method, model=model, hardware=hardware, parallel=parallel,
-        sequence_lengths=sequence_lengths, phases=[Phase(groups=tuple(groups))],
-        started=started,
+        method=method, setup=setup, sequence_lengths=sequence_lengths,
+        phases=[Phase(groups=tuple(groups))],
         metadata={**metadata, "recompute": mode, "schedule": schedule,
                   "cp_sharding": "per-document", "num_microbatches": len(samples)},
-        documents=documents, training=training,
-        escalate_recompute=recompute == AUTO,
+        documents=documents, escalate_recompute=recompute == AUTO,
     )
 
 

@@ -18,25 +18,16 @@ Everything else (round-robin dealing, static CP, 1F1B/interleaved, recompute) is
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 from baselines.megatron import MegatronOptions, plan_samples
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import DocumentMap, Plan, Segment
-from slimpack.planning import build_options
 from slimpack.planning.method import MethodSpec
 from slimpack.planning.packing import concat_and_chunk
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.setup import PlanSetup
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    started = time.perf_counter()
-    opts = build_options(MegatronOptions, "megatron-causal", options)
-    parallel.validate_for_model(model)
-    context = opts.context or max(batch.lengths)
+def plan(batch: Batch, setup: PlanSetup, options: MegatronOptions) -> Plan:
+    context = options.context or max(batch.lengths)
     ids = [s.seq_id for s in batch.sequences]
     chunks = concat_and_chunk(batch.lengths, context)
     # Fresh ids above every document id, so a sample never shares an id with a document.
@@ -49,10 +40,10 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         lengths[sample_id] = tokens
         held[sample_id] = tuple((ids[i], end - start) for i, start, end in chunk)
     return plan_samples(
-        method="megatron-causal", samples=samples, sequence_lengths=lengths, model=model,
-        hardware=hardware, parallel=parallel, recompute=opts.recompute, started=started,
+        method="megatron-causal", samples=samples, sequence_lengths=lengths, setup=setup,
+        recompute=options.recompute,
         metadata={"context": context, "attention": "full causal (no document masks)"},
-        training=training_of(cost), documents=DocumentMap(samples=held))
+        documents=DocumentMap(samples=held))
 
 
 METHOD = MethodSpec(

@@ -17,18 +17,14 @@ sequences into micro-batches of ``cp * C`` tokens are our choices.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
 
 from baselines.common.finish import finish_plan
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import Phase, Plan
 from slimpack.planning import (
     GroupLayout,
     aligned_blocks,
-    build_options,
     choose_recompute,
     first_fit_decreasing,
     lpt_partition,
@@ -40,7 +36,7 @@ from slimpack.planning import (
     whole,
 )
 from slimpack.planning.method import MethodSpec
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.setup import PlanSetup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,13 +78,10 @@ def _allocate_blocks(loads: dict[int, float], total_slots: int) -> dict[int, int
         used += k
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    started = time.perf_counter()
-    opts = build_options(DCPOptions, "megatron-dcp", options)
-    parallel.validate_for_model(model)
-    context = opts.context or max(batch.lengths)
-    capacity = opts.capacity_tokens or -(-context // parallel.cp)
+def plan(batch: Batch, setup: PlanSetup, options: DCPOptions) -> Plan:
+    model, hardware, parallel = setup.model, setup.hardware, setup.parallel
+    context = options.context or max(batch.lengths)
+    capacity = options.capacity_tokens or -(-context // parallel.cp)
     slots = num_slots(parallel)
     max_cp = 1 << (slots.bit_length() - 1)  # largest power of two <= slots
     pending = sorted(batch.sequences, key=lambda s: (-s.length, s.seq_id))
@@ -129,12 +122,11 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         pending = [s for k, seqs in by_size.items() if k not in blocks for s in seqs]
         pending.sort(key=lambda s: (-s.length, s.seq_id))
     return finish_plan(
-        method="megatron-dcp", model=model, hardware=hardware, parallel=parallel,
+        method="megatron-dcp", setup=setup,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences}, phases=phases,
-        started=started,
         metadata={"context": context, "capacity_tokens": capacity, "schedule": schedule,
                   "recompute_by_group": recomputes, "num_phases": len(phases)},
-        escalate_recompute=True, training=training_of(cost),
+        escalate_recompute=True,
     )
 
 

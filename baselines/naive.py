@@ -17,19 +17,15 @@ loader with a fixed micro-batch size does). CP is static and per-sequence, the s
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
 
 from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import DocumentMap, Phase, Plan, Segment
 from slimpack.planning import (
     GroupLayout,
     best_fit_decreasing,
-    build_options,
     contiguous_partition,
     first_fit_decreasing,
     packed_group,
@@ -40,7 +36,7 @@ from slimpack.planning import (
     whole,
 )
 from slimpack.planning.method import MethodSpec
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.setup import PlanSetup
 from slimpack.specs.recompute import AUTO
 
 PACKINGS = ("concat-chunk", "ffd", "bfd", "sorted")
@@ -109,11 +105,8 @@ def _fix_count(packs: list[list[Segment]], count: int) -> list[list[Segment]]:
     return packs
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    started = time.perf_counter()
-    opts = build_options(NaiveOptions, "naive", options)
-    parallel.validate_for_model(model)
+def plan(batch: Batch, setup: PlanSetup, options: NaiveOptions) -> Plan:
+    opts, parallel = options, setup.parallel
     context = opts.context or max(batch.lengths)
     if opts.packing in ("ffd", "bfd") and context < max(batch.lengths):
         raise ValueError(f"naive: context={context} is shorter than the longest sequence "
@@ -125,20 +118,19 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         per_rank = deal_round_robin(flat, parallel.dp)
     schedule = schedule_for(parallel)
     largest = max(sum(s.num_tokens for s in mb) for r in per_rank for mb in r)
-    recompute, _ = resolve_recompute(opts.recompute, model, hardware, parallel, largest,
-                                        schedule)
+    recompute, _ = resolve_recompute(opts.recompute, setup.model, setup.hardware, parallel,
+                                     largest, schedule)
     layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
                          schedule=schedule, recompute=recompute)
     groups = [packed_group(d, ranks, layout, mbs)
               for d, (ranks, mbs) in enumerate(zip(replica_groups(parallel), per_rank,
                                                    strict=True)) if mbs]
     return finish_plan(
-        method="naive", model=model, hardware=hardware, parallel=parallel, sequence_lengths=seq_lengths,
-        phases=[Phase(groups=tuple(groups))], started=started,
-        metadata={"packing": opts.packing, "context": context, "recompute": recompute, "schedule": schedule,
-                  "num_microbatches": sum(len(r) for r in per_rank)},
-        documents=DocumentMap(pieces=pieces), training=training_of(cost),
-        escalate_recompute=opts.recompute == AUTO,
+        method="naive", setup=setup, sequence_lengths=seq_lengths,
+        phases=[Phase(groups=tuple(groups))],
+        metadata={"packing": opts.packing, "context": context, "recompute": recompute,
+                  "schedule": schedule, "num_microbatches": sum(len(r) for r in per_rank)},
+        documents=DocumentMap(pieces=pieces), escalate_recompute=opts.recompute == AUTO,
     )
 
 

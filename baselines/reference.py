@@ -8,17 +8,13 @@ data-parallel replicas round-robin in batch order; each replica runs 1F1B (or in
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import Group, Phase, Plan, Segment, Slice, Unit
 from slimpack.planning.method import MethodSpec
-from slimpack.planning.options import build_options, check_time_limit
-from slimpack.sim.memory import plan_fits_memory
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.options import check_time_limit
+from slimpack.planning.setup import PlanSetup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,10 +28,9 @@ class ReferenceOptions:
         check_time_limit("reference", self.time_limit_s)
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    build_options(ReferenceOptions, "reference", options)
-    parallel.validate_for_model(model)
+def plan(batch: Batch, setup: PlanSetup, options: ReferenceOptions) -> Plan:
+    """No memory verdict of its own: ``plan_method`` gives it the simulator's."""
+    parallel = setup.parallel
     per_replica: list[list[Slice]] = [[] for _ in range(parallel.dp)]
     for i, seq in enumerate(batch.sequences):
         slices = per_replica[i % parallel.dp]
@@ -53,14 +48,12 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
             slices=tuple(slices), forward_units=units, backward_units=units,
             schedule="interleaved" if parallel.vpp > 1 else "1f1b",
         ))
-    plan = Plan(
-        method="reference", model=model.name, parallel=parallel,
+    return Plan(
+        method="reference", model=setup.model.name, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences},
         phases=(Phase(groups=tuple(groups)),),
-        zero_stage=training_of(cost).zero_stage,
+        zero_stage=setup.training.zero_stage,
     ).validate()
-    return dataclasses.replace(plan, memory_fits=plan_fits_memory(plan, model, hardware,
-                                                                  training_of(cost)))
 
 
 METHOD = MethodSpec(

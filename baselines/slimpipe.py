@@ -24,23 +24,21 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel, training_of
 from slimpack.plan import DocumentMap, Group, Phase, Plan, Segment
 from slimpack.planning import (
     WALL_CLOCK_FALLBACK,
     GroupLayout,
-    build_options,
     choose_recompute,
     fits_memory,
     replica_groups,
     sliced_group,
 )
 from slimpack.planning.method import MethodSpec
+from slimpack.planning.setup import PlanSetup
 from slimpack.schedules import Op, build_schedule
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
@@ -141,11 +139,9 @@ def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSp
     return [candidates[-1]], "full"
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    started = time.perf_counter()
-    opts = build_options(SlimPipeOptions, "slimpipe", options)
-    parallel.validate_for_model(model)
+def plan(batch: Batch, setup: PlanSetup, options: SlimPipeOptions) -> Plan:
+    started = time.perf_counter()  # the trials' wall-clock safety net (time_limit_s)
+    opts, model, hardware, parallel = options, setup.model, setup.hardware, setup.parallel
     context = opts.context or max(batch.lengths)
     layout = fixed_length_samples(batch, context)
     longest = max(sum(s.num_tokens for s in smp) for smp in layout.samples)
@@ -181,7 +177,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         return Plan(method="slimpipe", model=model.name, parallel=parallel,
                     sequence_lengths=layout.sequence_lengths, phases=(Phase(groups=trial),),
                     attention_redistribution=opts.attention_redistribution,
-                    zero_stage=training_of(cost).zero_stage)
+                    zero_stage=setup.training.zero_stage)
 
     trials = [(n, recompute, offload) for n in counts]
     if opts.offload is None and recompute != "none":
@@ -194,7 +190,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
         while n <= max(counts[-1], parallel.pp):
             trial = build(n, "none", 1.0)
             fits = plan_fits_memory(probe(trial), model, hardware,
-                                    training_of(cost), schedules(n, trial))
+                                    setup.training, schedules(n, trial))
             keep_only(*(trial_n for trial_n, _, _ in trials), *([n] if fits else []))
             if fits:
                 trials.insert(0, (n, "none", 1.0))
@@ -216,7 +212,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                 stopped_by = "time_limit_s"
                 break
             trial = build(trial_n, mode, share)
-            record = simulate(probe(trial), model=model, hardware=hardware, cost=cost,
+            record = simulate(probe(trial), model=model, hardware=hardware, cost=setup.cost,
                               validate=False, schedules=schedules(trial_n, trial),
                               schedules_built=True).record
             # A trial that runs out of memory loses to any that fits, however fast: the
@@ -229,9 +225,8 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
             keep_only(n, *(later for later, _, _ in trials[position + 1:]))
     length = slice_length(longest, n)
     return finish_plan(
-        method="slimpipe", model=model, hardware=hardware, parallel=parallel,
+        method="slimpipe", setup=setup,
         sequence_lengths=layout.sequence_lengths, phases=[Phase(groups=groups)],
-        started=started,
         metadata={"context": context, "num_slices": n, "slice_tokens": length,
                   "recompute": recompute, "offload": offload, "schedule": "slimpipe",
                   "trials": len(trials), "stopped_by": stopped_by,
@@ -239,7 +234,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                      if stopped_by == "time_limit_s" else {}),
                   "vocab_parallel_pp": True},
         documents=DocumentMap(pieces=layout.document_pieces),
-        attention_redistribution=opts.attention_redistribution, training=training_of(cost),
+        attention_redistribution=opts.attention_redistribution,
         escalate_recompute=True, schedules=schedules(n, groups),
     )
 

@@ -31,16 +31,11 @@ from slimpack.planning.auto_parallel import (
     estimate_fixed_length_step,
 )
 from slimpack.planning.method import SEARCH_SPACE
+from slimpack.planning.setup import PlanSetup
 from slimpack.planning.winners import layout_key, try_winner_layouts
-from slimpack.records import StepRecord
+from slimpack.records import MethodRecord, StepRecord
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.training import TrainingSpec
-
-RECORD_KEYS = ("method", "step_time_s", "tokens_per_s", "mfu", "bubble_fraction",
-               "peak_memory_gib", "oom", "imbalance_degree", "speedup_vs_first",
-               "step_over_ideal", "plan_seconds", "parallel", "recompute", "offload", "num_tokens",
-               "search", "search_exhaustive", "search_space", "layouts_candidates",
-               "layouts_simulated", "layouts_pruned", "fallback", "error")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,30 +81,35 @@ class CompareSettings:
 def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                 parallel: ParallelSpec, cost: CostModel, *, context: int | None = None,
                 registry: MethodRegistry = DEFAULT_METHODS, **options: Any) -> Plan:
-    """Run method ``method``'s planner. ``context`` is every method's option (None: the
-    method's default); ``time_limit_s``, every method's too, is one of ``options``: absent,
-    the planner's own safety net; None, no wall-clock limit at all (the harness). Options are
-    checked against the method's options dataclass before any work.
-    ``plan.metadata['plan_seconds']`` is always set, and so are ``plan.zero_stage`` (``cost``'s
-    recipe) and ``plan.memory_fits``: the
-    simulator's memory walk under ``cost``'s recipe, for a planner that did not give its own
-    verdict. ``registry`` is where ``method`` is looked up (every function here takes one)."""
+    """Run method ``method``'s planner, ``plan(batch, setup, options)``: the one opening and
+    closing every planner shares. Opening: ``options`` become the method's typed options
+    dataclass (unknown or bad options fail before any work) and ``parallel`` is checked
+    against ``model``. Closing: ``plan.metadata['plan_seconds']`` is the planner's wall time,
+    ``plan.zero_stage`` is ``cost``'s recipe when the planner stated none, and
+    ``plan.memory_fits`` is the simulator's memory walk under that recipe for a planner that
+    gave no verdict of its own (the baselines give theirs, having escalated recompute
+    until it fits). ``context`` is every method's option (None: the method's default);
+    ``time_limit_s``, every method's too, is one of ``options``: absent, the planner's own
+    safety net; None, no wall-clock limit at all (the harness). ``registry`` is where
+    ``method`` is looked up (every function here takes one)."""
     spec = registry.get(method)
     shared = {"context": context} if context is not None else {}
     if shared and "context" in options:
         raise ValueError(f"{method}: ['context'] given twice (as a setting and as a method "
                          f"option)")
-    spec.make_options({**shared, **options})  # unknown or bad options fail before planning
     started = time.perf_counter()
-    plan = spec.planner(batch, model, hardware, parallel, cost, **shared, **options)
-    plan.metadata.setdefault("plan_seconds", time.perf_counter() - started)
+    typed = spec.make_options({**shared, **options})
+    parallel.validate_for_model(model)
+    setup = PlanSetup(model=model, hardware=hardware, parallel=parallel, cost=cost)
+    plan = spec.planner(batch, setup, typed)
+    plan.metadata["plan_seconds"] = time.perf_counter() - started
     if plan.zero_stage is None:  # a planner that states no recipe was planned under cost's
-        plan = dataclasses.replace(plan, zero_stage=training_of(cost).zero_stage)
+        plan = dataclasses.replace(plan, zero_stage=setup.training.zero_stage)
     if plan.memory_fits is None:
         from slimpack.sim.memory import plan_fits_memory
 
         plan = dataclasses.replace(plan, memory_fits=plan_fits_memory(
-            plan, model, hardware, training_of(cost)))
+            plan, model, hardware, setup.training))
     return plan
 
 
@@ -136,32 +136,25 @@ def _simulate(plan: Plan, model: ModelSpec, hardware: HardwareSpec, cost: CostMo
                     price_cache=price_cache).record
 
 
-def _record(method: str, plan: Plan | None, rec, parallel: ParallelSpec, error: str = ""
-            ) -> dict[str, Any]:
-    nan = float("nan")
-    row: dict[str, Any] = {
-        "method": method,
-        "step_time_s": rec.step_time_s if rec else nan,
-        "tokens_per_s": rec.tokens_per_s if rec else nan,
-        "mfu": rec.mfu if rec else nan,
-        "bubble_fraction": rec.bubble_fraction if rec else nan,
-        "peak_memory_gib": rec.peak_memory_gib if rec else nan,
-        # A method that failed to plan has no memory verdict: None, never "fits".
-        "oom": bool(rec.oom) if rec else None,
-        "imbalance_degree": rec.imbalance_degree if rec else nan,
-        "step_over_ideal": rec.step_over_ideal if rec else nan,
-        "ideal_step_time_s": rec.ideal_step_time_s if rec else nan,
-        "plan_seconds": float(plan.metadata.get("plan_seconds", nan)) if plan else nan,
-        "parallel": parallel.to_dict(),
-        "recompute": _recompute_of(plan) if plan else "",
-        "offload": max(g.offload for g in plan.groups()) if plan else float("nan"),
-        "num_tokens": plan.num_tokens if plan else 0,
+def _record(method: str, plan: Plan, rec: StepRecord, parallel: ParallelSpec,
+            cost: CostModel, search: Mapping[str, Any]) -> MethodRecord:
+    """The record of ``method``'s ``plan`` on ``parallel``, simulated as ``rec``."""
+    return MethodRecord(
+        method=method, step=rec, parallel=parallel.to_dict(), recompute=_recompute_of(plan),
+        offload=max(g.offload for g in plan.groups()),
+        zero_stage=training_of(cost).zero_stage,
+        plan_seconds=float(plan.metadata.get("plan_seconds", float("nan"))),
         # A planner that fell back to a simpler answer says so (never silently degrades).
-        "fallback": str(plan.metadata.get("fallback", "")) if plan else "",
-        "speedup_vs_first": nan,
-        "error": error,
-    }
-    return row
+        fallback=str(plan.metadata.get("fallback", "")), **search)
+
+
+def _failed(method: str, parallel: ParallelSpec | None, cost: CostModel | None, error: str,
+            search: Mapping[str, Any]) -> MethodRecord:
+    """The record of a method that failed to plan or simulate: no step, ``error`` set."""
+    return MethodRecord(method=method, step=None, error=error,
+                        parallel=parallel.to_dict() if parallel is not None else None,
+                        zero_stage=training_of(cost).zero_stage if cost is not None else None,
+                        **search)
 
 
 def _recompute_of(plan: Plan) -> str:
@@ -356,13 +349,14 @@ def extend_search(found: SearchResult, method: str, layouts: Sequence[ParallelSp
 
 def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                    gpus: int, parallel: ParallelSpec | None, auto_parallel: bool,
-                   cost: CostModel, context: int,
+                   cost: CostModel, context: int | None,
                    top_k: int | None, budget_s: float | None, options: Mapping[str, Any],
                    estimate_cache: dict | None = None,
-                   registry: MethodRegistry = DEFAULT_METHODS) -> dict[str, Any]:
+                   registry: MethodRegistry = DEFAULT_METHODS) -> MethodRecord:
     """One method's record of :func:`compare` (``speedup_vs_first`` left NaN): its planner on
     ``parallel`` or, with ``auto_parallel``, its :func:`best_parallel`; a method that fails
-    gets ``error`` set and NaN numbers."""
+    gets ``error`` set and no step. ``context`` None (a fixed layout only): each planner's
+    default."""
     return _compare_method(method=method, batch=batch, model=model, hardware=hardware,
                            gpus=gpus, parallel=parallel, auto_parallel=auto_parallel,
                            cost=cost, context=context, top_k=top_k, budget_s=budget_s,
@@ -372,16 +366,15 @@ def compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Har
 
 def _compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                     gpus: int, parallel: ParallelSpec | None, auto_parallel: bool,
-                    cost: CostModel, context: int,
+                    cost: CostModel, context: int | None,
                     top_k: int | None, budget_s: float | None, options: Mapping[str, Any],
                     estimate_cache: dict | None = None,
                     registry: MethodRegistry = DEFAULT_METHODS,
-                    ) -> tuple[dict[str, Any], SearchResult | None]:
+                    ) -> tuple[MethodRecord, SearchResult | None]:
     """:func:`compare_method`'s record and, with ``auto_parallel``, the search behind it."""
-    plan, rec, used = None, None, parallel
-    found = None
     try:
         if auto_parallel:
+            assert context is not None, "a layout search needs the training context"
             found = best_parallel(method, batch, model, hardware, gpus, cost, context=context,
                                   top_k=top_k, budget_s=budget_s, estimate_cache=estimate_cache,
                                   registry=registry, **options)
@@ -390,27 +383,25 @@ def _compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Ha
         plan = plan_method(method, batch, model, hardware, parallel, cost, context=context,
                            registry=registry, **options)
         rec = _simulate(plan, model, hardware, cost)
-        row = _record(method, plan, rec, used) | search_columns("fixed layout", None)
+        return _record(method, plan, rec, parallel, cost, search_columns("fixed layout", None)), None
     except (ValueError, RuntimeError) as exc:
-        fallback = used or ParallelSpec.for_world(gpus)
-        row = _record(method, plan, None, fallback, error=f"{type(exc).__name__}: {exc}") | {
-            **search_columns("fixed layout" if not auto_parallel else "", None),
-            "search_exhaustive": None}
-    row["zero_stage"] = training_of(cost).zero_stage
-    return row, found
+        search = {**search_columns("fixed layout" if not auto_parallel else "", None),
+                  "search_exhaustive": None}
+        return _failed(method, parallel or ParallelSpec.for_world(gpus), cost,
+                       f"{type(exc).__name__}: {exc}", search), None
 
 
-def searched_record(method: str, found: SearchResult, cost: CostModel) -> dict[str, Any]:
+def searched_record(method: str, found: SearchResult, cost: CostModel) -> MethodRecord:
     """The record of a method at the layout its search found."""
-    row = _record(method, found.plan, found.record, found.parallel) | search_columns(
-        search_summary(found), found)
+    record = _record(method, found.plan, found.record, found.parallel, cost,
+                     search_columns(search_summary(found), found))
     clock_stop = [t["stopped"] for t in found.tried
                   if "stopped" in t and t["stopped"].startswith("budget_s")]
     if clock_stop:
         # The wall-clock search budget chose the layout: this machine's answer only.
-        row["fallback"] = "; ".join(filter(None, (row["fallback"], f"search {clock_stop[0]}")))
-    row["zero_stage"] = training_of(cost).zero_stage
-    return row
+        record = dataclasses.replace(record, fallback="; ".join(
+            filter(None, (record.fallback, f"search {clock_stop[0]}"))))
+    return record
 
 
 def search_summary(found: SearchResult) -> str:
@@ -442,15 +433,15 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
             search_budget_s: float | None = None, progress: bool = False,
             method_options: Mapping[str, Mapping[str, Any]] | None = None,
             method_costs: Mapping[str, CostModel] | None = None, jobs: int = 1,
-            registry: MethodRegistry = DEFAULT_METHODS) -> list[dict[str, Any]]:
-    """One record per method (keys ``RECORD_KEYS`` plus ``ideal_step_time_s``).
+            registry: MethodRegistry = DEFAULT_METHODS) -> list[MethodRecord]:
+    """One :class:`~slimpack.records.MethodRecord` per method, in ``methods`` order.
 
     ``method_costs`` gives some methods their own cost model, e.g. a ZeRO-3 recipe
     (``TrainingSpec(zero_stage=3)``) for the sequence-parallel methods whose papers ran them
     so; the others use ``cost``.
 
     Give ``parallel`` (its world size must equal ``gpus``) or ``auto_parallel=True``. A method
-    that fails to plan or simulate gets a record with ``error`` set and NaN numbers, so one
+    that fails to plan or simulate gets a record with ``error`` set and no step, so one
     broken method never hides the others. ``speedup_vs_first`` is the first method's step time
     over this one's. ``registry`` holds the methods (:data:`slimpack.methods.DEFAULT_METHODS`
     unless a caller adds its own). ``jobs`` > 1 runs that many methods at once, each in its own process
@@ -509,27 +500,27 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
         # Methods are independent: each runs in its own process (its own caches).
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(_compare_method, **task): i for i, task in enumerate(tasks)}
-            results_at: dict[int, tuple[dict[str, Any], SearchResult | None]] = {}
+            results_at: dict[int, tuple[MethodRecord, SearchResult | None]] = {}
             for future in as_completed(futures):
                 results_at[futures[future]] = future.result()
-                bar.set_postfix_str(results_at[futures[future]][0]["method"])
+                bar.set_postfix_str(results_at[futures[future]][0].method)
                 bar.update()
         results = [results_at[i] for i in range(len(tasks))]
         caches = {}
     bar.close()
-    rows = [row for row, _ in results]
+    records = [record for record, _ in results]
     if auto_parallel:
-        rows = _with_winner_layouts(tasks, results, caches)
-    first = rows[0]["step_time_s"]
-    for row in rows:
-        step = row["step_time_s"]
-        row["speedup_vs_first"] = first / step if step and not math.isnan(step) else float("nan")
-    return rows
+        records = _with_winner_layouts(tasks, results, caches)
+    first = records[0].step_time_s
+    return [dataclasses.replace(record, speedup_vs_first=first / record.step_time_s
+                                if record.step_time_s and not math.isnan(record.step_time_s)
+                                else float("nan"))
+            for record in records]
 
 
 def _with_winner_layouts(tasks: list[dict[str, Any]],
-                         results: list[tuple[dict[str, Any], SearchResult | None]],
-                         caches: dict[int, dict]) -> list[dict[str, Any]]:
+                         results: list[tuple[MethodRecord, SearchResult | None]],
+                         caches: dict[int, dict]) -> list[MethodRecord]:
     """The records after :func:`slimpack.planning.winners.try_winner_layouts`: a method whose
     capped search is slower than another method is also tried on that method's layout."""
     by_method = {task["method"]: task for task in tasks}
@@ -552,14 +543,15 @@ def _with_winner_layouts(tasks: list[dict[str, Any]],
     return rows
 
 
-def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def format_table(records: Sequence[MethodRecord]) -> str:
     """A fixed-width text table of compare records."""
+    rows = [record.to_dict() for record in records]
     headers = ("method", "parallel", "recompute", "step s", "tokens/s", "MFU", "bubble",
                "peak GiB", "OOM", "speedup", "step/ideal", "plan s")
     lines = []
     for r in rows:
         p = r["parallel"]
-        par = f"tp{p['tp']} cp{p['cp']} pp{p['pp']} dp{p['dp']}" + (
+        par = "" if p is None else f"tp{p['tp']} cp{p['cp']} pp{p['pp']} dp{p['dp']}" + (
             f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "")
         if r.get("error"):
             lines.append((r["method"], par, "", "error", "", "", "", "", "", "", "", ""))

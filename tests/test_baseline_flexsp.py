@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from baselines.flexsp import plan as flexsp_plan
 from baselines.flexsp.assignment import greedy, milp
 from baselines.flexsp.bucketing import dp_buckets, fixed_width_buckets, token_estimate_error
 from baselines.flexsp.constants import from_cost_model, paper_a100_gpt7b
 from slimpack.batch import Batch
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
 from slimpack.planning import contiguous_partition
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+flexsp_plan = partial(plan_method, "flexsp")
+plan_static = partial(plan_method, "ulysses-static")
+plan_adaptive = partial(plan_method, "ulysses-adaptive")
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +194,6 @@ def _smallest_fitting_degree(length: int, k, slots: int) -> int:
 
 
 def test_ulysses_static_runs_one_degree_sized_for_the_context():
-    from baselines.flexsp.ulysses import plan_static
 
     model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
     cost = AnalyticCostModel(model=model, hardware=hw)
@@ -211,7 +215,6 @@ def test_ulysses_static_runs_one_degree_sized_for_the_context():
 
 
 def test_ulysses_adaptive_degree_follows_the_batch_longest_sequence():
-    from baselines.flexsp.ulysses import plan_adaptive, plan_static
 
     model, hw = model_preset("llama-7b"), hardware_preset("a100-80g")
     cost = AnalyticCostModel(model=model, hardware=hw)
@@ -262,7 +265,6 @@ def test_ulysses_under_zero3_budgets_what_the_simulator_charges():
     too: more room for activations, so a 64K context needs degree 8 instead of 16 (llama-7b,
     16 A100-80G), and the planner's memory verdict is the simulator's (one memory check, at
     the same ZeRO stage)."""
-    from baselines.flexsp.ulysses import plan_static
     from slimpack.cost.kernel_model import KernelCostModel
     from slimpack.sim import simulate
     from slimpack.specs.training import TrainingSpec
@@ -282,7 +284,6 @@ def test_ulysses_under_zero3_budgets_what_the_simulator_charges():
 
 
 def test_ulysses_options_and_layouts_fail_clearly():
-    from baselines.flexsp.ulysses import plan_static
     from slimpack.compare import method_candidates
     from slimpack.methods import get_method
 

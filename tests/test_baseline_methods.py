@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
-from baselines.megatron import plan as megatron_plan
 from baselines.megatron_dcp import cp_size
-from baselines.megatron_dcp import plan as dcp_plan
-from baselines.naive import plan as naive_plan
-from baselines.slimpipe import plan as slimpipe_plan
 from slimpack.batch import Batch
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
+megatron_plan = partial(plan_method, "megatron")
+dcp_plan = partial(plan_method, "megatron-dcp")
+naive_plan = partial(plan_method, "naive")
+slimpipe_plan = partial(plan_method, "slimpipe")
 MODEL, HW = model_preset("llama-7b"), hardware_preset("h100")
 COST = AnalyticCostModel(model=MODEL, hardware=HW)
 BATCH = Batch.from_lengths([30000, 9000, 7000, 5000, 4000, 3000, 1500, 1200, 800, 500] * 4)

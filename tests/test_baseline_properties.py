@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slimpack.batch import Batch
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
-from slimpack.methods import get_planner
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 METHODS = ("naive", "megatron", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe")
@@ -36,7 +36,7 @@ def test_every_method_returns_a_valid_plan(method, lengths, parallel, context):
     lengths = [min(n, context) for n in lengths]
     batch = Batch.from_lengths(lengths)
     options = {"time_limit_s": 0.05, "context": context}
-    plan = get_planner(method)(batch, MODEL, HARDWARE, parallel, COST, **options)
+    plan = plan_method(method, batch, MODEL, HARDWARE, parallel, COST, **options)
     plan.validate()
     assert plan.num_tokens == sum(lengths)  # no token dropped or duplicated
     assert plan.world_size == parallel.world

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +15,15 @@ from hypothesis import strategies as st
 
 from baselines.common.fixed_length import fixed_length_samples
 from baselines.wlb_llm import OutlierQueues
-from baselines.wlb_llm import plan as wlb_plan
 from baselines.wlb_llm.outlier_queue import admit_and_release
 from baselines.wlb_llm.packer import wlb_pack
 from slimpack.batch import Batch, Sequence
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
 from slimpack.planning import imbalance_degree, microbatch_stage_times
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+wlb_plan = partial(plan_method, "wlb-llm")
 
 CONTEXT = 131072
 MICROBATCHES = 8  # 1M tokens per iteration: 2 micro-batches per pipeline stage at pp=4

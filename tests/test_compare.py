@@ -7,10 +7,12 @@ import math
 
 import pytest
 
+from repro.drift import is_wall_clock
 from slimpack.batch import Batch
 from slimpack.cli.main import main
-from slimpack.compare import RECORD_KEYS, compare
+from slimpack.compare import compare
 from slimpack.plan import Plan
+from slimpack.records import METHOD_RECORD_COLUMNS, MethodRecord
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 WORKLOAD = ["--model", "llama-7b", "--hardware", "h100", "--gpus", "32", "--dataset",
@@ -21,12 +23,14 @@ WORKLOAD = ["--model", "llama-7b", "--hardware", "h100", "--gpus", "32", "--data
 def test_compare_library_records_every_key_and_sane_numbers():
     model, hw = model_preset("llama-7b"), hardware_preset("h100")
     batch = Batch.from_lengths([60000, 30000, 9000, 7000, 5000, 3000, 1000, 800] * 6)
-    rows = compare(["megatron", "wlb-llm", "flexsp", "slimpipe"], batch, model, hw, 32,
-                   parallel=ParallelSpec(tp=8, cp=1, pp=4, dp=1), context=65536,
-                   time_limit_s=0.3)
+    records = compare(["megatron", "wlb-llm", "flexsp", "slimpipe"], batch, model, hw, 32,
+                      parallel=ParallelSpec(tp=8, cp=1, pp=4, dp=1), context=65536,
+                      time_limit_s=0.3)
+    assert all(isinstance(r, MethodRecord) for r in records)
+    rows = [r.to_dict() for r in records]
     assert [r["method"] for r in rows] == ["megatron", "wlb-llm", "flexsp", "slimpipe"]
     for r in rows:
-        assert set(RECORD_KEYS) <= set(r) and not r["error"], r["error"]
+        assert list(r) == list(METHOD_RECORD_COLUMNS) and not r["error"], r["error"]
         assert r["step_time_s"] > 0 and 0 < r["mfu"] < 1 and r["step_over_ideal"] >= 1
         assert r["num_tokens"] == batch.num_tokens
     assert rows[0]["speedup_vs_first"] == pytest.approx(1.0)
@@ -41,11 +45,18 @@ def test_compare_in_worker_processes_gives_the_same_records():
     def records(jobs: int) -> str:
         rows = compare(methods, batch, model, hw, 16, auto_parallel=True, context=65536,
                        search_budget_s=None, jobs=jobs)
-        return json.dumps([{k: v for k, v in r.items() if k != "plan_seconds"} for r in rows])
+        return json.dumps([without_wall_clock(r.to_dict()) for r in rows])
 
     assert records(2) == records(1)
     with pytest.raises(ValueError, match="jobs"):
         compare(methods, batch, model, hw, 16, auto_parallel=True, jobs=0)
+
+
+def without_wall_clock(value):
+    """``value`` without the keys that time the machine (``repro.drift.is_wall_clock``)."""
+    if isinstance(value, dict):
+        return {k: without_wall_clock(v) for k, v in value.items() if not is_wall_clock(k)}
+    return value
 
 
 def test_compare_rejects_mismatched_world_size():
@@ -71,7 +82,7 @@ def test_cli_compare_json_and_table(capsys):
     assert code == 0
     records = json.loads(capsys.readouterr().out)["records"]
     assert [r["method"] for r in records] == ["megatron", "slimpipe"]
-    assert all(set(RECORD_KEYS) <= set(r) for r in records)
+    assert all(list(r) == list(METHOD_RECORD_COLUMNS) for r in records)
     assert main(["compare", "--methods", "megatron", *WORKLOAD, "--tp", "8", "--pp", "4"]) == 0
     assert "step/ideal" in capsys.readouterr().out
 

@@ -11,13 +11,17 @@ re-deal it is a guess; the planner acts on it only above the budget by
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
 from slimpack.sim.memory import schedule_peak_bytes
-from slimpack.slimpack_planner import assemble, plan
+from slimpack.slimpack_planner import assemble
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+plan = partial(plan_method, "slimpack")
 
 data = pytest.importorskip("slimpack.data")
 

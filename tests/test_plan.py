@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from slimpack.batch import Batch
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
 from slimpack.methods import get_planner, method_names
 from slimpack.plan import Group, Phase, Plan, PlanError, Segment, Slice, Unit
@@ -128,7 +129,7 @@ def test_reference_planner_end_to_end():
     model, hw = model_preset("tiny"), hardware_preset("h100")
     parallel = ParallelSpec(pp=2, dp=2)
     batch = Batch.from_lengths([5, 7, 3, 9, 2])
-    plan = get_planner("reference")(batch, model, hw, parallel,
+    plan = plan_method("reference", batch, model, hw, parallel,
                                     AnalyticCostModel(model=model, hardware=hw))
     assert plan.num_tokens == 26
     assert [g.ranks for g in plan.groups()] == [(0, 2), (1, 3)]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import pytest
 
-from baselines.slimpipe import plan as slimpipe_plan
 from slimpack.batch import Batch
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
@@ -16,6 +17,8 @@ from slimpack.sim import simulate
 from slimpack.sim.costs import group_costs
 from slimpack.sim.redistribution import redistribute_group, schedule_ticks
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+slimpipe_plan = partial(plan_method, "slimpipe")
 
 MODEL, HW = model_preset("llama-7b"), hardware_preset("h100")
 COST = AnalyticCostModel(model=MODEL, hardware=HW)

@@ -15,7 +15,6 @@ import json
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 import pytest
 
@@ -23,12 +22,11 @@ from baselines import naive
 from repro.experiments import e2e_throughput
 from repro.experiments.common import over_methods
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
 from slimpack.methods import DEFAULT_METHODS, MethodRegistry
 from slimpack.plan import Plan
-from slimpack.planning import build_options
 from slimpack.planning.method import MethodSpec
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.setup import PlanSetup
+from slimpack.specs import ParallelSpec
 
 # -- the throwaway method's "one file" ---------------------------------------------------------
 
@@ -40,11 +38,9 @@ class ThrowawayOptions:
     recompute: str = "auto"
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    opts = build_options(ThrowawayOptions, "throwaway", options)
-    packed = naive.plan(batch, model, hardware, parallel, cost, packing="ffd",
-                        context=opts.context, recompute=opts.recompute, time_limit_s=None)
+def plan(batch: Batch, setup: PlanSetup, options: ThrowawayOptions) -> Plan:
+    packed = naive.plan(batch, setup, naive.NaiveOptions(
+        packing="ffd", context=options.context, recompute=options.recompute, time_limit_s=None))
     return dataclasses.replace(packed, method="throwaway")
 
 
@@ -126,8 +122,9 @@ def test_compare_gives_it_a_row_at_a_fixed_layout_and_under_the_search():
     from slimpack.compare import compare
 
     batch, model, hardware, _ = _workload()
-    fixed = compare(["megatron", "throwaway"], batch, model, hardware, 8,
-                    parallel=ParallelSpec(tp=2, pp=2, dp=2), context=8192, registry=REGISTRY)
+    fixed = [r.to_dict() for r in compare(
+        ["megatron", "throwaway"], batch, model, hardware, 8,
+        parallel=ParallelSpec(tp=2, pp=2, dp=2), context=8192, registry=REGISTRY)]
     assert [r["method"] for r in fixed] == ["megatron", "throwaway"]
     assert not fixed[1]["error"] and fixed[1]["step_time_s"] > 0
     assert {k: fixed[1]["parallel"][k] for k in ("tp", "cp", "pp", "dp")} == {
@@ -135,13 +132,13 @@ def test_compare_gives_it_a_row_at_a_fixed_layout_and_under_the_search():
     searched = compare(["megatron", "throwaway"], batch, model, hardware, 8,
                        auto_parallel=True, context=8192, registry=REGISTRY,
                        auto_parallel_top_k={"megatron": 2, "throwaway": 2})
-    mine = searched[1]
+    mine = searched[1].to_dict()
     assert mine["method"] == "throwaway" and not mine["error"]
     assert mine["layouts_simulated"] == 2 and mine["layouts_candidates"] > 2
     # Under the suite's registry the name is unknown: an error row, never a silent gap.
     default = compare(["throwaway"], batch, model, hardware, 8,
                       parallel=ParallelSpec(tp=2, pp=2, dp=2), context=8192)
-    assert "unknown method 'throwaway'" in default[0]["error"]
+    assert "unknown method 'throwaway'" in default[0].error and default[0].step is None
 
 
 def test_a_harness_experiment_runs_plots_and_reports_it(tmp_path):

@@ -109,10 +109,10 @@ def test_compare_gives_a_method_its_own_cost_model():
     zero3 = default_cost_model(MODEL, HW, TrainingSpec(zero_stage=3))
     rows = compare(["megatron", "flexsp"], batch, MODEL, HW, 16, auto_parallel=True,
                    context=16384, auto_parallel_top_k=2, method_costs={"flexsp": zero3})
-    assert [r["zero_stage"] for r in rows] == [1, 3]
+    assert [r.zero_stage for r in rows] == [1, 3]
     alone = compare(["flexsp"], batch, MODEL, HW, 16, auto_parallel=True, context=16384,
                     auto_parallel_top_k=2, cost=zero3)
-    assert alone[0]["step_time_s"] == rows[1]["step_time_s"]
+    assert alone[0].step_time_s == rows[1].step_time_s
     with pytest.raises(ValueError, match="method_costs names methods not compared"):
         compare(["megatron"], batch, MODEL, HW, 16, auto_parallel=True, context=16384,
                 method_costs={"flexsp": zero3})

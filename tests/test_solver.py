@@ -1,6 +1,7 @@
 """SlimPack planner (reconstructed): components in isolation, then whole plans."""
 
 import dataclasses
+from functools import partial
 
 import numpy as np
 import pytest
@@ -8,14 +9,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slimpack.batch import Batch
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
-from slimpack.methods import get_planner
-from slimpack.slimpack_planner import SlimPackOptions, plan
+from slimpack.slimpack_planner import SlimPackOptions
 from slimpack.slimpack_planner.assign import bin_loads, lpt_assign, milp_assign
 from slimpack.slimpack_planner.estimate import WorkEstimator
 from slimpack.slimpack_planner.merge import find_outliers
 from slimpack.slimpack_planner.micropacks import cost_balanced_cuts, pack_replica
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+plan = partial(plan_method, "slimpack")
 
 MODEL = model_preset("llama-7b")
 HW = hardware_preset("h800")
@@ -99,7 +102,7 @@ def test_outliers_merge_enough_replicas_to_fit_and_fill_the_cluster():
 def test_every_ablation_switch_gives_a_valid_plan(switch):
     batch = Batch.from_lengths(long_tail_lengths(256, seed=1) + [131072])
     parallel = ParallelSpec(tp=8, pp=4, dp=4)
-    result = get_planner("slimpack")(batch, MODEL, HW, parallel, COST, search=False,
+    result = plan(batch, MODEL, HW, parallel, COST, search=False,
                                      **{switch: True})
     result.validate()
     assert result.num_tokens == batch.num_tokens
@@ -120,8 +123,10 @@ def test_switches_change_the_plan():
 def test_bad_options_are_clear_errors():
     batch = Batch.from_lengths([1000, 2000])
     parallel = ParallelSpec(tp=8, pp=4, dp=1)
-    with pytest.raises(ValueError, match="unknown options \\['slices'\\]"):
+    with pytest.raises(ValueError, match="slimpack: unknown option\\(s\\) \\['slices'\\]"):
         plan(batch, MODEL, HW, parallel, COST, slices=4)
+    with pytest.raises(ValueError, match="unknown options \\['slices'\\]"):
+        SlimPackOptions.from_kwargs({"slices": 4})
     with pytest.raises(ValueError, match="slice_tokens must be a positive multiple of 128"):
         SlimPackOptions(slice_tokens=1000)
 

@@ -7,8 +7,8 @@ the harness's (`python -m repro run e2e-throughput ablation balance`).
 import numpy as np
 import pytest
 
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
-from slimpack.methods import get_planner
 from slimpack.sim import simulate
 from slimpack.sim.memory import schedule_peak_bytes
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -31,7 +31,7 @@ def records(batch):
     out = {}
     for method in ("megatron", "wlb-llm", "slimpipe", "slimpack"):
         options = {} if method == "slimpack" else {"context": CONTEXT}
-        plan = get_planner(method)(batch, MODEL, HW, PARALLEL, COST, **options)
+        plan = plan_method(method, batch, MODEL, HW, PARALLEL, COST, **options)
         out[method] = simulate(plan, model=MODEL, hardware=HW, cost=COST).record
     return out
 
@@ -70,7 +70,7 @@ def test_slicing_and_dp_aware_assignment_pay_on_a_long_tail_batch(batch):
     """Ablation on the suite's simulator. DP-Merge has no outlier to act on in this batch
     (every sequence fits one replica); tests/test_solver.py covers its mechanics."""
     def step(**switches):
-        plan = get_planner("slimpack")(batch, MODEL, HW, PARALLEL, COST, **switches)
+        plan = plan_method("slimpack", batch, MODEL, HW, PARALLEL, COST, **switches)
         rec = simulate(plan, model=MODEL, hardware=HW, cost=COST).record
         return rec.step_time_s, rec.oom
 
@@ -88,7 +88,7 @@ def test_slicing_and_dp_aware_assignment_pay_on_a_long_tail_batch(batch):
 
 def test_planned_memory_matches_the_simulator_exactly(batch):
     # The planner's order-only memory walk is the simulator's own accounting.
-    plan = get_planner("slimpack")(batch, MODEL, HW, PARALLEL, COST, search=False)
+    plan = plan_method("slimpack", batch, MODEL, HW, PARALLEL, COST, search=False)
     rec = simulate(plan, model=MODEL, hardware=HW, cost=COST).record
     walked = max(max(schedule_peak_bytes(g, MODEL, PARALLEL.dp)) for g in plan.groups())
     assert walked == pytest.approx(max(rec.peak_memory_bytes), rel=1e-9)

@@ -78,8 +78,8 @@ def test_compare_tries_every_capped_method_on_each_faster_layout():
     methods = ["megatron", "naive", "wlb-llm", "slimpipe"]
     caps = {"megatron": None, "naive": 1, "wlb-llm": 1, "slimpipe": 1}
     cost = default_cost_model(model, hw)
-    rows = compare(methods, batch, model, hw, 16, auto_parallel=True, context=16384,
-                   auto_parallel_top_k=caps, cost=cost)
+    rows = [r.to_dict() for r in compare(methods, batch, model, hw, 16, auto_parallel=True,
+                                         context=16384, auto_parallel_top_k=caps, cost=cost)]
     assert sum(r["layouts_from_winners"] for r in rows) > 0  # the pass did something here
     for row in rows:
         if caps[row["method"]] is None:

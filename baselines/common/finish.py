@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from slimpack.plan import DocumentMap, Phase, Plan
+from slimpack.planning.setup import PlanSetup
 from slimpack.schedules import Op
 from slimpack.sim.memory import plan_fits_memory
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.specs import ParallelSpec
 from slimpack.specs.recompute import RECOMPUTE_MODES
-from slimpack.specs.training import TrainingSpec
 
 
-def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-                sequence_lengths: dict[int, int], phases: list[Phase], started: float,
-                metadata: dict[str, Any], training: TrainingSpec,
+def finish_plan(*, method: str, setup: PlanSetup, sequence_lengths: dict[int, int],
+                phases: list[Phase], metadata: dict[str, Any],
+                parallel: ParallelSpec | None = None,
                 escalate_recompute: bool = False, documents: DocumentMap | None = None,
                 attention_redistribution: bool = False,
                 schedules: Mapping[int, list[list[Op]]] | None = None) -> Plan:
@@ -27,14 +26,16 @@ def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parall
     plan, so a planner never claims a fit the simulator denies. With ``escalate_recompute``
     (the method chose its recompute mode itself, "when memory forces it"), groups that do not
     fit move to the next costlier recompute mode until the plan fits or full recompute is
-    reached; ``metadata['recompute']`` then names the mode(s) the plan runs. ``training``: the
-    cost model's recipe (:func:`slimpack.cost.model.training_of`), whose ZeRO stage the
-    simulator will charge: required, so no planner checks memory under another recipe; the
-    plan states that stage (``Plan.zero_stage``), so every baseline's plan carries it.
-    ``schedules``: op lists the planner already built for some group ids (recompute does not
-    change them, so they hold for the escalated plans too).
-    ``metadata['plan_seconds']`` is the wall time since ``started`` (``time.perf_counter``).
+    reached; ``metadata['recompute']`` then names the mode(s) the plan runs. Memory is
+    checked under ``setup.training``, the cost model's recipe, whose ZeRO stage the simulator
+    will charge, so no planner checks memory under another recipe; the plan states that stage
+    (``Plan.zero_stage``). ``parallel``: the layout the plan runs on when the planner reshaped
+    ``setup.parallel`` (FlexSP's SP pool). ``schedules``: op lists the planner already built
+    for some group ids (recompute does not change them, so they hold for the escalated plans
+    too). ``slimpack.compare.plan_method`` times the planner (``metadata['plan_seconds']``).
     """
+    model, hardware, training = setup.model, setup.hardware, setup.training
+    parallel = parallel or setup.parallel
     plan = Plan(method=method, model=model.name, parallel=parallel,
                 sequence_lengths=dict(sequence_lengths), phases=tuple(phases),
                 metadata=dict(metadata), documents=documents or DocumentMap(),
@@ -51,9 +52,7 @@ def finish_plan(*, method: str, model: ModelSpec, hardware: HardwareSpec, parall
     modes = sorted({g.recompute for g in plan.groups()}, key=RECOMPUTE_MODES.index)
     if escalate_recompute or "recompute" in plan.metadata:
         plan.metadata["recompute"] = modes[0] if len(modes) == 1 else ",".join(modes)
-    plan = dataclasses.replace(plan, memory_fits=fits)
-    plan.metadata["plan_seconds"] = time.perf_counter() - started
-    return plan
+    return dataclasses.replace(plan, memory_fits=fits)
 
 
 def _with_costlier_recompute(plan: Plan) -> Plan | None:

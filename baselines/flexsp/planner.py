@@ -25,10 +25,8 @@ sequence per phase on all slots and says so: ``metadata['fallback']`` holds the 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from baselines.common.finish import finish_plan
 from baselines.flexsp.assignment import Assignment, SPGroup, greedy, milp
@@ -42,7 +40,6 @@ from slimpack.planning import (
     Deadline,
     GroupLayout,
     aligned_blocks,
-    build_options,
     contiguous_partition,
     lpt_partition,
     num_slots,
@@ -50,7 +47,8 @@ from slimpack.planning import (
     slot_ranks,
     whole,
 )
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.setup import PlanSetup
+from slimpack.specs import ParallelSpec
 from slimpack.specs.recompute import AUTO, RECOMPUTE_MODES, check_recompute
 
 CONSTANT_SOURCES = ("cost-model", "paper-a100-gpt7b")
@@ -276,13 +274,10 @@ def microbatch_phases(order: list, runs: list[list[int]], answers: list[Assignme
     return phases
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    started = time.perf_counter()
-    opts = build_options(FlexSPOptions, "flexsp", options)
+def plan(batch: Batch, setup: PlanSetup, options: FlexSPOptions) -> Plan:
+    opts, model, hardware, cost = options, setup.model, setup.hardware, setup.cost
     deadline = Deadline(time_limit_s=opts.time_limit_s)
-    parallel.validate_for_model(model)
-    parallel = sp_pool_layout(parallel)
+    parallel = sp_pool_layout(setup.parallel)
     slots = num_slots(parallel)
     top = 1 << (slots.bit_length() - 1)
     zero_stage = zero_stage_of(cost)
@@ -337,9 +332,8 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     if fallback is None and stopped_by(sources, net_reached) == "time-limit":
         fallback = WALL_CLOCK_FALLBACK.format(limit=opts.time_limit_s)
     return finish_plan(
-        method="flexsp", model=model, hardware=hardware, parallel=parallel,
+        method="flexsp", setup=setup, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences}, phases=phases,
-        started=started,
         metadata={"num_microbatches": m, "m_min": m_min, "solver": sources,
                   "recompute": recompute,
                   "estimated_seconds": best[0], "constants": opts.constants,
@@ -348,5 +342,5 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
                   "mip_sub_mip_heuristics": opts.mip_sub_mip_heuristics,
                   "stopped_by": stopped_by(sources, net_reached),
                   **({"fallback": fallback} if fallback is not None else {})},
-        escalate_recompute=opts.recompute == AUTO, training=training_of(cost),
+        escalate_recompute=opts.recompute == AUTO,
     )

@@ -25,7 +25,6 @@ paper runs all three with ZeRO-3: pass a cost model whose ``TrainingSpec`` has
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,15 +39,14 @@ from baselines.flexsp.planner import (
     zero_stage_of,
 )
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel, training_of
+from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
 from slimpack.planning import (
     WALL_CLOCK_FALLBACK,
     Deadline,
-    build_options,
     num_slots,
 )
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.setup import PlanSetup
 from slimpack.specs.recompute import AUTO, RECOMPUTE_MODES, check_recompute
 
 MODES = ("static", "adaptive")
@@ -106,12 +104,8 @@ def choose_degree(sizing_length: int, slots: int, cost: CostModel, *, tp: int, r
     return DegreeChoice(degree=top, recompute=mode, constants=k, fallback=reason)
 
 
-def _plan(mode: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
-          parallel: ParallelSpec, cost: CostModel, options: dict[str, Any]) -> Plan:
-    started = time.perf_counter()
-    method = f"ulysses-{mode}"
-    opts = build_options(UlyssesOptions, method, options)
-    parallel.validate_for_model(model)
+def _plan(mode: str, batch: Batch, setup: PlanSetup, opts: UlyssesOptions) -> Plan:
+    method, parallel, cost = f"ulysses-{mode}", setup.parallel, setup.cost
     if parallel.pp != 1 or parallel.vpp != 1:
         raise ValueError(f"{method}: DeepSpeed-Ulysses runs without pipeline parallelism; "
                          f"pp and vpp must be 1, got pp={parallel.pp} vpp={parallel.vpp}")
@@ -162,20 +156,16 @@ def _plan(mode: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
     if choice.fallback is not None:
         metadata["fallback"] = choice.fallback
     return finish_plan(
-        method=method, model=model, hardware=hardware, parallel=parallel,
+        method=method, setup=setup, parallel=parallel,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences},
-        phases=phases, started=started, metadata=metadata,
-        escalate_recompute=opts.recompute == AUTO,
-        training=training_of(cost))
+        phases=phases, metadata=metadata, escalate_recompute=opts.recompute == AUTO)
 
 
-def plan_static(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-                cost: CostModel, **options: Any) -> Plan:
+def plan_static(batch: Batch, setup: PlanSetup, options: UlyssesOptions) -> Plan:
     """``ulysses-static``: one SP degree sized for ``context`` (see the module docstring)."""
-    return _plan("static", batch, model, hardware, parallel, cost, options)
+    return _plan("static", batch, setup, options)
 
 
-def plan_adaptive(batch: Batch, model: ModelSpec, hardware: HardwareSpec,
-                  parallel: ParallelSpec, cost: CostModel, **options: Any) -> Plan:
+def plan_adaptive(batch: Batch, setup: PlanSetup, options: UlyssesOptions) -> Plan:
     """``ulysses-adaptive``: one SP degree per step, sized for the batch's longest sequence."""
-    return _plan("adaptive", batch, model, hardware, parallel, cost, options)
+    return _plan("adaptive", batch, setup, options)

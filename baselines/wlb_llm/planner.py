@@ -9,9 +9,7 @@ documents and the delay from ``plan.metadata``.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any
 
 from baselines.common.finish import finish_plan
 from baselines.wlb_llm.iteration import Doc, IterationPacking, assign_to_replicas, pack_iteration
@@ -22,13 +20,12 @@ from baselines.wlb_llm.outlier_queue import (
 )
 from baselines.wlb_llm.workload import Workload, fit_workload
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel, training_of
+from slimpack.cost.model import CostModel
 from slimpack.plan import Phase, Plan, Segment
 from slimpack.planning import (
     WALL_CLOCK_FALLBACK,
     Deadline,
     GroupLayout,
-    build_options,
     imbalance_degree,
     max_tokens_that_fit,
     microbatch_stage_times,
@@ -37,6 +34,7 @@ from slimpack.planning import (
     resolve_recompute,
     schedule_for,
 )
+from slimpack.planning.setup import PlanSetup
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.recompute import AUTO
 
@@ -167,12 +165,10 @@ def _choose_sharding(times: dict[str, float], requested: str) -> str:
         "per-sequence")
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
-    started = time.perf_counter()
-    opts = build_options(WLBOptions, "wlb-llm", options)
+def plan(batch: Batch, setup: PlanSetup, options: WLBOptions) -> Plan:
+    opts, model, hardware, parallel = options, setup.model, setup.hardware, setup.parallel
+    cost = setup.cost
     deadline = Deadline(time_limit_s=opts.time_limit_s)
-    parallel.validate_for_model(model)
     context = opts.context or max(batch.lengths)
     s_max = opts.s_max or default_s_max(model, hardware, parallel, context)
     streaming = opts.queue_state is not None
@@ -233,7 +229,6 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     if streaming:
         metadata["queue_state"] = queues_to_dict(packing.queues)
         metadata["carried"] = [list(d) for d in packing.carried]
-    return finish_plan(method="wlb-llm", model=model, hardware=hardware, parallel=parallel,
+    return finish_plan(method="wlb-llm", setup=setup,
                        sequence_lengths=trained, phases=[Phase(groups=tuple(groups))],
-                       started=started, metadata=metadata, training=training_of(cost),
-                       escalate_recompute=opts.recompute == AUTO)
+                       metadata=metadata, escalate_recompute=opts.recompute == AUTO)

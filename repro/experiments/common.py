@@ -134,10 +134,18 @@ def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
     records = compare(list(methods), batch, model, hardware, point["num_gpus"], parallel=parallel,
                       auto_parallel=parallel is None, context=point["context"],
                       registry=registry, **extra)
+    return method_rows(records)
+
+
+def method_rows(records: Any) -> list[Row]:
+    """The harness rows of ``slimpack.records.MethodRecord`` values: every method row of every
+    experiment has the one schema (``METHOD_RECORD_COLUMNS``), checked here."""
+    from slimpack.records import check_method_row
+
     rows = []
     for record in records:
-        row = flatten(dict(record))
-        row["method"] = str(record["method"])
+        row = record.to_row()
+        check_method_row(row)
         rows.append(row)
     return rows
 
@@ -159,21 +167,25 @@ def with_harness_options(methods: tuple[str, ...],
 
 def simulate_planner(point: Point, method: str, experiment: str, batch: Any = None,
                      registry: MethodRegistry | None = None, **options: Any) -> Row:
-    """Plan with one registered planner at the point's fixed parallel config and simulate."""
-    from slimpack import sim
+    """One method's record at the point's fixed parallel config: ``slimpack.compare``'s
+    fixed-layout path (``plan_method``, then the simulator), so the row has every
+    ``MethodRecord`` column; a method that fails to plan gets ``error`` set."""
+    from slimpack.compare import compare_method
     from slimpack.cost.kernel_model import default_cost_model
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
     parallel = ParallelSpec.for_world(point["num_gpus"], **point["parallel"])
-    cost = default_cost_model(model, hardware)
     batch = batch if batch is not None else draw_batch(point, experiment)
     options = with_harness_options((method,), {method: options})[method]
-    plan = method_registry(registry).planner(method)(batch, model, hardware, parallel, cost, **options)
-    record = sim.simulate(plan, model=model, hardware=hardware, cost=cost).record
-    row = flatten(record.to_row())
-    row["plan_seconds"] = float(plan.metadata.get("plan_seconds", record.plan_seconds))
-    return row
+    # The planner's own context unless the experiment gives one, as a direct planner call.
+    context = options.pop("context", None)
+    record = compare_method(method=method, batch=batch, model=model, hardware=hardware,
+                            gpus=parallel.world, parallel=parallel, auto_parallel=False,
+                            cost=default_cost_model(model, hardware),
+                            context=context, top_k=None, budget_s=None, options=options,
+                            registry=method_registry(registry))
+    return method_rows([record])[0]
 
 
 def speedups(records: pd.DataFrame, keys: list[str], baseline: str = BASELINE,
@@ -217,7 +229,7 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
                      method_options: dict[str, dict[str, Any]] | None = None,
                      labels: dict[str, str] | None = None,
                      registry: MethodRegistry | None = None) -> list[Row]:
-    """Full StepRecord rows (per-unit times, per-stage memory) for each method at the layout
+    """Method rows (per-unit times, per-stage memory included) for each method at the layout
     ``slimpack.compare.best_parallel`` (the suite's one configuration search) picks.
 
     A method entry may be ``"planner:variant"``; ``candidate_filter(entry, candidate)``
@@ -225,10 +237,10 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
     rows. A method that cannot be planned gets a row with ``error`` set, never silence.
     ``registry`` holds the methods (None: the suite's).
     """
-    from slimpack.compare import best_parallel, extend_search, paper_recipe_costs
+    from slimpack.compare import best_parallel, extend_search, paper_recipe_costs, searched_record
     from slimpack.cost.kernel_model import default_cost_model
-    from slimpack.cost.model import training_of
     from slimpack.planning.winners import try_winner_layouts
+    from slimpack.records import MethodRecord
     from slimpack.specs import hardware_preset, model_preset
 
     model, hardware = model_preset(point["model"]), hardware_preset(point["hardware"])
@@ -264,27 +276,14 @@ def best_record_rows(point: Point, methods: tuple[str, ...], experiment: str, *,
             answers[entry], errors[entry] = None, f"{type(exc).__name__}: {exc}"
     # A capped search that lost to another method is also tried on the winner's layout.
     answers = try_winner_layouts(answers, extend)
-    rows = []
+    records = []
     for entry in methods:
         label = (labels or {}).get(entry, entry)
-        found = answers[entry]
+        found, entry_cost = answers[entry], recipe.get(entry, cost)
         if found is None:
-            rows.append({"method": label, "error": errors[entry]})
+            records.append(MethodRecord(method=label, step=None, parallel=None,
+                                        error=errors[entry]))
             continue
-        rows.append(searched_row(found, label, training_of(recipe.get(entry, cost))))
-    return rows
-
-
-def searched_row(found: Any, label: str, training: Any) -> Row:
-    """A full StepRecord row of a method at the layout its search found."""
-    from slimpack.compare import search_columns, search_summary
-
-    row = flatten(found.record.to_row())
-    row.update(flatten(search_columns(search_summary(found), found)))
-    row.update(method=label, error="",
-               plan_seconds=float(found.plan.metadata.get("plan_seconds", 0.0)),
-               parallel=jsonable(found.parallel.to_dict()),
-               recompute=",".join(sorted({g.recompute for g in found.plan.groups()})),
-               offload=max(g.offload for g in found.plan.groups()),
-               zero_stage=training.zero_stage)
-    return row
+        records.append(dataclasses.replace(searched_record(entry, found, entry_cost),
+                                           method=label))
+    return method_rows(records)

@@ -26,7 +26,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.experiment import Check, Claim, Experiment, Point, Row
-from repro.experiments.common import TIMING_COLUMNS, with_harness_options
+from repro.experiments.common import TIMING_COLUMNS, method_rows, with_harness_options
 from repro.figures import new_figure, placeholder, save
 
 SOURCE = "this suite (perturbed kernel-grounded cost model)"
@@ -91,25 +91,17 @@ def run_point(point: Point) -> list[Row]:
     cost = KernelCostModel(model=model, hardware=hardware, **scales)
     parallel = ParallelSpec.for_world(spec["num_gpus"], **spec["parallel"])
     batch = _batch(spec, spec["context"], point["seed"])
-    records = compare(spec["methods"], batch, model, hardware, spec["num_gpus"], parallel=parallel,
-                      cost=cost, context=spec["context"],
+    records = compare(spec["methods"], batch, model, hardware, spec["num_gpus"],
+                      parallel=parallel, cost=cost, context=spec["context"],
                       method_options=with_harness_options(tuple(spec["methods"]), None))
-    base = records[0]["tokens_per_s"]
-    other = next((r["tokens_per_s"] for r in records if r["method"] == spec.get("bracket")),
-                 None)
-    rows = []
-    for r in records:
-        row = {"method": str(r["method"]), "step_time_s": r["step_time_s"],
-               "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"], "error": r.get("error", ""),
-               "plan_seconds": r.get("plan_seconds"),
-               # What the analysis of a band reads: where each method's step goes.
-               "bubble_fraction": r.get("bubble_fraction"), "step_over_ideal": r.get(
-                   "step_over_ideal"), "imbalance_degree": r.get("imbalance_degree"),
-               "recompute": r.get("recompute"), "ideal_step_time_s": r.get("ideal_step_time_s"),
-               "ratio_vs_baseline": r["tokens_per_s"] / base if base else float("nan")}
+    # Every method row is a MethodRecord row; the band's analysis adds the two ratios.
+    base = records[0].tokens_per_s
+    other = next((r.tokens_per_s for r in records if r.method == spec.get("bracket")), None)
+    rows = method_rows(records)
+    for record, row in zip(records, rows, strict=True):
+        row["ratio_vs_baseline"] = record.tokens_per_s / base if base else float("nan")
         if "bracket" in spec:
-            row["ratio_vs_bracket"] = r["tokens_per_s"] / other if other else float("nan")
-        rows.append(row)
+            row["ratio_vs_bracket"] = record.tokens_per_s / other if other else float("nan")
     return rows
 
 

@@ -65,6 +65,7 @@ def run_point(point: Point) -> list[Row]:
     from baselines.common import fixed_length as fixed
     from slimpack import planning
     from slimpack.batch import Batch, Sequence
+    from slimpack.compare import plan_method
     from slimpack.cost.kernel_model import default_cost_model
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
@@ -85,9 +86,9 @@ def run_point(point: Point) -> list[Row]:
                 planning.microbatch_stage_times(cost, [s.num_tokens for s in smp], tp=par.tp,
                                                 cp=par.cp, pp=par.pp).forward_s for smp in samples])
         else:
-            plan = wlb.plan(batch, model, hardware, par, cost, context=CONTEXT, s_max=CONTEXT,
-                            num_microbatches=point["microbatches"], queue_state=state,
-                            iteration=it, arrivals=arrivals)
+            plan = plan_method("wlb-llm", batch, model, hardware, par, cost, context=CONTEXT,
+                               s_max=CONTEXT, num_microbatches=point["microbatches"],
+                               queue_state=state, iteration=it, arrivals=arrivals)
             imbalance = plan.metadata["imbalance_degree_estimate"]
             state = plan.metadata["queue_state"]
             carried = [tuple(d) for d in plan.metadata["carried"]]

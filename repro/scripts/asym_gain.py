@@ -24,8 +24,8 @@ import numpy as np
 
 from slimpack import sim
 from slimpack.batch import Batch
+from slimpack.compare import plan_method
 from slimpack.cost.kernel_model import default_cost_model
-from slimpack.methods import get_planner
 from slimpack.sim.costs import group_costs
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
@@ -71,7 +71,7 @@ def run(batch: Batch, model_name: str, gpus: int, options: dict) -> list[dict]:
     for asym in (False, True):
         opts = {**BASE, **options, "no_asymmetric": not asym}
         t0 = time.perf_counter()
-        plan = get_planner("slimpack")(batch, model, hardware, parallel, cost, **opts)
+        plan = plan_method("slimpack", batch, model, hardware, parallel, cost, **opts)
         plan_s = time.perf_counter() - t0
         record = sim.simulate(plan, model=model, hardware=hardware, cost=cost).record
         rows.append({"asym": asym, "tokens_per_s": record.tokens_per_s, "plan_s": plan_s,

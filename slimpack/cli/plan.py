@@ -291,28 +291,29 @@ def run_compare(args: argparse.Namespace) -> int:
     stages = zero_stages(methods, args.zero_stage, registry)
     method_costs = {m: default_cost_model(model, hardware, TrainingSpec(zero_stage=z))
                     for m, z in stages.items() if z != DEFAULT_ZERO_STAGE}
-    rows = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
+    records = compare(methods, batch, model, hardware, args.gpus, parallel=parallel,
                    auto_parallel=args.auto_parallel, cost=cost, context=args.context,
                    time_limit_s=args.time_limit, method_options=options, progress=True,
                    auto_parallel_top_k=args.search_layouts,
                    method_costs=method_costs, jobs=args.jobs or usable_cpus(),
                    registry=registry)
     if args.json:
-        print(strict_json({"records": rows}, indent=1))
+        print(strict_json({"records": [r.to_dict() for r in records]}, indent=1))
     else:
         print(f"{model.name} on {args.gpus} x {hardware.name}, {args.dataset}, context "
               f"{args.context}, {len(batch)} sequences ({batch.num_tokens:,} tokens), "
               f"seed {args.seed}")
-        print(format_table(rows))
+        print(format_table(records))
         print("ZeRO stage: " + ", ".join(f"{m} {z}" for m, z in stages.items()))
-    fallbacks = [r for r in rows if r.get("fallback")]
-    for r in fallbacks:
-        print(f"slimpack compare: {r['method']} fell back: {r['fallback']}", file=sys.stderr)
-    failed = [r for r in rows if r.get("error")]
+    for r in records:
+        if r.fallback:
+            print(f"slimpack compare: {r.method} fell back: {r.fallback}", file=sys.stderr)
+    failed = [r for r in records if r.error]
     for r in failed:
-        print(f"slimpack compare: {r['method']} failed: {r['error']}", file=sys.stderr)
+        print(f"slimpack compare: {r.method} failed: {r.error}", file=sys.stderr)
     if failed:
         # A comparison with a missing column is not a result: scripts must be able to tell.
-        print(f"slimpack compare: {len(failed)} of {len(rows)} methods failed", file=sys.stderr)
+        print(f"slimpack compare: {len(failed)} of {len(records)} methods failed",
+              file=sys.stderr)
         return 1
     return 0

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slimpack.batch import Batch
-from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
 from slimpack.planning.auto_parallel import Candidate
 from slimpack.planning.options import build_options, describe_options
-from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
+from slimpack.planning.setup import PlanSetup
+from slimpack.specs import ParallelSpec
 from slimpack.specs.training import ZERO_STAGES
 
 SCHEDULE_FAMILIES = ("1f1b", "slimpipe")
@@ -33,8 +33,11 @@ vpp > 1), or slices of a sequence in flight (SlimPipe, SlimPack)."""
 
 
 class Planner(Protocol):
-    def __call__(self, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
-                 parallel: ParallelSpec, cost: CostModel, **options: Any) -> Plan: ...
+    """``plan(batch, setup, options) -> Plan``: ``options`` is the method's own options
+    dataclass, built and checked by ``slimpack.compare.plan_method``, which also checks the
+    layout, times the call and gives the plan a memory verdict when the planner gives none."""
+
+    def __call__(self, batch: Batch, setup: PlanSetup, options: Any) -> Plan: ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,7 @@
 """The SlimPack planner (*reconstructed* from the paper's public summary, arXiv 2509.26246).
 
-``plan(batch, model, hardware, parallel, cost, **options)`` runs:
+``plan(batch, setup, options)`` (``slimpack.compare.plan_method`` builds the typed options
+and checks the layout) runs:
 
 1. **Slicing** at slice length S (searched, or given);
 2. **Phase 1, DP-aware assignment** of sequences to data-parallel replicas, balanced on
@@ -26,6 +27,7 @@ from slimpack.cost.model import CostModel
 from slimpack.plan import Plan
 from slimpack.planning.deadline import WALL_CLOCK_FALLBACK, Deadline
 from slimpack.planning.gc_pause import gc_paused
+from slimpack.planning.setup import PlanSetup
 from slimpack.slimpack_planner.assemble import (
     BuildContext,
     OutOfTime,
@@ -60,8 +62,7 @@ def default_slice_tokens(batch: Batch, parallel: ParallelSpec, *, fit_tokens: in
     return max(align, int(round(s / align)) * align)
 
 
-def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-         cost: CostModel, **options: Any) -> Plan:
+def plan(batch: Batch, setup: PlanSetup, options: SlimPackOptions) -> Plan:
     """A SlimPack plan; returns within ``time_limit_s`` (+10%) whenever the first (heuristic)
     candidate is built within it. Every later candidate is started only when the time left
     covers what the previous one took (build, validation and, in search mode, simulation);
@@ -69,7 +70,7 @@ def plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Paral
     longer is returned as soon as it is built (``metadata["search"][0]["built_s"]`` says when).
     Every returned plan has been validated once (``Plan.validate``)."""
     with gc_paused():
-        return _plan(batch, model, hardware, parallel, cost, SlimPackOptions.from_kwargs(options))
+        return _plan(batch, setup.model, setup.hardware, setup.parallel, setup.cost, options)
 
 
 def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,

@@ -75,7 +75,8 @@ def run(cases: int, *, seed: int = 0, slack: float = SLACK, grace_s: float = 0.0
     it returns later than ``slack * limit + grace_s`` (``grace_s`` absorbs scheduler noise on a
     shared machine; the standalone run uses none). ``first_case`` skips that many cases of
     the stream (to run a long fuzz in pieces)."""
-    from slimpack.slimpack_planner import plan
+    from slimpack.planning.setup import PlanSetup
+    from slimpack.slimpack_planner import SlimPackOptions, plan
 
     rng = np.random.default_rng(seed)
     knobs = np.random.default_rng([seed, 1]) if tiny_limits or long_tp1 else None
@@ -98,7 +99,8 @@ def run(cases: int, *, seed: int = 0, slack: float = SLACK, grace_s: float = 0.0
             continue  # a layout the model cannot take is the caller's error, tested elsewhere
         t0 = time.perf_counter()
         try:
-            result = plan(batch, cost.model, hw, parallel, cost, **options)
+            result = plan(batch, PlanSetup(model=cost.model, hardware=hw, parallel=parallel,
+                                           cost=cost), SlimPackOptions.from_kwargs(options))
         except Exception as exc:  # noqa: BLE001 - a fuzzer reports every failure
             failures.append(f"{label}: {type(exc).__name__}: {exc}")
             continue

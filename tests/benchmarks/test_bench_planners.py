@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
-from slimpack.methods import get_planner
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 MODEL, HW = model_preset("llama-7b"), hardware_preset("h100")
@@ -24,7 +24,6 @@ def batch():
 @pytest.mark.parametrize("method", ["naive", "megatron", "megatron-dcp", "wlb-llm", "slimpipe",
                                     "flexsp", "slimpack"])
 def test_bench_planner(benchmark, batch, method):
-    planner = get_planner(method)
     options = {"search": False} if method == "slimpack" else {"context": 131072, "time_limit_s": 0.2}
-    plan = benchmark(lambda: planner(batch, MODEL, HW, PARALLEL, COST, **options))
+    plan = benchmark(lambda: plan_method(method, batch, MODEL, HW, PARALLEL, COST, **options))
     assert plan.num_tokens == batch.num_tokens

@@ -56,13 +56,14 @@ def paper_scale_plan():
     Common Crawl samples of 256K tokens (134M tokens, about 65K documents), heuristic
     planning; about 37K units, one group at cp 4."""
     from slimpack import data
+    from slimpack.compare import plan_method
     from slimpack.cost import AnalyticCostModel
-    from slimpack.slimpack_planner import plan
 
     model, hardware = model_preset("llama-70b"), hardware_preset("h800")
     batch = data.sample_batch("commoncrawl", token_budget=512 * 262144, context=262144, seed=0)
     cost = AnalyticCostModel(model=model, hardware=hardware)
-    return plan(batch, model, hardware, ParallelSpec(tp=8, pp=8, dp=4), cost, search=False)
+    return plan_method("slimpack", batch, model, hardware, ParallelSpec(tp=8, pp=8, dp=4), cost,
+                       search=False)
 
 
 @pytest.mark.parametrize("kind", ["analytic", "kernel"])

@@ -4,11 +4,15 @@ benchmark body runs once and only its result is checked."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
-from slimpack.slimpack_planner import plan
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+plan = partial(plan_method, "slimpack")
 
 MODEL, HW = model_preset("llama-70b"), hardware_preset("h800")
 COST = AnalyticCostModel(model=MODEL, hardware=HW)

@@ -15,11 +15,15 @@ heuristic plans, of 3 searches.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
+from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
-from slimpack.slimpack_planner import plan
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+plan = partial(plan_method, "slimpack")
 
 HW = hardware_preset("h800")
 NO_LIMIT_S = 3600.0
