@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ from slimpack.planning.method import SEARCH_SPACE
 from slimpack.planning.setup import PlanSetup
 from slimpack.planning.winners import layout_key, try_winner_layouts
 from slimpack.records import MethodRecord, StepRecord
+from slimpack.runtime.validate import runtime_refusal
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.training import TrainingSpec
 
@@ -145,7 +147,8 @@ def _record(method: str, plan: Plan, rec: StepRecord, parallel: ParallelSpec,
         zero_stage=training_of(cost).zero_stage,
         plan_seconds=float(plan.metadata.get("plan_seconds", float("nan"))),
         # A planner that fell back to a simpler answer says so (never silently degrades).
-        fallback=str(plan.metadata.get("fallback", "")), **search)
+        fallback=str(plan.metadata.get("fallback", "")),
+        runtime_refusal=runtime_refusal(plan, cost.model), **search)
 
 
 def _failed(method: str, parallel: ParallelSpec | None, cost: CostModel | None, error: str,
@@ -547,23 +550,36 @@ def format_table(records: Sequence[MethodRecord]) -> str:
     """A fixed-width text table of compare records."""
     rows = [record.to_dict() for record in records]
     headers = ("method", "parallel", "recompute", "step s", "tokens/s", "MFU", "bubble",
-               "peak GiB", "OOM", "speedup", "step/ideal", "plan s")
+               "peak GiB", "OOM", "speedup", "step/ideal", "plan s", "runtime")
     lines = []
     for r in rows:
         p = r["parallel"]
         par = "" if p is None else f"tp{p['tp']} cp{p['cp']} pp{p['pp']} dp{p['dp']}" + (
             f" v{p['vpp']}" if p.get("vpp", 1) > 1 else "")
         if r.get("error"):
-            lines.append((r["method"], par, "", "error", "", "", "", "", "", "", "", ""))
+            lines.append((r["method"], par, "", "error", "", "", "", "", "", "", "", "", ""))
             continue
         lines.append((r["method"], par, r["recompute"], f"{r['step_time_s']:.3f}",
                       f"{r['tokens_per_s']:,.0f}", f"{100 * r['mfu']:.1f}%",
                       f"{100 * r['bubble_fraction']:.1f}%", f"{r['peak_memory_gib']:.1f}",
                       "yes" if r["oom"] else "no", f"{r['speedup_vs_first']:.2f}x",
-                      f"{r['step_over_ideal']:.2f}", f"{r['plan_seconds']:.3f}"))
+                      f"{r['step_over_ideal']:.2f}", f"{r['plan_seconds']:.3f}",
+                      refused_field(r["runtime_refusal"])))
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
     out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     out.append("  ".join("-" * w for w in widths))
     out += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
     out += [f"{r['method']}: {r['error']}" for r in rows if r.get("error")]
+    if any(r.get("runtime_refusal") and not r.get("error") for r in rows):
+        out.append("runtime: 'no: FIELD' = `slimpack run` refuses that plan field (the whole "
+                   "message is the record's runtime_refusal; docs/architecture.md, runtime)")
     return "\n".join(out)
+
+
+def refused_field(refusal: str) -> str:
+    """The plan field a runtime refusal names ("vocab_parallel_pp=True ..." ->
+    "vocab_parallel_pp"), or "runs" when there is none."""
+    if not refusal:
+        return "runs"
+    match = re.search(r"(\w+)=", refusal)
+    return f"no: {match.group(1)}" if match else "no"

@@ -128,6 +128,10 @@ class MethodRecord:
     layouts_simulated: int | None = None
     layouts_pruned: int | None = None
     layouts_from_winners: int | None = None
+    runtime_refusal: str = ""
+    """Why the PyTorch runtime would refuse to execute this plan (the field it names, from
+    :func:`slimpack.runtime.validate.runtime_refusal`); empty when it executes it. A ratio is
+    only as good as the plan behind it: this says whether that plan runs."""
 
     def __post_init__(self) -> None:
         if (self.step is None) != bool(self.error):

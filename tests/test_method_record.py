@@ -53,3 +53,25 @@ def test_a_row_lacking_schema_columns_is_refused_by_name():
     del row["zero_stage"], row["mfu"]
     with pytest.raises(ValueError, match=r"'broken'.*\['mfu', 'zero_stage'\]"):
         check_method_row(row)
+
+
+def test_records_say_whether_the_runtime_executes_the_plan():
+    # The same batch on one layout: Megatron-LM's plan runs; SlimPipe's states SlimPipe's
+    # attention redistribution between pipeline ranks, which the runtime refuses by name.
+    point = {**FIXED, "parallel": {"tp": 2, "pp": 4}}
+    rows = {r["method"]: r for r in compare_rows(point, ("megatron", "slimpipe"), "test")}
+    assert rows["megatron"]["runtime_refusal"] == ""
+    assert "attention_redistribution" in rows["slimpipe"]["runtime_refusal"]
+
+
+def test_runtime_refusal_names_the_field_for_a_model_it_does_not_run():
+    from dataclasses import replace
+
+    from slimpack.runtime.examples import packed_plan
+    from slimpack.runtime.validate import runtime_refusal
+    from slimpack.specs import model_preset
+
+    plan = packed_plan(pp=1, dp=1)
+    tiny = model_preset("tiny")
+    assert runtime_refusal(plan, tiny) == ""
+    assert "num_experts" in runtime_refusal(plan, replace(tiny, num_experts=4, moe_top_k=2))

@@ -45,6 +45,17 @@ class RuntimePlan:
         return self.pp * self.vpp
 
 
+def runtime_refusal(plan: Plan, model: ModelSpec) -> str:
+    """Why :func:`check_runtime_plan` refuses ``plan`` (its message: the field, its value and
+    what is allowed), or "" when the runtime executes it. Records carry it, so every ratio
+    says whether the plan behind it runs."""
+    try:
+        check_runtime_plan(plan, model)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
 def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None
                        ) -> RuntimePlan:
     """Validate ``plan`` for execution on ``world_size`` processes; raise ValueError."""
