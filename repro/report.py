@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from repro import executability
 from repro.analysis import load_records
 from repro.diagnosis import report_lines
 from repro.experiment import Claim
+from repro.figures import method_order
 from repro.registry import experiment_names, resolve_experiment
 
 if TYPE_CHECKING:
@@ -144,6 +146,8 @@ def render_report(results_dir: Path, registry: str = "repro.registry",
         "",
         *_not_reproduced(claims),
         *report_lines(lambda name: load_records(results_dir, name), method_registry),
+        *executability.report_lines(lambda name: load_records(results_dir, name),
+                                    lambda present: method_order(present, method_registry)),
         "## Consistency checks",
         "",
         "Checks that hold by construction of a schedule or a model, or test the suite against "
