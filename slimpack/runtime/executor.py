@@ -331,7 +331,7 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
         joins.setdefault(index, []).append(unit)
     ops = rplan.schedules[group.group_id][stage]
     for i, op in enumerate([*ops, None]):
-        for unit in joins.get(i, []):
+        for unit in joins.get(i, []):  # a stage before the last: its part of a unit's head
             start = clock.since_start()
             slices = group.unit_slices(group.forward_units[unit])
             for sl in slices:
@@ -343,7 +343,7 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
                 op_groups.append(group.group_id)
             peak = max(peak, held_bytes + sum(r.live_bytes() for r in runners)
                        + _head_bytes(su, slices, head_rows))
-        if op is None:
+        if op is None:  # joins placed after the stage's last op ran above
             break
         start = clock.since_start()
         if op.kind == "F":
