@@ -10,13 +10,14 @@ import dataclasses
 
 import pytest
 
-from slimpack.plan import Phase, Plan
+from slimpack.plan import Phase, Plan, PlanError
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.examples import packed_plan, slimpack_plan, slimpipe_plan
 from slimpack.runtime.many import run_plans
 from slimpack.runtime.parity import parity
 from slimpack.runtime.reference import reference_step
-from slimpack.runtime.validate import check_runtime_plan
+from slimpack.runtime.schedule import FallbackOp
+from slimpack.runtime.validate import _dry_run, _eager_joins, check_runtime_plan, check_schedule
 from slimpack.specs import model_preset
 
 TINY = model_preset("tiny")
@@ -66,11 +67,36 @@ def test_every_stage_joins_each_head_once_in_the_last_stages_order(kind, pp, vpp
             f_at = next(i for i, op in enumerate(ops[s])
                         if op.kind == "F" and op.unit == unit and op.chunk == vpp - 1)
             assert f_at < index
+            # Every schedule here takes the simulator's placement: right after that forward.
+            assert index == f_at + 1
             # ... and before any backward that needs the head's gradient.
             slices = set(group.forward_units[unit].slice_ids)
             needs = [i for i, op in enumerate(ops[s]) if op.kind == "B"
                      and slices & set(group.backward_units[op.unit].slice_ids)]
             assert index <= min(needs)
+
+
+def test_joins_move_to_where_stages_block_when_joining_right_after_the_forward_deadlocks():
+    # pp2 vpp2, two units. Stage 1 runs B(0) on chunk 0 before F(1) on chunk 1 (its head of
+    # unit 1); that backward needs stage 0's B(0) on chunk 1, which stage 0 runs right after
+    # its F(1) on chunk 1: joining head 1 there waits for stage 1, which waits for stage 0.
+    group = dataclasses.replace(list(packed_plan(pp=2, dp=2, vpp=2).groups())[1],
+                                vocab_parallel_pp=True)
+    assert len(group.forward_units) == 2
+
+    def ops(*spec: str) -> list[FallbackOp]:
+        return [FallbackOp(kind=k, unit=int(u), chunk=int(c)) for k, u, c in spec]
+
+    lists = [ops("F00", "F01", "F10", "F11", "B01", "B00", "B11", "B10"),
+             ops("F00", "F01", "B01", "F10", "B00", "F11", "B11", "B10")]
+    _dry_run(group, lists, vocab_over_pp=False)  # a valid schedule without the head
+    eager = _eager_joins(group, lists)
+    assert eager == [[(2, 0), (4, 1)], []]
+    with pytest.raises(PlanError, match="deadlocks"):
+        _dry_run(group, lists, vocab_over_pp=True, fixed=eager)
+    # So stage 0 joins each head where it is blocked while the last stage waits for it:
+    # head 0 before its F(1) on chunk 1, head 1 before its B(1) on chunk 1.
+    assert check_schedule(group, lists) == [[(3, 0), (6, 1)], []]
 
 
 # -- gloo runs: gradient parity and memory ----------------------------------------------------

@@ -112,9 +112,10 @@ def check_schedule(group: Group, ops: list[list]) -> list[list[tuple[int, int]]]
     """Every stage runs each (F, unit, chunk) and (B, unit, chunk) once, and the op lists run
     to completion with buffered sends, blocking receives and FIFO channels (dry run).
 
-    With ``vocab_parallel_pp`` at pp > 1 the dry run also places every stage's joins of the
-    LM head (returned per stage as (op index, forward unit); see
-    :mod:`slimpack.runtime.vocab_parallel` for why the placement cannot deadlock)."""
+    With ``vocab_parallel_pp`` at pp > 1 it also places every stage's joins of the LM head,
+    returned per stage as (op index, forward unit): right after the stage's own forward of the
+    unit on its last chunk when those positions run to completion, else where the dry run finds
+    every stage blocked (:mod:`slimpack.runtime.vocab_parallel`: why either cannot deadlock)."""
     gid, pp, vpp = group.group_id, group.pp, group.vpp
     if len(ops) != pp:
         raise PlanError(f"group {gid}: schedule has {len(ops)} stages, group has pp={pp}")
@@ -125,11 +126,37 @@ def check_schedule(group: Group, ops: list[list]) -> list[list[tuple[int, int]]]
         if got != want:
             raise PlanError(f"group {gid}: stage {s} schedule does not run every unit's F and B "
                             f"exactly once per chunk")
-    return _dry_run(group, ops, vocab_over_pp=group.vocab_parallel_pp and pp > 1)
+    if not (group.vocab_parallel_pp and pp > 1):
+        _dry_run(group, ops, vocab_over_pp=False)
+        return []
+    eager = _eager_joins(group, ops)
+    if eager is not None:
+        try:
+            return _dry_run(group, ops, vocab_over_pp=True, fixed=eager)
+        except PlanError:
+            pass  # these positions would deadlock: place the joins where stages block
+    return _dry_run(group, ops, vocab_over_pp=True)
 
 
-def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool
-             ) -> list[list[tuple[int, int]]]:
+def _eager_joins(group: Group, ops: list[list]) -> list[list[tuple[int, int]]] | None:
+    """Each stage before the last joins unit u's head right after its own F(u) on its last
+    chunk (where the simulator charges its share of the head), in the last stage's order of
+    heads; None if that order does not follow the stage's op list."""
+    pp, chunk = group.pp, group.vpp - 1
+    heads = [op.unit for op in ops[pp - 1] if op.kind == "F" and op.chunk == chunk]
+    joins: list[list[tuple[int, int]]] = []
+    for s in range(pp - 1):
+        after = {op.unit: i + 1 for i, op in enumerate(ops[s])
+                 if op.kind == "F" and op.chunk == chunk}
+        positions = [after[u] for u in heads]
+        if positions != sorted(positions):
+            return None
+        joins.append(list(zip(positions, heads, strict=True)))
+    return [*joins, []]
+
+
+def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool,
+             fixed: list[list[tuple[int, int]]] | None = None) -> list[list[tuple[int, int]]]:
     pp, last = group.pp, group.pp * group.vpp - 1
     fwd_slices = [u.slice_ids for u in group.forward_units]
     bwd_slices = [u.slice_ids for u in group.backward_units]
@@ -186,8 +213,11 @@ def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool
     # Vocabulary-parallel LM head (vocab_over_pp): the last stage runs unit u's head inside
     # its F(u) of the last block, which completes only once every other stage has joined it;
     # a stage that joined waits there until then. Heads complete in the last stage's order.
+    # ``fixed``: the other stages join at these (op index, unit) positions; None: they join
+    # where they stand once no stage can move and the last stage waits for a head.
     heads_done = 0
     joined = [0] * pp
+    taken = [0] * pp  # fixed joins made per stage
     joins: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
 
     def is_head(s: int, op) -> bool:  # noqa: ANN001 - a schedule op
@@ -196,7 +226,16 @@ def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool
     while True:
         progress = False
         for s in range(pp):
-            while pos[s] < len(ops[s]) and joined[s] <= heads_done:
+            while joined[s] <= heads_done:
+                if (fixed is not None and s < pp - 1 and taken[s] < len(fixed[s])
+                        and fixed[s][taken[s]][0] == pos[s]):
+                    joins[s].append(fixed[s][taken[s]])
+                    taken[s] += 1
+                    joined[s] += 1
+                    progress = True
+                    continue
+                if pos[s] == len(ops[s]):
+                    break
                 op = ops[s][pos[s]]
                 if not ready(s, op):
                     break
@@ -213,17 +252,19 @@ def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool
         # Every stage is blocked. If the last stage waits only for the others to join the
         # head of its next op, each joins where it stands: it was waiting there anyway.
         head = ops[pp - 1][pos[pp - 1]] if pos[pp - 1] < len(ops[pp - 1]) else None
-        if head is None or not is_head(pp - 1, head) or not ready(pp - 1, head):
+        if fixed is not None or head is None or not is_head(pp - 1, head) or not ready(pp - 1, head):
             break
         for t in range(pp - 1):
             joins[t].append((pos[t], head.unit))
             joined[t] += 1
-    stuck = [(s, ops[s][pos[s]]) for s in range(pp) if pos[s] < len(ops[s])]
+    stuck = [f"stage {s} at {op.kind}(unit {op.unit}, chunk {op.chunk})"
+             for s in range(pp) if pos[s] < len(ops[s]) for op in [ops[s][pos[s]]]]
+    heads = [op.unit for op in ops[pp - 1] if is_head(pp - 1, op)]
+    stuck += [f"stage {s} waiting there in the LM head of forward unit {heads[heads_done]}"
+              for s in range(pp - 1) if joined[s] > heads_done]
     if stuck:
-        desc = ", ".join(f"stage {s} at {op.kind}(unit {op.unit}, chunk {op.chunk})"
-                         for s, op in stuck)
         raise PlanError(f"group {group.group_id}: the schedule deadlocks or receives messages "
-                        f"out of order ({desc})")
+                        f"out of order ({', '.join(stuck)})")
     return joins
 
 

@@ -25,17 +25,20 @@ its op list (all ranks of a stage run the same list), placed before launch by th
 run of the schedule (:func:`slimpack.runtime.validate.check_schedule`). The dry run executes
 every stage's ops with FIFO channels and blocking receives; the last stage's F(u) on the last
 block completes only once every other stage has joined u, and a stage that joined waits there.
-Whenever no stage can move and the last stage waits only for that head, every other stage
-joins it where it stands. Then:
+The placement tried first is the simulator's: right after the stage's own F(u) on its last
+chunk, where ``sim.costs.head_stages`` charges its share of the head. If the dry run with those
+positions does not complete, each stage instead joins a head where it stands once no stage can
+move and the last stage waits only for that head. Then:
 
 (a) every member joins the heads in one order, the last stage's order of last-block forwards,
     so the gloo collectives of one head group are called in the same order on all members;
-(b) the dry run completes whenever the schedule without the head does: at any state where no
-    stage can move, either the last stage waits for the head (the others join, it moves on) or
-    the schedule alone would be stuck in that same state;
+(b) the fallback placement completes whenever the schedule without the head does: at any state
+    where no stage can move, either the last stage waits for the head (the others join, it
+    moves on) or the schedule alone would be stuck in that same state;
 (c) the real run is a set of sequential processes with blocking receives over FIFO channels
     and barriers at fixed positions: its outcome does not depend on timing (a Kahn network), so
-    the dry run's completing execution proves that every execution completes.
+    the dry run's completing execution, with the positions it returns, proves that every
+    execution completes.
 """
 
 from __future__ import annotations
