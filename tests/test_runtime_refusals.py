@@ -40,9 +40,28 @@ def test_ulysses_heads_per_tensor_parallel_rank_must_split_over_cp():
                                            phases=(Phase(groups=(ok,)),)), TINY)
 
 
-def test_vocab_parallel_pp_over_pipeline_ranks_is_refused():
+def test_vocab_parallel_pp_with_tied_embeddings_is_refused():
+    # The simulator spreads only an untied head; a tied one is not executed spread either.
     plan = _with_group_fields(slimpipe_plan(pp=2, dp=1), vocab_parallel_pp=True)
-    _refused(plan, r"group 0: vocab_parallel_pp=True is not executed .* allowed: false when pp > 1")
+    check_runtime_plan(plan, TINY)
+    _refused(plan, r"group 0: vocab_parallel_pp=True is not executed .* allowed: false for "
+                   r"tiny-mha \(tied embeddings\) when pp > 1", model=model_preset("tiny-mha"))
+
+
+def test_vocab_parallel_pp_needs_pp_times_tp_to_split_the_vocabulary():
+    plan = _with_group_fields(slimpipe_plan(pp=2, dp=1), vocab_parallel_pp=True)
+    odd = dataclasses.replace(TINY, vocab_size=255)
+    _refused(plan, r"group 0: vocab_parallel_pp=True .* allowed: false when pp\*tp = 2 does not "
+                   r"divide vocab_size=255", model=odd)
+
+
+def test_vocab_parallel_pp_must_be_the_same_for_every_group():
+    plan = slimpipe_plan(pp=2, dp=2)
+    g0, g1 = plan.groups()
+    mixed = dataclasses.replace(plan, phases=(Phase(groups=(
+        dataclasses.replace(g0, vocab_parallel_pp=True), g1)),))
+    _refused(mixed, r"plan: vocab_parallel_pp=\[False, True\] is not executed .* one value for "
+                    r"all groups at pp > 1")
 
 
 def test_vocab_parallel_pp_on_one_stage_is_the_same_computation_and_runs():

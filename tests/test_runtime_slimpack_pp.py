@@ -1,8 +1,11 @@
-"""SlimPack's plans at pp > 1 spread the LM head over the pipeline ranks
-(``vocab_parallel_pp``), which the runtime refuses by name; with ``vocab_parallel_pp=False``
-the same planner's plan keeps the head on the last stage and runs, exactly."""
+"""SlimPack's plans at pp > 1 spread the LM head over the pipeline ranks by default
+(``vocab_parallel_pp``); the runtime executes them gradient-exact, as it does the same planner's
+plan with the head on the last stage. SlimPipe's plan also spreads the head, but it asks for
+attention redistribution, which stays refused by name; without that field it runs exactly."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -11,6 +14,7 @@ from slimpack.compare import plan_method
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.many import run_plans
+from slimpack.runtime.parity import parity
 from slimpack.runtime.reference import reference_step
 from slimpack.runtime.validate import check_runtime_plan
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -18,31 +22,61 @@ from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 TINY = model_preset("tiny")
 H100 = hardware_preset("h100-80g")
 LENGTHS = (300, 40, 17, 90, 5, 120, 60, 8, 33, 150)
+OUTLIER = (900, 40, 17, 90, 5, 60, 8, 33)  # one document far above the others: DP-Merge
 
 
-def _plan(**options):
+def _plan(method: str = "slimpack", lengths=LENGTHS, context: int = 320, **options):
     cost = default_cost_model(TINY, H100)
-    return plan_method("slimpack", Batch.from_lengths(LENGTHS), TINY, H100,
-                       ParallelSpec(pp=2, dp=2), cost, context=320, **options)
+    return plan_method(method, Batch.from_lengths(lengths), TINY, H100,
+                       ParallelSpec(pp=2, dp=2), cost, context=context, **options)
 
 
-def test_vocab_parallel_pp_is_refused_by_name():
+def _slimpipe_without_redistribution():
+    plan = _plan("slimpipe")
+    assert plan.attention_redistribution  # what the test below finds refused
+    return dataclasses.replace(plan, attention_redistribution=False)
+
+
+def test_slimpack_default_plan_spreads_the_head_and_is_accepted():
     plan = _plan()
-    assert all(g.vocab_parallel_pp for g in plan.groups())
-    with pytest.raises(ValueError, match="vocab_parallel_pp"):
+    assert plan.parallel.pp == 2 and all(g.vocab_parallel_pp for g in plan.groups())
+    rplan = check_runtime_plan(plan, TINY, world_size=4)
+    assert rplan.vocab_over_pp and set(rplan.head_joins) == {g.group_id for g in plan.groups()}
+
+
+def test_slimpipe_plan_is_refused_for_attention_redistribution_only():
+    plan = _plan("slimpipe")
+    assert all(g.vocab_parallel_pp and g.schedule == "slimpipe" for g in plan.groups())
+    with pytest.raises(ValueError, match=r"plan: attention_redistribution=True is not executed"):
         check_runtime_plan(plan, TINY, world_size=4)
+    check_runtime_plan(_slimpipe_without_redistribution(), TINY, world_size=4)
+
+
+@pytest.fixture(scope="module")
+def executed():
+    plans = {
+        "slimpack default": _plan(),
+        "slimpack default, DP-Merge": _plan(lengths=OUTLIER, context=1024),
+        "slimpack, head on the last stage": _plan(vocab_parallel_pp=False,
+                                                  attention_redistribution=False),
+        "slimpipe without redistribution": _slimpipe_without_redistribution(),
+    }
+    results = run_plans(list(plans.values()), TINY, RuntimeConfig(seed=2), return_grads=True,
+                        timeout_s=180)
+    return dict(zip(plans, zip(plans.values(), results, strict=True), strict=True))
 
 
 @pytest.mark.slow
-def test_slimpack_pp2_plan_without_it_runs_gradient_exact():
-    plan = _plan(vocab_parallel_pp=False, attention_redistribution=False)
-    assert not any(g.vocab_parallel_pp for g in plan.groups()) and plan.parallel.pp == 2
-    check_runtime_plan(plan, TINY, world_size=4)
-    (result,) = run_plans([plan], TINY, RuntimeConfig(seed=2), return_grads=True,
-                          timeout_s=120)
+@pytest.mark.parametrize("name", ["slimpack default", "slimpack default, DP-Merge",
+                                  "slimpack, head on the last stage",
+                                  "slimpipe without redistribution"])
+def test_planner_pp2_plan_runs_gradient_exact(executed, name):
+    plan, result = executed[name]
+    assert plan.parallel.pp == 2
+    if name == "slimpack default, DP-Merge":  # the outlier on a cp2 pp2 group, then replicas
+        assert [sorted({g.cp for g in ph.groups}) for ph in plan.phases] == [[2], [1]]
+    assert all(g.vocab_parallel_pp for g in plan.groups()) == (name != "slimpack, head on the "
+                                                                        "last stage")
     ref = reference_step(TINY, plan.sequence_lengths, seed=2)
-    assert abs(result.loss - ref.loss) <= 1e-6 * abs(ref.loss)
-    grads = result.grads()
-    assert set(grads) == set(ref.grads)
-    worst = max(float((grads[n] - w).norm() / w.norm()) for n, w in ref.grads.items())
-    assert worst < 1e-5, f"max norm-relative gradient error {worst:.2e}"
+    check = parity(result.loss, result.grads(), ref.loss, ref.grads)
+    assert check.ok, check.describe()

@@ -77,8 +77,34 @@ def check_group_fields(group: Group, model: ModelSpec) -> None:
     if not 0.0 <= group.offload <= 1.0:
         raise refuse(group, "offload", group.offload, "a share in [0, 1]")
     if group.vocab_parallel_pp and group.pp > 1:
+        check_vocab_over_pp(group, model)
+
+
+def check_vocab_over_pp(group: Group, model: ModelSpec) -> None:
+    """The LM head spread over the pipeline ranks (:mod:`slimpack.runtime.vocab_parallel`):
+    untied embeddings only, as the simulator prices it (``stage_state_bytes`` spreads only an
+    untied head; a tied one would need each block's gradient summed into the embedding on the
+    first stage, which is not implemented), and a vocabulary that splits into ``pp*tp``
+    equal blocks."""
+    if model.tied_embeddings:
         raise refuse(group, "vocab_parallel_pp", True,
-                     "false when pp > 1 (the LM head and loss run on the last stage)")
+                     f"false for {model.name} (tied embeddings) when pp > 1; true with untied "
+                     f"embeddings")
+    blocks = group.pp * group.tp
+    if model.vocab_size % blocks:
+        raise refuse(group, "vocab_parallel_pp", True,
+                     f"false when pp*tp = {blocks} does not divide vocab_size="
+                     f"{model.vocab_size} of {model.name}")
+
+
+def check_vocab_layout(groups: Sequence[Group]) -> None:
+    """A rank keeps its block of the LM head for the whole step: at pp > 1 every group
+    spreads the head over the pipeline ranks or none does."""
+    flags = sorted({g.vocab_parallel_pp for g in groups if g.pp > 1})
+    if len(flags) > 1:
+        raise refuse(None, "vocab_parallel_pp", flags,
+                     "one value for all groups at pp > 1 (a rank keeps its head block for the "
+                     "step)")
 
 
 def check_tensor_parallel(group: Group, model: ModelSpec) -> None:

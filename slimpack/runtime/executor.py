@@ -21,6 +21,10 @@ slice (:mod:`slimpack.runtime.cp_layout`) for the whole layer stack; sequence pa
 splits those cp-local rows over the tp ranks (:mod:`slimpack.runtime.tensor_parallel`), so
 the hidden states a rank sends down the pipeline are a tp share of its cp rows.
 
+With ``vocab_parallel_pp`` at pp > 1 the LM head is spread over the group's pipeline ranks
+(:mod:`slimpack.runtime.vocab_parallel`): the last stage runs a unit's head inside its
+last-block forward, the other stages join it at the positions the dry run placed.
+
 Sends are non-blocking (their tensors are held until done, then dropped); receives block.
 Loss is ``sum CE / global label count`` on every last block, so gradients are already the
 token-weighted mean over the whole step and the DP reduction is a plain sum.
@@ -55,6 +59,13 @@ from slimpack.runtime.tensor_parallel import (
     tp_rank_sets,
 )
 from slimpack.runtime.validate import RuntimePlan
+from slimpack.runtime.vocab_parallel import (
+    HEAD,
+    HeadComm,
+    PipelineLMHead,
+    build_head_comms,
+    whole_head_gradient,
+)
 from slimpack.runtime.zero import ZeroShards
 from slimpack.specs.model import ModelSpec
 
@@ -145,8 +156,12 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
     groups = PlanGroups.build(rplan, rank=rank, tied_embeddings=spec.tied_embeddings)
     cp_groups = CpGroups.build(list(rplan.plan.groups()), rank=rank)
     tp = build_tp_group(tp_rank_sets(rplan.plan.groups()), rank) if rplan.tp > 1 else None
+    loss_scale = 1.0 / float(num_label_tokens(rplan.plan.sequence_lengths))
+    head_comms = (build_head_comms(rplan.plan.groups(), rank=rank, loss_scale=loss_scale)
+                  if rplan.vocab_over_pp else {})
     kw = {"pp": rplan.pp, "vpp": rplan.vpp, "stage": stage, "seed": config.seed,
-          "device": device, "dtype": config.torch_dtype}
+          "device": device, "dtype": config.torch_dtype,
+          "make_head": _head_maker(rplan, spec, stage, tp, device, config.torch_dtype)}
     chunks = ([] if stage is None else
               build_tp_chunks(spec, tp, **kw) if tp is not None else build_chunks(spec, **kw))
     tokens = make_tokens(rplan.plan.sequence_lengths, vocab_size=spec.vocab_size,
@@ -156,7 +171,7 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
     setup = _Setup(rplan=rplan, spec=spec, config=config, rank=rank, stage=stage, device=device,
                    chunks=chunks, groups=groups, cp_groups=cp_groups, tokens=tokens, tp=tp,
                    backend=choose_backend(device, config.torch_dtype, config.attention),
-                   zero=zero)
+                   zero=zero, head_comms=head_comms)
     results = []
     for step in range(config.warmup_steps + config.measured_steps):
         for c in chunks:
@@ -176,7 +191,20 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
                 continue
             for name, p in c.global_named_parameters():
                 results[-1].grads[name] = p.grad.detach().float().cpu().clone()
+        if rplan.vocab_over_pp:  # every rank holds one block: the whole from all of them
+            results[-1].grads[HEAD] = whole_head_gradient(setup.pipeline_head)
     return results
+
+
+def _head_maker(rplan: RuntimePlan, spec: ModelSpec, stage: int | None, tp: TPGroup | None,
+                device: torch.device, dtype: torch.dtype):  # noqa: ANN202 - a factory
+    """``make_head(is_last_block)`` for this rank's block of a head spread over pp, or None."""
+    if not rplan.vocab_over_pp or stage is None:
+        return None
+    width = 1 if tp is None else tp.size
+    shard = stage * width + (0 if tp is None else tp.index)
+    return lambda last: PipelineLMHead(spec, shard=shard, num_shards=rplan.pp * width, last=last,
+                                       tp=tp, device=device, dtype=dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +223,14 @@ class _Setup:
     tp: TPGroup | None
     zero: ZeroShards | None
     """This rank's ZeRO-3 shards (None: parameters replicated, gradients all-reduced)."""
+    head_comms: dict[int, HeadComm]
+    """Group id -> this rank's process groups of the group's head spread over pp."""
+
+    @property
+    def pipeline_head(self) -> PipelineLMHead | None:
+        """This rank's block of a head spread over the pipeline ranks (on its last chunk)."""
+        head = self.chunks[-1].head if self.chunks else None
+        return head if isinstance(head, PipelineLMHead) else None
 
     def rows(self, num_tokens: int) -> int:
         """Rows of a slice's hidden states this rank holds when its cp share of the slice is
@@ -276,8 +312,10 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
     layout = GroupLayout(group)
     exchange = make_exchange(group, layout, cp=su.cp_groups.of(group.group_id))
     policy = ActivationPolicy(recompute=group.recompute, offload=group.offload)
+    head_comm = su.head_comms.get(group.group_id)
     runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
-                           loss_scale=1.0 / denom, policy=policy, exchange=exchange)
+                           loss_scale=1.0 / denom, policy=policy, exchange=exchange,
+                           head_comm=head_comm)
                for c in su.chunks]
     pipe = _Pipe(su.groups, rplan.num_blocks, device)
     inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}
@@ -287,7 +325,26 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
         cp_rows = {i: exchange.shard(i).num_local for i in cp_rows}
     lane = _Lane(group=group, rank=su.rank,
                  rows={i: su.rows(n) for i, n in cp_rows.items()})
-    for op in rplan.schedules[group.group_id][stage]:
+    head_rows = {i: n * (1 if su.tp is None else su.tp.size) for i, n in lane.rows.items()}
+    joins: dict[int, list[int]] = {}  # op index -> units whose head this stage joins there
+    for index, unit in rplan.head_joins.get(group.group_id, [[]] * pp)[stage]:
+        joins.setdefault(index, []).append(unit)
+    ops = rplan.schedules[group.group_id][stage]
+    for i, op in enumerate([*ops, None]):
+        for unit in joins.get(i, []):  # a stage before the last: its part of a unit's head
+            start = clock.since_start()
+            slices = group.unit_slices(group.forward_units[unit])
+            for sl in slices:
+                su.pipeline_head.join(head_comm, rows=head_rows[sl.slice_id],
+                                      labels=inputs[sl.slice_id][1])
+            if config.record_ops:
+                ops_out.append(OpTiming(stage=stage, kind="head", unit=unit, chunk=rplan.vpp - 1,
+                                        start_s=start, end_s=clock.since_start(), lane="comm"))
+                op_groups.append(group.group_id)
+            peak = max(peak, held_bytes + sum(r.live_bytes() for r in runners)
+                       + _head_bytes(su, slices, head_rows))
+        if op is None:  # joins placed after the stage's last op ran above
+            break
         start = clock.since_start()
         if op.kind == "F":
             waited = _forward(lane, op.unit, op.chunk, stage, pp, runners[op.chunk], pipe,
@@ -307,6 +364,9 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
                                     start_s=start + waited, end_s=end))
             op_groups.append(group.group_id)
         live = sum(r.live_bytes() for r in runners)
+        if op.kind == "F" and op.chunk * pp + stage == pp * group.vpp - 1 and head_comm is not None:
+            # The head's logits block lived during the op (its d hidden is in ``live``).
+            live += _head_bytes(su, group.unit_slices(group.forward_units[op.unit]), head_rows)
         peak = max(peak, held_bytes + live)
     pipe.drain()
     leftover = [(c, r.pending()) for c, r in enumerate(runners) if r.pending()]
@@ -314,6 +374,11 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
         raise RuntimeError(f"rank {su.rank}: slices forwarded but never backwarded: "
                            f"{leftover}")
     return busy, peak
+
+
+def _head_bytes(su: _Setup, slices: list[Slice], head_rows: dict[int, int]) -> int:
+    """The largest fp32 logits block of ``slices`` on this rank's head block."""
+    return max(su.pipeline_head.logits_bytes(head_rows[sl.slice_id]) for sl in slices)
 
 
 @dataclass(frozen=True, kw_only=True)

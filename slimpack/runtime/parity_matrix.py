@@ -6,8 +6,9 @@ model (docs/architecture.md, runtime, prints the table this writes).
 
 Cases combine tensor parallelism (with sequence parallelism), context parallelism (ring
 all-gather of K/V, both shardings) and Ulysses, pipeline and data parallelism, virtual stages,
-slices with a KV cache, asymmetric units, every recompute mode and offload, and ZeRO-3
-parameter sharding (gradients compared whole, gathered from the shards).
+slices with a KV cache, asymmetric units, every recompute mode and offload, ZeRO-3
+parameter sharding (gradients compared whole, gathered from the shards), and the LM head spread
+over the pipeline ranks (``vocab_parallel_pp``, "head over pp" cases).
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ class Case:
     recompute: str = "none"
     offload: float = 0.0
     zero_stage: int | None = None
+    vocab_parallel_pp: bool = False
 
     def plan(self) -> Plan:
         plan = self.make()
         phases = tuple(Phase(groups=tuple(
-            dataclasses.replace(g, recompute=self.recompute, offload=self.offload)
+            dataclasses.replace(g, recompute=self.recompute, offload=self.offload,
+                                vocab_parallel_pp=self.vocab_parallel_pp)
             for g in ph.groups)) for ph in plan.phases)
         return dataclasses.replace(plan, phases=phases, zero_stage=self.zero_stage)
 
@@ -118,6 +121,29 @@ CASES: tuple[Case, ...] = (
     Case(name="zero3 cp2 dp2 ring per-document, asymmetric units",
          make=lambda: slimpack_plan(pp=1, dp=2, cp=2, cp_sharding="per-document"),
          zero_stage=3),
+    # The LM head and loss spread over the pipeline ranks (vocab/(pp*tp) rows per rank).
+    Case(name="pp2 dp2, 4 slices/seq, head over pp", make=lambda: slimpipe_plan(pp=2, dp=2),
+         vocab_parallel_pp=True),
+    Case(name="pp2 dp2, asymmetric units, head over pp, full, offload 0.5",
+         make=lambda: slimpack_plan(pp=2, dp=2), recompute="full", offload=0.5,
+         vocab_parallel_pp=True),
+    Case(name="pp2 vpp2 dp2, asymmetric units, head over pp, selective",
+         make=lambda: slimpack_plan(pp=2, dp=2, vpp=2), recompute="selective",
+         vocab_parallel_pp=True),
+    Case(name="pp4, packed documents (1f1b), head over pp", make=lambda: packed_plan(pp=4, dp=1),
+         vocab_parallel_pp=True),
+    Case(name="tp2 pp2 dp2, asymmetric units, head over pp",
+         make=lambda: slimpack_plan(pp=2, dp=2, tp=2), vocab_parallel_pp=True),
+    Case(name="cp2 pp2 ring per-document, packed documents, head over pp",
+         make=lambda: packed_plan(pp=2, dp=1, cp=2, cp_sharding="per-document"),
+         vocab_parallel_pp=True),
+    Case(name="ulysses2 pp2, 4 slices/seq, head over pp",
+         make=lambda: slimpipe_plan(pp=2, dp=1, cp=2, cp_kind="ulysses"),
+         vocab_parallel_pp=True),
+    Case(name="tp2 cp2 pp2 vpp2 ring per-sequence, asymmetric units, head over pp",
+         make=lambda: slimpack_plan(pp=2, dp=1, vpp=2, tp=2, cp=2), vocab_parallel_pp=True),
+    Case(name="zero3 pp2 dp2, 4 slices/seq, head over pp", make=lambda: slimpipe_plan(pp=2, dp=2),
+         zero_stage=3, vocab_parallel_pp=True),
 )
 
 

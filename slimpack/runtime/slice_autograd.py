@@ -60,8 +60,11 @@ class SliceRunner:
 
     def __init__(self, chunk: ModelChunk, layout: GroupLayout, *, attention_backend: str,
                  head_dim: int, loss_scale: float,
-                 policy: ActivationPolicy | None = None, exchange=None) -> None:
+                 policy: ActivationPolicy | None = None, exchange=None, head_comm=None) -> None:
         self.chunk = chunk
+        self.head_comm = head_comm
+        """The group's head process groups when the LM head is spread over the pipeline
+        ranks (:mod:`slimpack.runtime.vocab_parallel`), else None."""
         self.policy = policy or ActivationPolicy()
         self.exchange = LocalExchange(layout) if exchange is None else exchange
         """How queries meet keys across ranks (context parallelism) or locally (cp = 1)."""
@@ -150,7 +153,8 @@ class SliceRunner:
 
         with saved.hooks():
             out, own_kv = self.chunk(x, cos=cos, sin=sin, attend_for_layer=attend_for_layer,
-                                     labels=labels, run_layer=run_layer)
+                                     labels=labels, run_layer=run_layer,
+                                     head_comm=self.head_comm)
             if self.chunk.is_last:
                 out = out * self.loss_scale
         if lay.has_consumers:

@@ -31,7 +31,7 @@ The process group is built from the plan's ranks and passed in: no global state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +42,7 @@ from torch import nn
 from slimpack.plan import Group
 from slimpack.runtime.comm import all_reduce_flat
 from slimpack.runtime.model import IGNORE_INDEX, Attend, RMSNorm, apply_rope, init_named
-from slimpack.runtime.stage import EMBED, ModelChunk, layer_block
+from slimpack.runtime.stage import EMBED, ModelChunk, last_chunk_head, layer_block
 from slimpack.specs.model import ModelSpec
 
 
@@ -131,6 +131,40 @@ def reduce_scatter_rows(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return _ReduceScatterRows.apply(x, tp)
 
 
+def vocab_parallel_ce_forward(logits: torch.Tensor, labels: torch.Tensor, vocab_start: int,
+                              group: dist.ProcessGroup
+                              ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Summed cross-entropy of rows whose logits are split by vocabulary over ``group`` (this
+    rank's columns start at ``vocab_start``): max, sum-exp and target logit all-reduced.
+    Returns (the sum, same on every rank; what :func:`vocab_parallel_ce_backward` needs)."""
+    logits = logits.float()
+    row_max = logits.max(dim=-1).values
+    dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - row_max[:, None]
+    exp = shifted.exp()
+    sum_exp = exp.sum(dim=-1)
+    dist.all_reduce(sum_exp, group=group)
+    local = labels - vocab_start
+    mine = (local >= 0) & (local < logits.shape[-1]) & (labels != IGNORE_INDEX)
+    local = torch.where(mine, local, torch.zeros_like(local))
+    target = shifted.gather(1, local[:, None]).squeeze(1) * mine
+    dist.all_reduce(target, group=group)
+    valid = labels != IGNORE_INDEX
+    per_token = (sum_exp.log() - target) * valid
+    return per_token.sum(), (exp / sum_exp[:, None], local, mine, valid)
+
+
+def vocab_parallel_ce_backward(saved: tuple[torch.Tensor, ...],
+                               grad: torch.Tensor) -> torch.Tensor:
+    """d(summed cross-entropy * ``grad``)/d(this rank's logits), fp32; local, no collective."""
+    softmax, local, mine, valid = saved
+    d = softmax.clone()
+    rows = torch.arange(d.shape[0], device=d.device)
+    d[rows, local] -= mine.to(d.dtype)
+    d *= (valid.to(d.dtype) * grad)[:, None]
+    return d
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of logits split by vocabulary over the tp ranks (fp32)."""
 
@@ -138,30 +172,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, vocab_start: int,  # noqa: ANN205
                 tp: TPGroup):
         ctx.logits_dtype = logits.dtype
-        logits = logits.float()
-        row_max = logits.max(dim=-1).values
-        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=tp.group)
-        shifted = logits - row_max[:, None]
-        exp = shifted.exp()
-        sum_exp = exp.sum(dim=-1)
-        dist.all_reduce(sum_exp, group=tp.group)
-        local = labels - vocab_start
-        mine = (local >= 0) & (local < logits.shape[-1]) & (labels != IGNORE_INDEX)
-        local = torch.where(mine, local, torch.zeros_like(local))
-        target = shifted.gather(1, local[:, None]).squeeze(1) * mine
-        dist.all_reduce(target, group=tp.group)
-        valid = labels != IGNORE_INDEX
-        per_token = (sum_exp.log() - target) * valid
-        ctx.save_for_backward(exp / sum_exp[:, None], local, mine, valid)
-        return per_token.sum()
+        loss, saved = vocab_parallel_ce_forward(logits, labels, vocab_start, tp.group)
+        ctx.save_for_backward(*saved)
+        return loss
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN205 - autograd API
-        softmax, local, mine, valid = ctx.saved_tensors
-        d = softmax.clone()
-        rows = torch.arange(d.shape[0], device=d.device)
-        d[rows, local] -= mine.to(d.dtype)
-        d *= (valid.to(d.dtype) * grad)[:, None]
+        d = vocab_parallel_ce_backward(ctx.saved_tensors, grad)
         return d.to(ctx.logits_dtype), None, None, None
 
 
@@ -267,7 +284,8 @@ class TPModelChunk(nn.Module):
     same interface (the executor and the per-slice autograd use either)."""
 
     def __init__(self, spec: ModelSpec, tp: TPGroup, *, block: int, num_blocks: int, seed: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype,
+                 make_head: Callable[[], nn.Module] | None = None) -> None:
         super().__init__()
         self.tp = tp
         self.block = block
@@ -278,7 +296,9 @@ class TPModelChunk(nn.Module):
         self.embed = VocabParallelEmbedding(spec, tp, **kw) if self.is_first else None
         self.layers = nn.ModuleList(TPDecoderLayer(spec, tp, **kw) for _ in self.layer_ids)
         self.head = None
-        if self.is_last:
+        if make_head is not None:  # a block of a head spread over the pipeline ranks
+            self.head = make_head()
+        elif self.is_last:
             tied = self.embed.weight if (spec.tied_embeddings and self.embed is not None) else None
             self.head = TPLMHead(spec, tp, tied_weight=tied, **kw)
         self._global: dict[str, str] = {}
@@ -292,6 +312,8 @@ class TPModelChunk(nn.Module):
             self._global[local], self._shard_dim[local] = name, dim
             self._copies[local] = copies
             _init_shard(param, name, dim, tp, seed, copies=copies)
+        if make_head is not None:
+            self.head.init_parameters(seed)
 
     def _describe(self, spec: ModelSpec, local: str) -> tuple[str, int | None]:
         """(name in the unsliced model, split dimension or None when replicated)."""
@@ -363,12 +385,17 @@ def _init_shard(param: nn.Parameter, name: str, dim: int | None, tp: TPGroup, se
 
 
 def build_tp_chunks(spec: ModelSpec, tp: TPGroup, *, pp: int, vpp: int, stage: int, seed: int,
-                    device: torch.device, dtype: torch.dtype) -> list[TPModelChunk]:
-    """The ``vpp`` chunks of pipeline rank ``stage`` (block ``c*pp + stage``), sharded."""
+                    device: torch.device, dtype: torch.dtype,
+                    make_head: Callable[[bool], nn.Module] | None = None
+                    ) -> list[TPModelChunk]:
+    """The ``vpp`` chunks of pipeline rank ``stage`` (block ``c*pp + stage``), sharded;
+    ``make_head`` as in :func:`~slimpack.runtime.stage.build_chunks`."""
     if not 0 <= stage < pp:
         raise ValueError(f"stage must be in [0, {pp}), got {stage}")
     return [TPModelChunk(spec, tp, block=c * pp + stage, num_blocks=pp * vpp, seed=seed,
-                         device=device, dtype=dtype) for c in range(vpp)]
+                         device=device, dtype=dtype,
+                         make_head=last_chunk_head(make_head, c, vpp, stage, pp))
+            for c in range(vpp)]
 
 
 def sync_tp_gradients(chunks: list[TPModelChunk], tp: TPGroup) -> None:

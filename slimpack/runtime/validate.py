@@ -16,6 +16,7 @@ from slimpack.runtime.capabilities import (
     check_model_supported,
     check_plan_fields,
     check_tp_layout,
+    check_vocab_layout,
     check_zero_stage,
 )
 from slimpack.runtime.schedule import build_group_schedule
@@ -39,10 +40,19 @@ class RuntimePlan:
     """group_id -> op lists per stage."""
     schedule_source: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    head_joins: dict[int, list[list[tuple[int, int]]]] = field(default_factory=dict)
+    """group_id -> per stage, (op index, forward unit): where a stage that is not the last one
+    joins the vocabulary-parallel LM head of that unit (before that op; index len(ops): after
+    the last), empty unless :attr:`vocab_over_pp` (:mod:`slimpack.runtime.vocab_parallel`)."""
 
     @property
     def num_blocks(self) -> int:
         return self.pp * self.vpp
+
+    @property
+    def vocab_over_pp(self) -> bool:
+        """The LM head is split over the pipeline ranks (capabilities: all groups agree)."""
+        return self.pp > 1 and any(g.vocab_parallel_pp for g in self.plan.groups())
 
 
 def runtime_refusal(plan: Plan, model: ModelSpec) -> str:
@@ -79,9 +89,11 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
         raise ValueError(f"pp*vpp = {pp}*{vpp} must divide num_layers = {model.num_layers} "
                          f"({model.name})")
     check_tp_layout(groups)
+    check_vocab_layout(groups)
     stage_of_rank: dict[int, int] = {}
     tp_index_of_rank: dict[int, int] = {}
     schedules: dict[int, list[list]] = {}
+    head_joins: dict[int, list[list[tuple[int, int]]]] = {}
     sources = set()
     notes = []
     for g in groups:
@@ -97,17 +109,24 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
             tp_index_of_rank[rank] = i % g.tp
         ops, source = build_group_schedule(g)
         sources.add(source)
-        check_schedule(g, ops)
+        joins = check_schedule(g, ops)
         schedules[g.group_id] = ops
+        if g.vocab_parallel_pp and g.pp > 1:
+            head_joins[g.group_id] = joins
     return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
                        tp_index_of_rank=tp_index_of_rank, tp=groups[0].tp,
                        schedules=schedules, schedule_source="+".join(sorted(sources)),
-                       notes=tuple(notes))
+                       notes=tuple(notes), head_joins=head_joins)
 
 
-def check_schedule(group: Group, ops: list[list]) -> None:
+def check_schedule(group: Group, ops: list[list]) -> list[list[tuple[int, int]]]:
     """Every stage runs each (F, unit, chunk) and (B, unit, chunk) once, and the op lists run
-    to completion with buffered sends, blocking receives and FIFO channels (dry run)."""
+    to completion with buffered sends, blocking receives and FIFO channels (dry run).
+
+    With ``vocab_parallel_pp`` at pp > 1 it also places every stage's joins of the LM head,
+    returned per stage as (op index, forward unit): right after the stage's own forward of the
+    unit on its last chunk when those positions run to completion, else where the dry run finds
+    every stage blocked (:mod:`slimpack.runtime.vocab_parallel`: why either cannot deadlock)."""
     gid, pp, vpp = group.group_id, group.pp, group.vpp
     if len(ops) != pp:
         raise PlanError(f"group {gid}: schedule has {len(ops)} stages, group has pp={pp}")
@@ -118,10 +137,37 @@ def check_schedule(group: Group, ops: list[list]) -> None:
         if got != want:
             raise PlanError(f"group {gid}: stage {s} schedule does not run every unit's F and B "
                             f"exactly once per chunk")
-    _dry_run(group, ops)
+    if not (group.vocab_parallel_pp and pp > 1):
+        _dry_run(group, ops, vocab_over_pp=False)
+        return []
+    eager = _eager_joins(group, ops)
+    if eager is not None:
+        try:
+            return _dry_run(group, ops, vocab_over_pp=True, fixed=eager)
+        except PlanError:
+            pass  # these positions would deadlock: place the joins where stages block
+    return _dry_run(group, ops, vocab_over_pp=True)
 
 
-def _dry_run(group: Group, ops: list[list]) -> None:
+def _eager_joins(group: Group, ops: list[list]) -> list[list[tuple[int, int]]] | None:
+    """Each stage before the last joins unit u's head right after its own F(u) on its last
+    chunk (where the simulator charges its share of the head), in the last stage's order of
+    heads; None if that order does not follow the stage's op list."""
+    pp, chunk = group.pp, group.vpp - 1
+    heads = [op.unit for op in ops[pp - 1] if op.kind == "F" and op.chunk == chunk]
+    joins: list[list[tuple[int, int]]] = []
+    for s in range(pp - 1):
+        after = {op.unit: i + 1 for i, op in enumerate(ops[s])
+                 if op.kind == "F" and op.chunk == chunk}
+        positions = [after[u] for u in heads]
+        if positions != sorted(positions):
+            return None
+        joins.append(list(zip(positions, heads, strict=True)))
+    return [*joins, []]
+
+
+def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool,
+             fixed: list[list[tuple[int, int]]] | None = None) -> list[list[tuple[int, int]]]:
     pp, last = group.pp, group.pp * group.vpp - 1
     fwd_slices = [u.slice_ids for u in group.forward_units]
     bwd_slices = [u.slice_ids for u in group.backward_units]
@@ -141,52 +187,99 @@ def _dry_run(group: Group, ops: list[list]) -> None:
     done_f = [[set() for _ in range(group.vpp)] for _ in range(pp)]
     done_b = [[set() for _ in range(group.vpp)] for _ in range(pp)]
     pos = [0] * pp
-    progress = True
-    while progress:
+
+    def ready(s: int, op) -> bool:  # noqa: ANN001 - a schedule op
+        block = op.chunk * pp + s
+        if op.kind == "F":
+            ids = fwd_slices[op.unit]
+            # Slices of a unit run in its listed order, so a slice may also follow
+            # the unit's slices listed before it.
+            if any(not earlier.get(i, set()) <= done_f[s][op.chunk].union(ids[:j])
+                   for j, i in enumerate(ids)):
+                return False
+            return block == 0 or _peek(channels, ((s - 1) % pp, s, "F"), (op.unit, block))
+        ids = bwd_slices[op.unit]
+        if any(i not in done_f[s][op.chunk] for i in ids):
+            return False
+        if any(not later.get(i, set()) <= done_b[s][op.chunk].union(ids[:j])
+               for j, i in enumerate(ids)):
+            return False
+        return block == last or _peek(channels, ((s + 1) % pp, s, "B"), (op.unit, block))
+
+    def run(s: int, op) -> None:  # noqa: ANN001 - a schedule op
+        block = op.chunk * pp + s
+        if op.kind == "F":
+            if block > 0:
+                channels[((s - 1) % pp, s, "F")].pop(0)
+            done_f[s][op.chunk].update(fwd_slices[op.unit])
+            if block < last:
+                channels.setdefault((s, (s + 1) % pp, "F"), []).append((op.unit, block + 1))
+        else:
+            if block < last:
+                channels[((s + 1) % pp, s, "B")].pop(0)
+            done_b[s][op.chunk].update(bwd_slices[op.unit])
+            if block > 0:
+                channels.setdefault((s, (s - 1) % pp, "B"), []).append((op.unit, block - 1))
+
+    # Vocabulary-parallel LM head (vocab_over_pp): the last stage runs unit u's head inside
+    # its F(u) of the last block, which completes only once every other stage has joined it;
+    # a stage that joined waits there until then. Heads complete in the last stage's order.
+    # ``fixed``: the other stages join at these (op index, unit) positions; None: they join
+    # where they stand once no stage can move and the last stage waits for a head.
+    heads_done = 0
+    joined = [0] * pp
+    taken = [0] * pp  # fixed joins made per stage
+    joins: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+
+    def is_head(s: int, op) -> bool:  # noqa: ANN001 - a schedule op
+        return vocab_over_pp and s == pp - 1 and op.kind == "F" and op.chunk == group.vpp - 1
+
+    while True:
         progress = False
         for s in range(pp):
-            while pos[s] < len(ops[s]):
+            while joined[s] <= heads_done:
+                if (fixed is not None and s < pp - 1 and taken[s] < len(fixed[s])
+                        and fixed[s][taken[s]][0] == pos[s]):
+                    joins[s].append(fixed[s][taken[s]])
+                    taken[s] += 1
+                    joined[s] += 1
+                    progress = True
+                    continue
+                if pos[s] == len(ops[s]):
+                    break
                 op = ops[s][pos[s]]
-                block = op.chunk * pp + s
-                if op.kind == "F":
-                    ids = fwd_slices[op.unit]
-                    # Slices of a unit run in its listed order, so a slice may also follow
-                    # the unit's slices listed before it.
-                    if any(not earlier.get(i, set()) <= done_f[s][op.chunk].union(ids[:j])
-                           for j, i in enumerate(ids)):
+                if not ready(s, op):
+                    break
+                if is_head(s, op):
+                    if any(joined[t] <= heads_done for t in range(pp - 1)):
                         break
-                    if block > 0 and not _take(channels, ((s - 1) % pp, s, "F"), (op.unit, block)):
-                        break
-                    done_f[s][op.chunk].update(ids)
-                    if block < last:
-                        channels.setdefault((s, (s + 1) % pp, "F"), []).append((op.unit, block + 1))
-                else:
-                    ids = bwd_slices[op.unit]
-                    if any(i not in done_f[s][op.chunk] for i in ids):
-                        break
-                    if any(not later.get(i, set()) <= done_b[s][op.chunk].union(ids[:j])
-                           for j, i in enumerate(ids)):
-                        break
-                    if block < last and not _take(channels, ((s + 1) % pp, s, "B"),
-                                                  (op.unit, block)):
-                        break
-                    done_b[s][op.chunk].update(ids)
-                    if block > 0:
-                        channels.setdefault((s, (s - 1) % pp, "B"), []).append((op.unit, block - 1))
+                    heads_done += 1
+                    joined[s] = heads_done
+                run(s, op)
                 pos[s] += 1
                 progress = True
-    stuck = [(s, ops[s][pos[s]]) for s in range(pp) if pos[s] < len(ops[s])]
+        if progress:
+            continue
+        # Every stage is blocked. If the last stage waits only for the others to join the
+        # head of its next op, each joins where it stands: it was waiting there anyway.
+        head = ops[pp - 1][pos[pp - 1]] if pos[pp - 1] < len(ops[pp - 1]) else None
+        if fixed is not None or head is None or not is_head(pp - 1, head) or not ready(pp - 1, head):
+            break
+        for t in range(pp - 1):
+            joins[t].append((pos[t], head.unit))
+            joined[t] += 1
+    stuck = [f"stage {s} at {op.kind}(unit {op.unit}, chunk {op.chunk})"
+             for s in range(pp) if pos[s] < len(ops[s]) for op in [ops[s][pos[s]]]]
+    heads = [op.unit for op in ops[pp - 1] if is_head(pp - 1, op)]
+    stuck += [f"stage {s} waiting there in the LM head of forward unit {heads[heads_done]}"
+              for s in range(pp - 1) if joined[s] > heads_done]
     if stuck:
-        desc = ", ".join(f"stage {s} at {op.kind}(unit {op.unit}, chunk {op.chunk})"
-                         for s, op in stuck)
         raise PlanError(f"group {group.group_id}: the schedule deadlocks or receives messages "
-                        f"out of order ({desc})")
+                        f"out of order ({', '.join(stuck)})")
+    return joins
 
 
-def _take(channels: dict, key: tuple[int, int, str], msg: tuple[int, int]) -> bool:
-    """Receive ``msg`` if it is the oldest message on the channel (FIFO, as NCCL matches)."""
+def _peek(channels: dict, key: tuple[int, int, str], msg: tuple[int, int]) -> bool:
+    """Whether ``msg`` is the oldest message on the channel (FIFO, as NCCL matches)."""
     queue = channels.get(key)
-    if not queue or queue[0] != msg:
-        return False
-    queue.pop(0)
-    return True
+    return bool(queue) and queue[0] == msg

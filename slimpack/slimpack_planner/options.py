@@ -56,8 +56,8 @@ class SlimPackOptions:
     chunks: balanced attention, but short documents shatter into part-empty attention tiles)."""
     vocab_parallel_pp: bool = True
     """With pp > 1, spread the LM head and loss over the pipeline ranks (SlimPipe's vocabulary
-    parallelism) instead of running them on the last stage. False gives a plan the CPU
-    runtime can execute today (it refuses ``vocab_parallel_pp`` at pp > 1)."""
+    parallelism) instead of running them on the last stage. The runtime executes either
+    (``slimpack.runtime.vocab_parallel``; with untied embeddings, as the simulator prices it)."""
     memory_headroom: float = 0.9
     """Fraction of usable device memory the planner lets activations and states take."""
     offload: float | None = None
