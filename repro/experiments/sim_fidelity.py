@@ -29,11 +29,11 @@ from repro.figures import new_figure, placeholder, save
 HARDWARE = "h200-141g"
 MODEL, DATASET, CONTEXT = "small", "commoncrawl", 4096
 METHODS = ("megatron", "wlb-llm", "slimpack")
-RUNTIME_OPTIONS = {"slimpack": {"vocab_parallel_pp": False, "attention_redistribution": False}}
+RUNTIME_OPTIONS = {"slimpack": {"attention_redistribution": False}}
 """The runtime refuses ``attention_redistribution`` at pp > 1 (docs/architecture.md, the
 runtime): SlimPack keeps its attention where its slice is here, and the simulator prices the
-same plan. It now executes ``vocab_parallel_pp`` too; the records were made with the LM head on
-the last stage, and stay so until they are regenerated on purpose."""
+same plan. Its LM head is spread over the pipeline ranks as SlimPack plans it by default
+(``vocab_parallel_pp``, executed by the runtime)."""
 BATCHES, QUICK_BATCHES = (16, 32, 64), (16,)
 MEASURED = ("step_time_s", "peak_memory_gib")
 
