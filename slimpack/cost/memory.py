@@ -17,6 +17,126 @@ GIB = 2**30
 BF16 = 2
 FP32 = 4
 SCHEDULE_KINDS = ("1f1b", "interleaved", "slimpipe")
+SAVED_ACTIVATION_MODELS = ("megatron", "runtime")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationAccounting:
+    """What the memory walk counts as a slice's saved activations, and in which dtype.
+
+    The default (``megatron``, 2 bytes) is the suite's GPU accounting: the SlimPipe
+    artifact's per-token formula (:func:`activation_bytes_per_token_per_layer`, bf16,
+    FlashAttention) and the fp32 logits of the longest slice held for the whole step. Every
+    planner and record uses it; nothing changes unless a caller passes another value.
+
+    ``runtime`` counts what this suite's PyTorch runtime keeps for backward
+    (:func:`runtime_slice_bytes_per_layer`: autograd's saved tensors of
+    ``slimpack/runtime/model.py`` under per-document SDPA, the CPU attention path), in
+    ``bytes_per_element`` (4 for the CPU runtime's fp32, 2 for bf16/fp16), so the simulator
+    can be compared with the runtime's tracked activation peak
+    (:mod:`slimpack.validation.activation_memory`). It models ``recompute="none"`` without
+    offload at tp = cp = 1 exactly; with tp or cp > 1 it shares every per-token term over
+    tp*cp as the default does (the runtime also keeps terms that do not shrink so: see
+    docs/architecture.md, runtime, "Simulated vs executed activation memory").
+    """
+
+    saved: str = "megatron"
+    bytes_per_element: int = BF16
+
+    def __post_init__(self) -> None:
+        if self.saved not in SAVED_ACTIVATION_MODELS:
+            raise ValueError(f"ActivationAccounting.saved must be one of "
+                             f"{SAVED_ACTIVATION_MODELS}, got {self.saved!r}")
+        if self.bytes_per_element not in (BF16, FP32):
+            raise ValueError(f"ActivationAccounting.bytes_per_element must be 2 or 4, got "
+                             f"{self.bytes_per_element!r}")
+        if self.saved == "megatron" and self.bytes_per_element != BF16:
+            raise ValueError("ActivationAccounting: the megatron formula is bf16's (2 bytes); "
+                             "use saved='runtime' for another dtype")
+
+    @property
+    def is_default(self) -> bool:
+        return self == GPU_BF16
+
+
+GPU_BF16 = ActivationAccounting()
+"""The default accounting: every number the simulator and planners report."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceShape:
+    """What the runtime's saved activations of one slice depend on besides its token count."""
+
+    tokens: int
+    """Rows of the slice (its segments' own tokens)."""
+    key_tokens: int
+    """Keys its attention reads, summed over segments: each segment's KV prefix plus its own
+    tokens (a segment of a sequence starting at ``start`` reads ``end`` keys)."""
+    pieces: int
+    """Attention calls (segments) of the slice."""
+    caches_kv: bool
+    """A later slice of the group reads its K/V (the runtime keeps them in its KV cache)."""
+    masked_scores: int = 0
+    """Query x key entries of the segments that read a KV prefix: SDPA is given an explicit
+    bottom-right causal mask there (``is_causal`` aligns top-left), which it keeps as a
+    dense additive mask in the activation dtype."""
+
+
+def runtime_slice_bytes_per_layer(model: ModelSpec, shape: SliceShape, *,
+                                  bytes_per_element: int, recompute: str = "none",
+                                  offload: float = 0.0) -> float:
+    """Bytes the runtime keeps for backward of one slice on one decoder layer (one rank at
+    tp = cp = 1), read off ``DecoderLayer.forward`` under autograd with per-document SDPA:
+
+    * each RMSNorm: its input in fp32 (the fp32 copy in bf16 runs), the fp32 ``rsqrt`` per
+      token, the normalised rows and the weight-scaled rows the next linears read
+      (``4h + 4 + 2*e*h`` per token, ``e`` = bytes per element), twice per layer;
+    * the roped queries and the attention output (``2 * q_dim * e``), SDPA's fp32
+      log-sum-exp (``4 * heads``), the SwiGLU gate, its SiLU, the up projection and their
+      product (``4 * ffn * e``);
+    * K and V: the very tensors the KV cache keeps when a slice has one segment and no
+      prefix (``2 * kv_dim * e`` per own token, counted once); otherwise attention saves the
+      concatenation of every segment's prefix and own keys (``2 * kv_dim * e`` per key
+      read) and a slice with later slices also keeps its own K/V in the cache;
+    * a slice of several segments concatenates their attention outputs (``q_dim * e`` more);
+    * a segment with a KV prefix: its dense additive mask (``e`` per query x key entry).
+
+    The Megatron formula (:func:`activation_bytes_per_token_per_layer`) instead keeps bf16
+    K/V and FlashAttention's statistics only, no fp32 norm inputs, and three SwiGLU tensors.
+    """
+    if recompute != "none":
+        raise ValueError(f"runtime activation accounting models recompute='none' only, got "
+                         f"recompute={recompute!r}")
+    if offload:
+        raise ValueError(f"runtime activation accounting models no offload, got "
+                         f"offload={offload!r}")
+    e, h, t = bytes_per_element, model.hidden, shape.tokens
+    norms = 2 * (FP32 * h + FP32 + 2 * e * h)
+    rest = e * (2 * model.q_dim + 4 * model.ffn_hidden) + FP32 * model.num_heads
+    if shape.pieces > 1:
+        rest += e * model.q_dim
+    kv_row = 2 * model.kv_dim * e
+    direct = shape.pieces == 1 and shape.key_tokens == t
+    kv = kv_row * t if direct else kv_row * (shape.key_tokens + (t if shape.caches_kv else 0))
+    return t * (norms + rest) + kv + e * shape.masked_scores
+
+
+def runtime_chunk_bytes(model: ModelSpec, tokens: int, *, bytes_per_element: int) -> float:
+    """Per slice and model chunk, layers aside: the RoPE cos/sin tables every layer's
+    rotation saves (one pair per slice forward on a chunk)."""
+    return 2 * tokens * model.head_dim * bytes_per_element
+
+
+def runtime_first_block_bytes(tokens: int) -> float:
+    """Per slice on the chunk holding the embedding: the int64 token ids it saves."""
+    return 8 * tokens
+
+
+def runtime_head_bytes(model: ModelSpec, tokens: int, *, bytes_per_element: int) -> float:
+    """Per slice on the chunk holding the LM head: the final norm's saved rows, the fp32
+    log-softmax of the logits cross-entropy saves, the int64 labels, the loss scalar."""
+    e, h = bytes_per_element, model.hidden
+    return tokens * (FP32 * h + FP32 + 2 * e * h + FP32 * model.vocab_size + 8) + FP32
 
 
 def activation_bytes_per_token_per_layer(model: ModelSpec, recompute: str = "none", *,
