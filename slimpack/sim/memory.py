@@ -239,16 +239,47 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
         fwd_head=[x / head_share for x in per_unit(head, fwd)],
         bwd_head=[x / head_share for x in per_unit(head, bwd)],
         head_blocks=frozenset(heads))
+    kv_alloc, kv_free = _runtime_kv_accumulators(
+        group, kv_bytes_per_token_per_layer(model, tp) / cp * e / BF16)
     default = group_memory(group, model=model, dp=dp, training=training)
-    scale = e / BF16  # dK/dV accumulators: the default walk's bf16 K/V, in this dtype
     return GroupMemory(
         fwd_alloc=per_unit(per_layer, fwd), bwd_free=per_unit(per_layer, bwd),
-        kvgrad_alloc=[x * scale for x in default.kvgrad_alloc],
-        kvgrad_free=[x * scale for x in default.kvgrad_free],
+        kvgrad_alloc=kv_alloc, kvgrad_free=kv_free,
         fwd_offload=[0.0] * len(fwd), bwd_fetch=[0.0] * len(bwd),
         static_bytes=list(default.model_state_bytes),
         model_state_bytes=list(default.model_state_bytes),
         logits_bytes=[0.0] * pp, kv_share=0.0, block_extras=extras)
+
+
+def _runtime_kv_accumulators(group: Group, kv_per_token: float
+                             ) -> tuple[list[float], list[float]]:
+    """Per backward unit, the dK/dV accumulator bytes per layer allocated at its start and
+    freed at its end, as the runtime keeps them: one per earlier *slice* (its whole K/V
+    cache, ``kv_per_token`` per row) that a backwarded slice's KV prefix reads, made by the
+    first such backward and freed by that slice's own (the default walk keeps one per
+    sequence, from its first backward unit to its last)."""
+    tokens = {sl.slice_id: sum(seg.end - seg.start for seg in sl.segments)
+              for sl in group.slices}
+    holders: dict[int, list[tuple[int, int]]] = {}  # sequence -> (segment start, slice id)
+    for sl in group.slices:
+        for seg in sl.segments:
+            holders.setdefault(seg.seq_id, []).append((seg.start, sl.slice_id))
+    index = group._slice_index
+    own_unit: dict[int, int] = {}
+    nb = len(group.backward_units)
+    alloc, free = [0.0] * nb, [0.0] * nb
+    made: set[int] = set()
+    for i, unit in enumerate(group.backward_units):
+        for sid in unit.slice_ids:
+            own_unit[sid] = i
+            for seg in index[sid].segments:
+                for start, earlier in holders[seg.seq_id]:
+                    if start < seg.start and earlier not in made:
+                        made.add(earlier)
+                        alloc[i] += tokens[earlier] * kv_per_token
+    for earlier in made:
+        free[own_unit[earlier]] += tokens[earlier] * kv_per_token
+    return alloc, free
 
 
 def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int]) -> list[float]:
