@@ -52,7 +52,7 @@ def _formula_bytes(group, sl) -> float:
     return (TINY.num_layers * runtime_slice_bytes_per_layer(TINY, shape, bytes_per_element=4)
             + runtime_chunk_bytes(TINY, sl.num_tokens, bytes_per_element=4)
             + runtime_head_bytes(TINY, sl.num_tokens, bytes_per_element=4)
-            + runtime_first_block_bytes(sl.num_tokens))
+            + runtime_first_block_bytes(sl.num_tokens, bytes_per_element=4))
 
 
 @pytest.mark.parametrize(("method", "lengths", "options"), [

@@ -151,7 +151,9 @@ def _run(args: argparse.Namespace) -> int:
           f"({record.extra['memory_source']}), bubble {record.bubble_fraction:.3f}, "
           f"schedule {record.extra['schedule_source']}")
     print(f"  {record.tokens_per_s:,.0f} tokens/s; peak memory per rank "
-          f"{[round(b / 2**20, 2) for b in record.extra['rank_peak_memory_bytes']]} MiB")
+          f"{[round(b / 2**20, 2) for b in record.extra['rank_peak_memory_bytes']]} MiB, of which "
+          f"activations {[round(b / 2**20, 2) for b in record.extra['rank_peak_activation_bytes']]}"
+          f" MiB")
     comparison = None
     if cost is not None:
         comparison = compare_with_simulator(record, plan, spec, cost)

@@ -356,7 +356,9 @@ def _forward(lane: _Lane, unit: int, chunk: int, stage: int, pp: int, runner: Sl
         buf = pipe.recv((sum(sizes), spec.hidden), dtype, src=lane.peer(stage - 1),
                         dst=lane.peer(stage), kind="F", unit=unit, block=block)
         waited = clock.now() - t
-        xs = list(buf.split(sizes))
+        # One storage per slice: each slice's graph keeps its input, and views of the shared
+        # buffer would keep all of it alive until the unit's last slice is backwarded.
+        xs = list(buf.split(sizes)) if len(sizes) == 1 else [x.clone() for x in buf.split(sizes)]
         del buf
     outs = []
     for sl, x in zip(slices, xs, strict=True):

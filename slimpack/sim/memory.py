@@ -32,6 +32,7 @@ from slimpack.cost.memory import (
     runtime_chunk_bytes,
     runtime_first_block_bytes,
     runtime_head_bytes,
+    runtime_ring_share_bytes,
     runtime_slice_bytes_per_layer,
 )
 from slimpack.plan import Group, Plan, PlanError
@@ -132,12 +133,14 @@ def stage_constant_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, vpp: in
 
 def group_memory(group: Group, *, model: ModelSpec, dp: int,
                  training: TrainingSpec | None = None,
-                 accounting: ActivationAccounting = GPU_BF16) -> GroupMemory:
+                 accounting: ActivationAccounting = GPU_BF16,
+                 cp_index: int | None = None) -> GroupMemory:
     """What each of ``group``'s ops allocates and frees; ``accounting`` says whose saved
-    activations are counted (the default: the suite's bf16 GPU accounting)."""
+    activations are counted (the default: the suite's bf16 GPU accounting). The runtime
+    accounting at cp > 1 is per cp rank (``cp_index``: its rows differ)."""
     if accounting.saved == "runtime":
         return _runtime_group_memory(group, model=model, dp=dp, training=training,
-                                     accounting=accounting)
+                                     accounting=accounting, cp_index=cp_index)
     tp, cp, pp = group.tp, group.cp, group.pp
     a = activation_bytes_per_token_per_layer(
         model, group.recompute, fp8=training is not None and training.dtype == "fp8")
@@ -194,16 +197,26 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
 
 def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
                           training: TrainingSpec | None,
-                          accounting: ActivationAccounting) -> GroupMemory:
+                          accounting: ActivationAccounting,
+                          cp_index: int | None) -> GroupMemory:
     """:func:`group_memory` under the runtime's accounting (:class:`ActivationAccounting`):
     per slice, what ``slimpack/runtime`` keeps for its backward
     (:func:`~slimpack.cost.memory.runtime_slice_bytes_per_layer`, shared over tp*cp), the
     RoPE tables and token ids per chunk and the LM head's rows and fp32 log-softmax on the
     head's chunk, alive from its F to its B (the runtime frees a slice's logits with its
     graph, so no logits are held for the step); dK/dV accumulators as the default walk
-    places them, in ``bytes_per_element``; model states as the default."""
+    places them, in ``bytes_per_element``; model states as the default. At cp > 1 (ring,
+    tp = 1) it is cp rank ``cp_index``'s share
+    (:func:`~slimpack.cost.memory.runtime_ring_share_bytes`)."""
     tp, cp, pp = group.tp, group.cp, group.pp
-    e, share = accounting.bytes_per_element, tp * cp
+    e = accounting.bytes_per_element
+    if cp > 1:
+        if group.cp_kind != "ring" or tp > 1:
+            raise ValueError(f"runtime activation accounting at cp > 1 models cp_kind='ring' "
+                             f"with tp = 1, got cp_kind={group.cp_kind!r}, tp={tp}")
+        if cp_index is None or not 0 <= cp_index < cp:
+            raise ValueError(f"runtime activation accounting at cp={cp} needs the rank's "
+                             f"cp_index in [0, {cp}), got {cp_index!r}")
     last_start: dict[int, int] = {}
     for sl in group.slices:
         for seg in sl.segments:
@@ -212,20 +225,37 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
     every: dict[int, float] = {}
     head: dict[int, float] = {}
     first: dict[int, float] = {}
+    rows: dict[int, int] = {}
     for sl in group.slices:
         segs = sl.segments
         tokens = sum(seg.end - seg.start for seg in segs)
+        caches_kv = any(last_start[seg.seq_id] > seg.start for seg in segs)
+        sid = sl.slice_id
+        if cp > 1:
+            offsets = np.cumsum([0] + [seg.end - seg.start for seg in segs])[:-1].tolist()
+            ring = runtime_ring_share_bytes(
+                model, [(seg.end - seg.start, seg.start, off) for seg, off in zip(
+                    segs, offsets, strict=True)], cp=cp, cp_index=cp_index,
+                sharding=group.cp_sharding, caches_kv=caches_kv, bytes_per_element=e)
+            if group.recompute != "none" or group.offload:
+                runtime_slice_bytes_per_layer(  # the same refusal as at cp = 1
+                    model, SliceShape(tokens=1, key_tokens=1, pieces=1, caches_kv=False),
+                    bytes_per_element=e, recompute=group.recompute, offload=group.offload)
+            per_layer[sid], every[sid], head[sid], first[sid] = (
+                ring.per_layer, ring.chunk, ring.head, ring.first)
+            rows[sid] = ring.rows
+            continue
         shape = SliceShape(tokens=tokens, key_tokens=sum(seg.end for seg in segs),
-                           pieces=len(segs),
-                           caches_kv=any(last_start[seg.seq_id] > seg.start for seg in segs),
+                           pieces=len(segs), caches_kv=caches_kv,
                            masked_scores=sum((seg.end - seg.start) * seg.end for seg in segs
                                              if seg.start > 0))
-        per_layer[sl.slice_id] = runtime_slice_bytes_per_layer(
-            model, shape, bytes_per_element=e, recompute=group.recompute,
-            offload=group.offload) / share
-        every[sl.slice_id] = runtime_chunk_bytes(model, tokens, bytes_per_element=e) / share
-        head[sl.slice_id] = runtime_head_bytes(model, tokens, bytes_per_element=e) / share
-        first[sl.slice_id] = runtime_first_block_bytes(tokens) / share
+        per_layer[sid] = runtime_slice_bytes_per_layer(
+            model, shape, bytes_per_element=e, tp=tp, recompute=group.recompute,
+            offload=group.offload)
+        every[sid] = runtime_chunk_bytes(model, tokens, bytes_per_element=e, tp=tp)
+        head[sid] = runtime_head_bytes(model, tokens, bytes_per_element=e, tp=tp)
+        first[sid] = runtime_first_block_bytes(tokens, bytes_per_element=e, tp=tp)
+        rows[sid] = tokens
 
     def per_unit(values: dict[int, float], units) -> list[float]:  # noqa: ANN001
         return [sum(values[s] for s in u.slice_ids) for u in units]
@@ -240,7 +270,7 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
         bwd_head=[x / head_share for x in per_unit(head, bwd)],
         head_blocks=frozenset(heads))
     kv_alloc, kv_free = _runtime_kv_accumulators(
-        group, kv_bytes_per_token_per_layer(model, tp) / cp * e / BF16)
+        group, rows, kv_bytes_per_token_per_layer(model, tp) * e / BF16)
     default = group_memory(group, model=model, dp=dp, training=training)
     return GroupMemory(
         fwd_alloc=per_unit(per_layer, fwd), bwd_free=per_unit(per_layer, bwd),
@@ -251,15 +281,14 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
         logits_bytes=[0.0] * pp, kv_share=0.0, block_extras=extras)
 
 
-def _runtime_kv_accumulators(group: Group, kv_per_token: float
+def _runtime_kv_accumulators(group: Group, tokens: dict[int, int], kv_per_token: float
                              ) -> tuple[list[float], list[float]]:
-    """Per backward unit, the dK/dV accumulator bytes per layer allocated at its start and
-    freed at its end, as the runtime keeps them: one per earlier *slice* (its whole K/V
-    cache, ``kv_per_token`` per row) that a backwarded slice's KV prefix reads, made by the
+    """Per backward unit, the dK/dV accumulator bytes per layer (allocated at its start,
+    freed at its end) as the runtime keeps them: one per earlier *slice* (its whole K/V
+    cache: its ``tokens`` rows on this rank, ``kv_per_token`` each) that a backwarded
+    slice's KV prefix reads, made by the
     first such backward and freed by that slice's own (the default walk keeps one per
     sequence, from its first backward unit to its last)."""
-    tokens = {sl.slice_id: sum(seg.end - seg.start for seg in sl.segments)
-              for sl in group.slices}
     holders: dict[int, list[tuple[int, int]]] = {}  # sequence -> (segment start, slice id)
     for sl in group.slices:
         for seg in sl.segments:
@@ -279,7 +308,10 @@ def _runtime_kv_accumulators(group: Group, kv_per_token: float
                         alloc[i] += tokens[earlier] * kv_per_token
     for earlier in made:
         free[own_unit[earlier]] += tokens[earlier] * kv_per_token
-    return alloc, free
+    # The runtime makes a slice's accumulators after autograd has freed the graph of the
+    # slice whose backward reads them, so they join the unit's net release at its end (the
+    # walk checks the peak again after it) instead of its start.
+    return [0.0] * nb, [f - a for f, a in zip(free, alloc, strict=True)]
 
 
 def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int]) -> list[float]:

@@ -113,14 +113,19 @@ def simulated_rank_activation_bytes(plan: Plan, spec: ModelSpec,
     phases (a rank keeps its stage in every group it joins)."""
     out: dict[int, float] = {}
     for group in plan.groups():
-        memory = group_memory(group, model=spec, dp=plan.parallel.dp, accounting=accounting)
         layers = layers_per_virtual_stage(spec.num_layers, group.pp, group.vpp)
-        peaks = peak_bytes_by_stage(build_schedule(group), memory, layers)
+        ops = build_schedule(group)
         per_stage = len(group.ranks) // group.pp
-        for i, rank in enumerate(group.ranks):
-            stage = i // per_stage  # ranks ordered (pp, cp, tp)
-            activations = peaks[stage] - memory.model_state_bytes[stage]
-            out[rank] = max(out.get(rank, 0.0), activations)
+        for cp_index in range(group.cp):  # ring CP ranks hold different rows
+            memory = group_memory(group, model=spec, dp=plan.parallel.dp, accounting=accounting,
+                                  cp_index=cp_index if group.cp > 1 else None)
+            peaks = peak_bytes_by_stage(ops, memory, layers)
+            for i, rank in enumerate(group.ranks):
+                stage, lane = divmod(i, per_stage)  # ranks ordered (pp, cp, tp)
+                if lane // group.tp != cp_index:
+                    continue
+                activations = peaks[stage] - memory.model_state_bytes[stage]
+                out[rank] = max(out.get(rank, 0.0), activations)
     return out
 
 
@@ -154,12 +159,14 @@ def table_rows(method: str, plan: Plan, rows: list[RankActivation]) -> str:
     sim = " ".join(f"{r.simulated_bytes / MIB:.2f}" for r in rows)
     exe = " ".join(f"{r.executed_bytes / MIB:.2f}" for r in rows)
     worst = max(rows, key=lambda r: abs(r.error))
-    return (f"| {method} | {layout_text(plan)} | {sim} | {exe} | {worst.error * 100:+.1f}% "
-            f"(rank {worst.rank}) |")
+    options = SETTING.options.get(method, {})
+    note = f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
+    return (f"| {method}{note} | {layout_text(plan)} | {sim} | {exe} | "
+            f"{worst.error:+.1e} (rank {worst.rank}) |")
 
 
 TABLE_HEADER = ("| method | layout | simulated MiB per rank | executed MiB per rank | "
-                "max error |\n|---|---|---|---|---|")
+                "max rel. error |\n|---|---|---|---|---|")
 
 
 def main() -> int:  # pragma: no cover - exercised by tests/test_runtime_all_methods.py
