@@ -114,3 +114,24 @@ def test_runtime_formula_refuses_recompute_and_offload(kwargs, field):
     shape = SliceShape(tokens=8, key_tokens=8, pieces=1, caches_kv=False)
     with pytest.raises(ValueError, match=field):
         runtime_slice_bytes_per_layer(TINY, shape, bytes_per_element=4, **kwargs)
+
+
+def test_the_count_walk_and_the_op_walk_agree_under_the_runtime_accounting():
+    """Without virtual stages the walk runs on forward counts (vectorised); the per-slice
+    head, RoPE and token-id bytes must land on the same stages as in the op-list walk."""
+    from slimpack.schedules import build_schedule
+    from slimpack.sim.costs import layers_per_virtual_stage
+    from slimpack.sim.memory import peak_bytes_by_stage, schedule_peak_bytes
+
+    cost = default_cost_model(TINY, H100)
+    plan = plan_method("slimpack", Batch.from_lengths([300, 40, 17, 90, 5, 120, 60, 8, 33, 150]),
+                       TINY, H100, ParallelSpec(pp=2, dp=2), cost, context=320,
+                       vocab_parallel_pp=False, attention_redistribution=False, slice_tokens=128)
+    accounting = ActivationAccounting(saved="runtime", bytes_per_element=4)
+    layers = layers_per_virtual_stage(TINY.num_layers, 2, 1)
+    for group in plan.groups():
+        memory = group_memory(group, model=TINY, dp=2, accounting=accounting)
+        by_ops = peak_bytes_by_stage(build_schedule(group), memory, layers)
+        by_counts = schedule_peak_bytes(group, TINY, 2, accounting=accounting)
+        assert by_counts == pytest.approx(by_ops, rel=1e-12)
+        assert memory.block_extras.head_blocks == {1}  # the head on the last stage only

@@ -18,7 +18,7 @@ from slimpack.runtime.many import run_plans
 from slimpack.runtime.reference import reference_step
 from slimpack.runtime.validate import check_runtime_plan
 from slimpack.specs import model_preset
-from slimpack.validation.activation_memory import SETTING, compare_ranks
+from slimpack.validation.activation_memory import SETTING, compare_ranks, default_accounting_error
 
 TINY = model_preset(SETTING.model)
 CONFIG = RuntimeConfig(seed=1)
@@ -102,6 +102,8 @@ def test_simulated_activation_peak_per_rank_matches_the_runtime(runs):
         assert len(rows) == SETTING.gpus
         worst = max(abs(r.error) for r in rows)
         assert worst <= EXACT_BOUND, f"{method}: max activation error {worst:.2e}"
+        # Untold (bf16, FlashAttention, Megatron's saves) it is far off: measured -61%..-75%.
+        assert default_accounting_error(plan, TINY, results[method].record) < -0.5, method
         layouts.add(tuple(sorted(plan.parallel.to_dict().items())))
     assert len(layouts) >= 5  # dp8, pp2 dp4, tp2 pp2 dp2, pp4 dp2, cp4 dp2, cp2 pp2 dp2
 
@@ -117,3 +119,5 @@ def test_cli_run_prints_what_the_record_holds(tmp_path, capsys):
     assert f"{record['tokens_per_s']:,.0f} tokens/s" in printed
     mib = [round(b / 2**20, 2) for b in record["extra"]["rank_peak_memory_bytes"]]
     assert f"peak memory per rank {mib} MiB" in printed and len(mib) == SETTING.gpus
+    act = [round(b / 2**20, 2) for b in record["extra"]["rank_peak_activation_bytes"]]
+    assert f"model state excluded) {act} MiB" in printed

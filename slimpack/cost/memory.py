@@ -36,9 +36,9 @@ class ActivationAccounting:
     ``bytes_per_element`` (4 for the CPU runtime's fp32, 2 for bf16/fp16), so the simulator
     can be compared with the runtime's tracked activation peak
     (:mod:`slimpack.validation.activation_memory`). It models ``recompute="none"`` without
-    offload at tp = cp = 1 exactly; with tp or cp > 1 it shares every per-token term over
-    tp*cp as the default does (the runtime also keeps terms that do not shrink so: see
-    docs/architecture.md, runtime, "Simulated vs executed activation memory").
+    offload, tensor parallelism at cp = 1 and ring context parallelism (per cp rank) at
+    tp = 1, and refuses the rest by name (docs/architecture.md, runtime, "Simulated vs
+    executed activation memory").
     """
 
     saved: str = "megatron"

@@ -11,6 +11,10 @@ for the schedule that ran. Per rank of a stage (one of its tp*cp devices):
   that chunk (they collect the gradients later slices send to earlier ones);
 * constant: model states (embedding on the first stage, LM head on the last or spread over
   all stages) and the fp32 logits of one slice where the head runs.
+
+That is the default accounting (``GPU_BF16``). ``ActivationAccounting(saved="runtime")``
+counts what this suite's PyTorch runtime keeps instead (:func:`_runtime_group_memory`), to
+compare the simulator with the runtime's tracked activation peak.
 """
 
 from __future__ import annotations
