@@ -135,3 +135,18 @@ def test_the_count_walk_and_the_op_walk_agree_under_the_runtime_accounting():
         by_counts = schedule_peak_bytes(group, TINY, 2, accounting=accounting)
         assert by_counts == pytest.approx(by_ops, rel=1e-12)
         assert memory.block_extras.head_blocks == {1}  # the head on the last stage only
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"recompute": "full"}, "recompute"), ({"offload": 0.5}, "offload"),
+    ({"cp": 2, "ranks": (0, 1)}, "cp_index"),
+    ({"cp": 2, "ranks": (0, 1), "cp_kind": "ulysses"}, "cp_kind"),
+])
+def test_the_walk_refuses_what_the_runtime_accounting_does_not_model(fields, named):
+    import dataclasses
+
+    _, group = _group("naive", [64, 32, 100, 20])
+    accounting = ActivationAccounting(saved="runtime", bytes_per_element=4)
+    with pytest.raises(ValueError, match=named):
+        group_memory(dataclasses.replace(group, **fields), model=TINY, dp=1,
+                     accounting=accounting)

@@ -204,16 +204,19 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
                           accounting: ActivationAccounting,
                           cp_index: int | None) -> GroupMemory:
     """:func:`group_memory` under the runtime's accounting (:class:`ActivationAccounting`):
-    per slice, what ``slimpack/runtime`` keeps for its backward
-    (:func:`~slimpack.cost.memory.runtime_slice_bytes_per_layer`, shared over tp*cp), the
-    RoPE tables and token ids per chunk and the LM head's rows and fp32 log-softmax on the
-    head's chunk, alive from its F to its B (the runtime frees a slice's logits with its
-    graph, so no logits are held for the step); dK/dV accumulators as the default walk
-    places them, in ``bytes_per_element``; model states as the default. At cp > 1 (ring,
-    tp = 1) it is cp rank ``cp_index``'s share
-    (:func:`~slimpack.cost.memory.runtime_ring_share_bytes`)."""
+    per slice, what ``slimpack/runtime`` keeps on one rank for its backward
+    (:func:`~slimpack.cost.memory.runtime_slice_bytes_per_layer`; at ring cp > 1, tp = 1,
+    cp rank ``cp_index``'s rows: :func:`~slimpack.cost.memory.runtime_ring_share_bytes`),
+    the RoPE tables and token ids per chunk and the LM head's rows and fp32 log-softmax on
+    the head's chunk, alive from its F to its B (the runtime frees a slice's logits with its
+    graph, so no logits are held for the step); dK/dV accumulators as the runtime keeps
+    them (:func:`_runtime_kv_accumulators`); model states as the default."""
     tp, cp, pp = group.tp, group.cp, group.pp
     e = accounting.bytes_per_element
+    if group.recompute != "none" or group.offload:
+        raise ValueError(f"runtime activation accounting models recompute='none' without "
+                         f"offload, got recompute={group.recompute!r}, "
+                         f"offload={group.offload!r}")
     if cp > 1:
         if group.cp_kind != "ring" or tp > 1:
             raise ValueError(f"runtime activation accounting at cp > 1 models cp_kind='ring' "
@@ -241,10 +244,6 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
                 model, [(seg.end - seg.start, seg.start, off) for seg, off in zip(
                     segs, offsets, strict=True)], cp=cp, cp_index=cp_index,
                 sharding=group.cp_sharding, caches_kv=caches_kv, bytes_per_element=e)
-            if group.recompute != "none" or group.offload:
-                runtime_slice_bytes_per_layer(  # the same refusal as at cp = 1
-                    model, SliceShape(tokens=1, key_tokens=1, pieces=1, caches_kv=False),
-                    bytes_per_element=e, recompute=group.recompute, offload=group.offload)
             per_layer[sid], every[sid], head[sid], first[sid] = (
                 ring.per_layer, ring.chunk, ring.head, ring.first)
             rows[sid] = ring.rows
@@ -287,12 +286,12 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
 
 def _runtime_kv_accumulators(group: Group, tokens: dict[int, int], kv_per_token: float
                              ) -> tuple[list[float], list[float]]:
-    """Per backward unit, the dK/dV accumulator bytes per layer (allocated at its start,
-    freed at its end) as the runtime keeps them: one per earlier *slice* (its whole K/V
-    cache: its ``tokens`` rows on this rank, ``kv_per_token`` each) that a backwarded
-    slice's KV prefix reads, made by the
-    first such backward and freed by that slice's own (the default walk keeps one per
-    sequence, from its first backward unit to its last)."""
+    """Per backward unit, the dK/dV accumulator bytes per layer it allocates at its start
+    and releases at its end (:class:`GroupMemory`'s ``kvgrad_alloc``, ``kvgrad_free``), as
+    the runtime keeps them: one per earlier *slice* (its whole K/V cache: its ``tokens``
+    rows on this rank, ``kv_per_token`` each) that a backwarded slice's KV prefix reads,
+    made by the first such backward and freed by that slice's own (the default walk keeps
+    one per sequence, from its first backward unit to its last)."""
     holders: dict[int, list[tuple[int, int]]] = {}  # sequence -> (segment start, slice id)
     for sl in group.slices:
         for seg in sl.segments:
