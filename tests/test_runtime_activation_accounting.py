@@ -4,6 +4,8 @@ whole sequence, packed documents, and a sequence cut into slices that read a KV 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -150,3 +152,17 @@ def test_the_walk_refuses_what_the_runtime_accounting_does_not_model(fields, nam
     with pytest.raises(ValueError, match=named):
         group_memory(dataclasses.replace(group, **fields), model=TINY, dp=1,
                      accounting=accounting)
+
+
+@pytest.mark.parametrize("method", ["megatron-dcp", "slimpack"])
+def test_the_table_plans_what_slimpack_plan_writes(tmp_path, method):
+    from slimpack.cli.main import main as cli
+    from slimpack.plan import Plan
+    from slimpack.validation.activation_memory import SETTING
+
+    path = tmp_path / "plan.json"
+    assert cli(SETTING.plan_args(method, str(path))) == 0
+    written, planned = (json.loads(plan.to_json()) for plan in (Plan.load(path),
+                                                                SETTING.plan(method)))
+    written.pop("metadata"), planned.pop("metadata")  # planner timings
+    assert written == planned

@@ -180,7 +180,8 @@ TABLE_HEADER = ("| method | layout | simulated MiB per rank | executed MiB per r
                 "max rel. error | default accounting's max error |\n|---|---|---|---|---|---|")
 
 
-def main() -> int:  # pragma: no cover - exercised by tests/test_runtime_all_methods.py
+def main() -> int:
+    """Print the table (its parts: tests/test_runtime_all_methods.py)."""
     from slimpack.methods import method_names
     from slimpack.runtime.many import run_plans
     from slimpack.specs import model_preset
