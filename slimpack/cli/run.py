@@ -150,6 +150,8 @@ def _run(args: argparse.Namespace) -> int:
           f"peak memory per stage {[round(b / 2**20, 2) for b in record.peak_memory_bytes]} MiB "
           f"({record.extra['memory_source']}), bubble {record.bubble_fraction:.3f}, "
           f"schedule {record.extra['schedule_source']}")
+    print(f"  activation peak per rank (tracked, model state excluded) "
+          f"{[round(b / 2**20, 2) for b in record.extra['rank_peak_activation_bytes']]} MiB")
     print(f"  {record.tokens_per_s:,.0f} tokens/s; peak memory per rank "
           f"{[round(b / 2**20, 2) for b in record.extra['rank_peak_memory_bytes']]} MiB")
     comparison = None

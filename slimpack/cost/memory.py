@@ -9,6 +9,7 @@ the activations and is reported separately only as an "of which" figure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slimpack.specs.model import ModelSpec
@@ -17,6 +18,213 @@ GIB = 2**30
 BF16 = 2
 FP32 = 4
 SCHEDULE_KINDS = ("1f1b", "interleaved", "slimpipe")
+SAVED_ACTIVATION_MODELS = ("megatron", "runtime")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationAccounting:
+    """What the memory walk counts as a slice's saved activations, and in which dtype.
+
+    The default (``megatron``, 2 bytes) is the suite's GPU accounting: the SlimPipe
+    artifact's per-token formula (:func:`activation_bytes_per_token_per_layer`, bf16,
+    FlashAttention) and the fp32 logits of the longest slice held for the whole step. Every
+    planner and record uses it; nothing changes unless a caller passes another value.
+
+    ``runtime`` counts what this suite's PyTorch runtime keeps for backward
+    (:func:`runtime_slice_bytes_per_layer`: autograd's saved tensors of
+    ``slimpack/runtime/model.py`` under per-document SDPA, the CPU attention path), in
+    ``bytes_per_element`` (4 for the CPU runtime's fp32, 2 for bf16/fp16), so the simulator
+    can be compared with the runtime's tracked activation peak
+    (:mod:`slimpack.validation.activation_memory`). It models ``recompute="none"`` without
+    offload, tensor parallelism at cp = 1 and ring context parallelism (per cp rank) at
+    tp = 1, and refuses the rest by name (docs/architecture.md, runtime, "Simulated vs
+    executed activation memory").
+    """
+
+    saved: str = "megatron"
+    bytes_per_element: int = BF16
+
+    def __post_init__(self) -> None:
+        if self.saved not in SAVED_ACTIVATION_MODELS:
+            raise ValueError(f"ActivationAccounting.saved must be one of "
+                             f"{SAVED_ACTIVATION_MODELS}, got {self.saved!r}")
+        if self.bytes_per_element not in (BF16, FP32):
+            raise ValueError(f"ActivationAccounting.bytes_per_element must be 2 or 4, got "
+                             f"{self.bytes_per_element!r}")
+        if self.saved == "megatron" and self.bytes_per_element != BF16:
+            raise ValueError("ActivationAccounting: the megatron formula is bf16's (2 bytes); "
+                             "use saved='runtime' for another dtype")
+
+    @property
+    def is_default(self) -> bool:
+        return self == GPU_BF16
+
+
+GPU_BF16 = ActivationAccounting()
+"""The default accounting: every number the simulator and planners report."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceShape:
+    """What the runtime's saved activations of one slice depend on besides its token count."""
+
+    tokens: int
+    """Rows of the slice (its segments' own tokens)."""
+    key_tokens: int
+    """Keys its attention reads, summed over segments: each segment's KV prefix plus its own
+    tokens (a segment of a sequence starting at ``start`` reads ``end`` keys)."""
+    pieces: int
+    """Attention calls (segments) of the slice."""
+    caches_kv: bool
+    """A later slice of the group reads its K/V (the runtime keeps them in its KV cache)."""
+    masked_scores: int = 0
+    """Query x key entries of the segments that read a KV prefix: SDPA is given an explicit
+    bottom-right causal mask there (``is_causal`` aligns top-left), which it keeps as a
+    dense additive mask in the activation dtype."""
+
+
+def runtime_slice_bytes_per_layer(model: ModelSpec, shape: SliceShape, *,
+                                  bytes_per_element: int, tp: int = 1,
+                                  recompute: str = "none", offload: float = 0.0) -> float:
+    """Bytes one rank of the runtime keeps for backward of one slice on one decoder layer
+    at context parallelism 1, read off ``DecoderLayer.forward`` (``TPDecoderLayer`` at
+    tp > 1) under autograd with per-document SDPA. ``e`` = bytes per element; a tp rank
+    holds ``r = ceil(T/tp)`` rows between layers and ``P = r*tp`` (padded) rows inside:
+
+    * each RMSNorm on the rank's rows: its input in fp32 (the fp32 copy in bf16 runs), the
+      fp32 ``rsqrt``, the normalised rows (``r * (4h + 4 + e*h)``), and the weight-scaled
+      rows the next linears read: the rank's own at tp = 1, the all-gathered ``P`` rows at
+      tp > 1 (``e*h`` each); twice per layer;
+    * the roped queries of the rank's heads (``P`` rows), SDPA's output and fp32
+      log-sum-exp (``T`` rows), the out-projection's input when it is a new tensor
+      (several segments concatenated, or padded rows added: ``P`` rows), the SwiGLU gate,
+      its SiLU, the up projection and their product (``4 * P * ffn/tp``);
+    * K and V of the rank's kv heads: the very tensors the KV cache keeps when a slice has
+      one segment and no prefix (``P`` rows, counted once); otherwise attention saves the
+      concatenation of every segment's prefix and own keys (one row per key read) and a
+      slice with later slices also keeps its own K/V in the cache (``T`` rows);
+    * a segment with a KV prefix: its dense additive mask (``e`` per query x key entry);
+    * with padded rows, the padded RoPE tables of the layer (``2 * P * head_dim``).
+
+    The Megatron formula (:func:`activation_bytes_per_token_per_layer`) instead keeps bf16
+    K/V and FlashAttention's statistics only, no fp32 norm inputs, three SwiGLU tensors, and
+    shares every term over tp (Megatron saves the sequence-parallel share of the linears'
+    inputs and gathers it again in backward).
+    """
+    if recompute != "none":
+        raise ValueError(f"runtime activation accounting models recompute='none' only, got "
+                         f"recompute={recompute!r}")
+    if offload:
+        raise ValueError(f"runtime activation accounting models no offload, got "
+                         f"offload={offload!r}")
+    e, h, t = bytes_per_element, model.hidden, shape.tokens
+    rows = -(-t // tp)
+    padded = rows * tp
+    heads, q_dim = model.num_heads // tp, model.q_dim // tp
+    kv_dim = max(1, model.num_kv_heads // tp) * model.head_dim
+    linear_in = e * h * (rows if tp == 1 else padded)
+    norms = 2 * (rows * (FP32 * h + FP32 + e * h) + linear_in)
+    attention = e * q_dim * (padded + t) + FP32 * heads * t
+    if shape.pieces > 1 or padded > t:
+        attention += e * q_dim * padded
+    mlp = 4 * e * padded * (model.ffn_hidden // tp)
+    kv_row = 2 * kv_dim * e
+    direct = shape.pieces == 1 and shape.key_tokens == t
+    kv = (kv_row * padded if direct
+          else kv_row * (shape.key_tokens + (t if shape.caches_kv else 0)))
+    rope = 2 * padded * model.head_dim * e if padded > t else 0
+    return norms + attention + mlp + kv + rope + e * shape.masked_scores
+
+
+@dataclass(frozen=True, kw_only=True)
+class RingShareBytes:
+    """One ring-CP rank's runtime bytes for one slice (see :func:`runtime_ring_share_bytes`)."""
+
+    rows: int
+    per_layer: float
+    chunk: float
+    head: float
+    first: float
+
+
+def runtime_ring_share_bytes(model: ModelSpec, segments: Sequence[tuple[int, int, int]], *,
+                             cp: int, cp_index: int, sharding: str, caches_kv: bool,
+                             bytes_per_element: int) -> RingShareBytes:
+    """What ring-CP rank ``cp_index`` of the runtime keeps for one slice (tp = 1),
+    ``segments`` being the slice's ``(tokens, start in its sequence, buffer offset)``. The
+    rank holds its rows of the slice (:func:`~slimpack.cost.cp_sharding.shard_pieces`, the
+    runtime's own rule); row terms are :func:`runtime_slice_bytes_per_layer`'s on those rows,
+    but attention differs: each of its row ranges is one SDPA call whose keys are the
+    range's segment up to its last row plus the segment's KV prefix, gathered from the
+    whole cp group, so attention saves the concatenation of every range's keys (the
+    gathered K/V buffer itself when the rank has one range and it reads no prefix) and a
+    dense mask per range whose keys outnumber its queries; the rank's own K/V rows are
+    cached apart (they enter the all-gather, which does not keep them), and the gather
+    saves its int64 row index once per slice and chunk."""
+    from slimpack.cost.cp_sharding import shard_pieces
+
+    e, h = bytes_per_element, model.hidden
+    offsets = [off for _, _, off in segments]
+    ranges = shard_pieces([(n, off) for n, _, off in segments], cp, sharding)[cp_index]
+    rows = sum(n for n, _ in ranges)
+    keys, prefixed, masked = [], [], 0
+    for n, row in ranges:
+        seg = max(i for i, off in enumerate(offsets) if off <= row)
+        _, start, offset = segments[seg]
+        lk = start + row + n - offset
+        keys.append(lk)
+        prefixed.append(start > 0)
+        masked += n * lk if lk != n else 0
+    kv_row = 2 * model.kv_dim * e
+    whole_slice = sum(n for n, _, _ in segments)
+    gathered = whole_slice + sum(start for _, start, _ in segments)  # slice and KV prefix
+    if not ranges:
+        kv = 0
+    elif len(ranges) == 1 and not prefixed[0]:
+        kv = kv_row * gathered  # a view of the one gathered buffer (slice and prefixes)
+    else:
+        kv = kv_row * sum(keys)
+    if caches_kv:
+        kv += kv_row * rows
+    per_layer = (rows * (2 * (FP32 * h + FP32 + 2 * e * h)
+                         + e * (2 * model.q_dim + 4 * model.ffn_hidden)
+                         + FP32 * model.num_heads)
+                 + (e * model.q_dim * rows if len(ranges) > 1 else 0) + kv + e * masked)
+    return RingShareBytes(
+        rows=rows, per_layer=per_layer,
+        chunk=2 * rows * model.head_dim * e + 8 * gathered,
+        head=(runtime_head_bytes(model, rows, bytes_per_element=e) if rows else FP32),
+        first=runtime_first_block_bytes(rows, bytes_per_element=e))
+
+
+def runtime_chunk_bytes(model: ModelSpec, tokens: int, *, bytes_per_element: int,
+                        tp: int = 1) -> float:
+    """Per slice and model chunk, layers aside: the RoPE cos/sin tables every layer's
+    rotation saves (one pair per slice forward on a chunk; none when tp pads the rows, as
+    each layer then saves its padded copy)."""
+    if -(-tokens // tp) * tp > tokens:
+        return 0.0
+    return 2 * tokens * model.head_dim * bytes_per_element
+
+
+def runtime_first_block_bytes(tokens: int, *, bytes_per_element: int, tp: int = 1) -> float:
+    """Per slice on the chunk holding the embedding: the int64 token ids it saves (at tp > 1
+    the vocab-parallel embedding's local ids and its row mask in the activation dtype)."""
+    return 8 * tokens if tp == 1 else (8 + bytes_per_element) * tokens
+
+
+def runtime_head_bytes(model: ModelSpec, tokens: int, *, bytes_per_element: int,
+                       tp: int = 1) -> float:
+    """Per slice on the chunk holding the LM head: the final norm's saved rows, the fp32
+    log-softmax (tp > 1: the vocab shard's softmax) cross-entropy saves, the int64 labels
+    (tp > 1: the local label ids and two boolean row masks), the loss scalar."""
+    e, h = bytes_per_element, model.hidden
+    rows = -(-tokens // tp)
+    padded = rows * tp
+    if tp == 1:
+        return tokens * (FP32 * h + FP32 + 2 * e * h + FP32 * model.vocab_size + 8) + FP32
+    return (rows * (FP32 * h + FP32 + e * h)
+            + padded * (e * h + FP32 * model.vocab_size // tp + 8 + 2) + FP32)
 
 
 def activation_bytes_per_token_per_layer(model: ModelSpec, recompute: str = "none", *,

@@ -104,6 +104,11 @@ class SavedTensors:
     offloaded_bytes: int = 0
     offloaded: set[int] = field(default_factory=set)
 
+    def counted_on_device(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage is among the device bytes counted (saved, not offloaded)."""
+        ptr = t.untyped_storage().data_ptr()
+        return ptr in self.seen and ptr not in self.offloaded and ptr not in self.skip
+
     def keep_on_device(self, *tensors: torch.Tensor) -> None:
         self.keep.update(t.untyped_storage().data_ptr() for t in tensors)
 

@@ -81,6 +81,10 @@ class RankResult:
     """Seconds in F/B compute (excludes waiting for receives)."""
     peak_memory_bytes: float
     memory_source: str
+    activation_peak_bytes: float = 0.0
+    """The tracked peak of activations alone (saved tensors, K/V caches, dK/dV accumulators),
+    model state (parameters, gradients, ZeRO-3's gathered copies) excluded: the figure the
+    simulator's activation walk predicts, on CPU and CUDA alike."""
     attention_backend: str
     ops: list[OpTiming] = field(default_factory=list)
     op_groups: list[int] = field(default_factory=list)
@@ -255,6 +259,7 @@ def _step(su: _Setup) -> RankResult:
     ops_out: list[OpTiming] = []
     op_groups: list[int] = []
     peak_tracked = float(model_state_bytes)
+    peak_activations = 0.0
     busy = 0.0
     loss_here = loss_sum if su.counts_loss else torch.zeros_like(loss_sum)
     dist.barrier()
@@ -273,6 +278,7 @@ def _step(su: _Setup) -> RankResult:
                                                 op_groups, held_bytes=held)
             busy += group_busy
             peak_tracked = max(peak_tracked, group_peak)
+            peak_activations = max(peak_activations, group_peak - held)
         if su.zero is not None:  # tp sums of replicated weights first (sums commute)
             su.zero.reshard(before_reduce=None if su.tp is None else
                             lambda: sync_tp_gradients(su.chunks, su.tp))
@@ -297,6 +303,7 @@ def _step(su: _Setup) -> RankResult:
         peak, source = peak_tracked, "tracked-tensors"
     return RankResult(rank=su.rank, stage=stage, loss=float(loss_sum), elapsed_s=end,
                       busy_s=busy, peak_memory_bytes=peak, memory_source=source,
+                      activation_peak_bytes=peak_activations,
                       attention_backend=su.backend, ops=ops_out, op_groups=op_groups)
 
 
@@ -414,7 +421,9 @@ def _forward(lane: _Lane, unit: int, chunk: int, stage: int, pp: int, runner: Sl
         buf = pipe.recv((sum(sizes), spec.hidden), dtype, src=lane.peer(stage - 1),
                         dst=lane.peer(stage), kind="F", unit=unit, block=block)
         waited = clock.now() - t
-        xs = list(buf.split(sizes))
+        # One storage per slice: each slice's graph keeps its input, and views of the shared
+        # buffer would keep all of it alive until the unit's last slice is backwarded.
+        xs = list(buf.split(sizes)) if len(sizes) == 1 else [x.clone() for x in buf.split(sizes)]
         del buf
     outs = []
     for sl, x in zip(slices, xs, strict=True):

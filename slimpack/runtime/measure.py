@@ -56,6 +56,7 @@ def step_record(rplan: RuntimePlan, spec: ModelSpec, results: list[RankResult],
                "memory_source": results[0].memory_source, "notes": list(rplan.notes),
                "rank_elapsed_s": [r.elapsed_s for r in results],
                "rank_peak_memory_bytes": [r.peak_memory_bytes for r in results],
+               "rank_peak_activation_bytes": [r.activation_peak_bytes for r in results],
                "rank_busy_s": [r.busy_s for r in results], "op_ranks": op_ranks})
 
 

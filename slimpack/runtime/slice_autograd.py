@@ -53,6 +53,9 @@ class SliceGraph:
     saved_bytes: int = 0
     """Device bytes autograd keeps for this graph (offloaded ones excluded)."""
     offloaded_bytes: int = 0
+    cache_bytes_in_saved: int = 0
+    """Bytes of the slice's own K/V cache that lie in storages ``saved_bytes`` already
+    counts (attention saved the very K/V tensors the cache keeps), so they are held once."""
 
 
 class SliceRunner:
@@ -80,7 +83,9 @@ class SliceRunner:
 
     # -- memory accounting (bytes this runner holds beyond the model state) ------------------
     def live_bytes(self) -> int:
-        graphs = sum(g.saved_bytes for g in self.graphs.values())
+        # A cached K/V that attention also saved is one storage: count it once.
+        graphs = sum(g.saved_bytes - (g.cache_bytes_in_saved if sid in self.kv_cache else 0)
+                     for sid, g in self.graphs.items())
         caches = sum(t.numel() * t.element_size() for kvs in (*self.kv_cache.values(),
                                                               *self.dkv.values())
                      for kv in kvs for t in kv)
@@ -157,12 +162,16 @@ class SliceRunner:
                                      head_comm=self.head_comm)
             if self.chunk.is_last:
                 out = out * self.loss_scale
+        in_saved = 0
         if lay.has_consumers:
             self.kv_cache[sl.slice_id] = [(k.detach(), v.detach()) for k, v in own_kv]
+            in_saved = sum(t.numel() * t.element_size() for kv in self.kv_cache[sl.slice_id]
+                           for t in kv if saved.counted_on_device(t))
         self.graphs[sl.slice_id] = SliceGraph(
             inp=None if self.chunk.is_first else x, out=out,
             own_kv=own_kv if lay.has_consumers else [], leaves=leaves,
-            saved_bytes=saved.device_bytes, offloaded_bytes=saved.offloaded_bytes)
+            saved_bytes=saved.device_bytes, offloaded_bytes=saved.offloaded_bytes,
+            cache_bytes_in_saved=in_saved)
         return out.detach()
 
     # -- backward --------------------------------------------------------------------------

@@ -11,6 +11,10 @@ for the schedule that ran. Per rank of a stage (one of its tp*cp devices):
   that chunk (they collect the gradients later slices send to earlier ones);
 * constant: model states (embedding on the first stage, LM head on the last or spread over
   all stages) and the fp32 logits of one slice where the head runs.
+
+That is the default accounting (``GPU_BF16``). ``ActivationAccounting(saved="runtime")``
+counts what this suite's PyTorch runtime keeps instead (:func:`_runtime_group_memory`), to
+compare the simulator with the runtime's tracked activation peak.
 """
 
 from __future__ import annotations
@@ -21,10 +25,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from slimpack.cost.memory import (
+    BF16,
+    GPU_BF16,
+    ActivationAccounting,
+    SliceShape,
     activation_bytes_per_token_per_layer,
     kv_bytes_per_token_per_layer,
     logits_bytes,
     model_state_bytes,
+    runtime_chunk_bytes,
+    runtime_first_block_bytes,
+    runtime_head_bytes,
+    runtime_ring_share_bytes,
+    runtime_slice_bytes_per_layer,
 )
 from slimpack.plan import Group, Plan, PlanError
 from slimpack.schedules import Op, build_schedule, stage_forward_counts
@@ -57,6 +70,33 @@ class GroupMemory:
     offload)."""
     bwd_fetch: list[float]
     """Per backward unit: offloaded activations brought back at B start, per layer."""
+    block_extras: BlockExtras | None = None
+    """Bytes per unit that do not scale with a virtual stage's layers (the runtime
+    accounting's RoPE tables, token ids and per-slice LM head); None under the default
+    accounting, which has none."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockExtras:
+    """Per unit, bytes a forward allocates (and its backward frees) on a virtual stage
+    whatever its layer count: ``every`` on each, ``first`` on virtual stage 0 (the
+    embedding's), ``head`` on the LM head's (``head_blocks``)."""
+
+    fwd_every: list[float]
+    bwd_every: list[float]
+    fwd_first: list[float]
+    bwd_first: list[float]
+    fwd_head: list[float]
+    bwd_head: list[float]
+    head_blocks: frozenset[int]
+
+    def fwd(self, unit: int, block: int) -> float:
+        return (self.fwd_every[unit] + (self.fwd_first[unit] if block == 0 else 0.0)
+                + (self.fwd_head[unit] if block in self.head_blocks else 0.0))
+
+    def bwd(self, unit: int, block: int) -> float:
+        return (self.bwd_every[unit] + (self.bwd_first[unit] if block == 0 else 0.0)
+                + (self.bwd_head[unit] if block in self.head_blocks else 0.0))
 
 
 def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
@@ -96,7 +136,15 @@ def stage_constant_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, vpp: in
 
 
 def group_memory(group: Group, *, model: ModelSpec, dp: int,
-                 training: TrainingSpec | None = None) -> GroupMemory:
+                 training: TrainingSpec | None = None,
+                 accounting: ActivationAccounting = GPU_BF16,
+                 cp_index: int | None = None) -> GroupMemory:
+    """What each of ``group``'s ops allocates and frees; ``accounting`` says whose saved
+    activations are counted (the default: the suite's bf16 GPU accounting). The runtime
+    accounting at cp > 1 is per cp rank (``cp_index``: its rows differ)."""
+    if accounting.saved == "runtime":
+        return _runtime_group_memory(group, model=model, dp=dp, training=training,
+                                     accounting=accounting, cp_index=cp_index)
     tp, cp, pp = group.tp, group.cp, group.pp
     a = activation_bytes_per_token_per_layer(
         model, group.recompute, fp8=training is not None and training.dtype == "fp8")
@@ -151,6 +199,124 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
                        model_state_bytes=states, logits_bytes=logits, kv_share=kv_share)
 
 
+def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
+                          training: TrainingSpec | None,
+                          accounting: ActivationAccounting,
+                          cp_index: int | None) -> GroupMemory:
+    """:func:`group_memory` under the runtime's accounting (:class:`ActivationAccounting`):
+    per slice, what ``slimpack/runtime`` keeps on one rank for its backward
+    (:func:`~slimpack.cost.memory.runtime_slice_bytes_per_layer`; at ring cp > 1, tp = 1,
+    cp rank ``cp_index``'s rows: :func:`~slimpack.cost.memory.runtime_ring_share_bytes`),
+    the RoPE tables and token ids per chunk and the LM head's rows and fp32 log-softmax on
+    the head's chunk, alive from its F to its B (the runtime frees a slice's logits with its
+    graph, so no logits are held for the step); dK/dV accumulators as the runtime keeps
+    them (:func:`_runtime_kv_accumulators`); model states as the default."""
+    tp, cp, pp = group.tp, group.cp, group.pp
+    e = accounting.bytes_per_element
+    if group.recompute != "none" or group.offload:
+        raise ValueError(f"runtime activation accounting models recompute='none' without "
+                         f"offload, got recompute={group.recompute!r}, "
+                         f"offload={group.offload!r}")
+    if cp > 1:
+        if group.cp_kind != "ring" or tp > 1:
+            raise ValueError(f"runtime activation accounting at cp > 1 models cp_kind='ring' "
+                             f"with tp = 1, got cp_kind={group.cp_kind!r}, tp={tp}")
+        if cp_index is None or not 0 <= cp_index < cp:
+            raise ValueError(f"runtime activation accounting at cp={cp} needs the rank's "
+                             f"cp_index in [0, {cp}), got {cp_index!r}")
+    last_start: dict[int, int] = {}
+    for sl in group.slices:
+        for seg in sl.segments:
+            last_start[seg.seq_id] = max(last_start.get(seg.seq_id, 0), seg.start)
+    per_layer: dict[int, float] = {}
+    every: dict[int, float] = {}
+    head: dict[int, float] = {}
+    first: dict[int, float] = {}
+    rows: dict[int, int] = {}
+    for sl in group.slices:
+        segs = sl.segments
+        tokens = sum(seg.end - seg.start for seg in segs)
+        caches_kv = any(last_start[seg.seq_id] > seg.start for seg in segs)
+        sid = sl.slice_id
+        if cp > 1:
+            offsets = np.cumsum([0] + [seg.end - seg.start for seg in segs])[:-1].tolist()
+            ring = runtime_ring_share_bytes(
+                model, [(seg.end - seg.start, seg.start, off) for seg, off in zip(
+                    segs, offsets, strict=True)], cp=cp, cp_index=cp_index,
+                sharding=group.cp_sharding, caches_kv=caches_kv, bytes_per_element=e)
+            per_layer[sid], every[sid], head[sid], first[sid] = (
+                ring.per_layer, ring.chunk, ring.head, ring.first)
+            rows[sid] = ring.rows
+            continue
+        shape = SliceShape(tokens=tokens, key_tokens=sum(seg.end for seg in segs),
+                           pieces=len(segs), caches_kv=caches_kv,
+                           masked_scores=sum((seg.end - seg.start) * seg.end for seg in segs
+                                             if seg.start > 0))
+        per_layer[sid] = runtime_slice_bytes_per_layer(
+            model, shape, bytes_per_element=e, tp=tp, recompute=group.recompute,
+            offload=group.offload)
+        every[sid] = runtime_chunk_bytes(model, tokens, bytes_per_element=e, tp=tp)
+        head[sid] = runtime_head_bytes(model, tokens, bytes_per_element=e, tp=tp)
+        first[sid] = runtime_first_block_bytes(tokens, bytes_per_element=e, tp=tp)
+        rows[sid] = tokens
+
+    def per_unit(values: dict[int, float], units) -> list[float]:  # noqa: ANN001
+        return [sum(values[s] for s in u.slice_ids) for u in units]
+
+    fwd, bwd = group.forward_units, group.backward_units
+    heads = head_stages(pp, group.vpp, vocab_parallel_pp=group.vocab_parallel_pp)
+    head_share = len(heads)  # vocab_parallel_pp spreads the head over the pipeline ranks
+    extras = BlockExtras(
+        fwd_every=per_unit(every, fwd), bwd_every=per_unit(every, bwd),
+        fwd_first=per_unit(first, fwd), bwd_first=per_unit(first, bwd),
+        fwd_head=[x / head_share for x in per_unit(head, fwd)],
+        bwd_head=[x / head_share for x in per_unit(head, bwd)],
+        head_blocks=frozenset(heads))
+    kv_alloc, kv_free = _runtime_kv_accumulators(
+        group, rows, kv_bytes_per_token_per_layer(model, tp) * e / BF16)
+    default = group_memory(group, model=model, dp=dp, training=training)
+    return GroupMemory(
+        fwd_alloc=per_unit(per_layer, fwd), bwd_free=per_unit(per_layer, bwd),
+        kvgrad_alloc=kv_alloc, kvgrad_free=kv_free,
+        fwd_offload=[0.0] * len(fwd), bwd_fetch=[0.0] * len(bwd),
+        static_bytes=list(default.model_state_bytes),
+        model_state_bytes=list(default.model_state_bytes),
+        logits_bytes=[0.0] * pp, kv_share=0.0, block_extras=extras)
+
+
+def _runtime_kv_accumulators(group: Group, tokens: dict[int, int], kv_per_token: float
+                             ) -> tuple[list[float], list[float]]:
+    """Per backward unit, the dK/dV accumulator bytes per layer it allocates at its start
+    and releases at its end (:class:`GroupMemory`'s ``kvgrad_alloc``, ``kvgrad_free``), as
+    the runtime keeps them: one per earlier *slice* (its whole K/V cache: its ``tokens``
+    rows on this rank, ``kv_per_token`` each) that a backwarded slice's KV prefix reads,
+    made by the first such backward and freed by that slice's own (the default walk keeps
+    one per sequence, from its first backward unit to its last)."""
+    holders: dict[int, list[tuple[int, int]]] = {}  # sequence -> (segment start, slice id)
+    for sl in group.slices:
+        for seg in sl.segments:
+            holders.setdefault(seg.seq_id, []).append((seg.start, sl.slice_id))
+    index = group._slice_index
+    own_unit: dict[int, int] = {}
+    nb = len(group.backward_units)
+    alloc, free = [0.0] * nb, [0.0] * nb
+    made: set[int] = set()
+    for i, unit in enumerate(group.backward_units):
+        for sid in unit.slice_ids:
+            own_unit[sid] = i
+            for seg in index[sid].segments:
+                for start, earlier in holders[seg.seq_id]:
+                    if start < seg.start and earlier not in made:
+                        made.add(earlier)
+                        alloc[i] += tokens[earlier] * kv_per_token
+    for earlier in made:
+        free[own_unit[earlier]] += tokens[earlier] * kv_per_token
+    # The runtime makes a slice's accumulators after autograd has freed the graph of the
+    # slice whose backward reads them, so they join the unit's net release at its end (the
+    # walk checks the peak again after it) instead of its start.
+    return [0.0] * nb, [f - a for f, a in zip(free, alloc, strict=True)]
+
+
 def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int]) -> list[float]:
     """Peak bytes per stage from the op order alone (no timing needed).
 
@@ -163,14 +329,18 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
     fwd_alloc, fwd_offload = memory.fwd_alloc, memory.fwd_offload
     bwd_fetch, bwd_free = memory.bwd_fetch, memory.bwd_free
     kv_alloc, kv_free = memory.kvgrad_alloc, memory.kvgrad_free
+    extras = memory.block_extras
     for s, stage_ops in enumerate(ops):
         mem = memory.static_bytes[s]
         peak = mem
         for op in stage_ops:
-            n = layers[op.chunk * pp + s]
+            block = op.chunk * pp + s
+            n = layers[block]
             u = op.unit
             if op.kind == "F":
                 mem += fwd_alloc[u] * n
+                if extras is not None:
+                    mem += extras.fwd(u, block)
                 if mem > peak:
                     peak = mem
                 mem -= fwd_offload[u] * n
@@ -179,6 +349,8 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
                 if mem > peak:
                     peak = mem
                 mem -= (kv_free[u] + bwd_free[u]) * n
+                if extras is not None:
+                    mem -= extras.bwd(u, block)
             if mem > peak:
                 peak = mem
         peaks.append(peak)
@@ -207,8 +379,13 @@ def peak_bytes_from_counts(counts: list[np.ndarray], memory: GroupMemory,
     forwards = np.arange(nf)
     backwards = np.arange(nb)
     peaks = []
+    extras = memory.block_extras
     for s, stage_counts in enumerate(counts):
         n = layers[s]  # chunk 0 of stage s
+        fwd_extra = bwd_extra = 0.0
+        if extras is not None:  # virtual stage s is stage s (no virtual stages here)
+            fwd_extra = np.asarray([extras.fwd(u, s) for u in range(nf)], dtype=np.float64)
+            bwd_extra = np.asarray([extras.bwd(u, s) for u in range(nb)], dtype=np.float64)
         c = np.asarray(stage_counts, dtype=np.int64)
         # Op positions: forward i follows the backwards j with count(j) <= i; backward j
         # follows count(j) forwards and j backwards.
@@ -216,32 +393,36 @@ def peak_bytes_from_counts(counts: list[np.ndarray], memory: GroupMemory,
         b_pos = c + backwards
         terms = np.empty(1 + 2 * (nf + nb))
         terms[0] = memory.static_bytes[s]
-        terms[1 + 2 * f_pos] = fwd_alloc * n
+        terms[1 + 2 * f_pos] = fwd_alloc * n if extras is None else fwd_alloc * n + fwd_extra
         terms[2 + 2 * f_pos] = -(fwd_offload * n)
         terms[1 + 2 * b_pos] = bwd_alloc * n
-        terms[2 + 2 * b_pos] = -(bwd_release * n)
+        terms[2 + 2 * b_pos] = (-(bwd_release * n) if extras is None
+                                else -(bwd_release * n + bwd_extra))
         peaks.append(float(np.cumsum(terms).max()))
     return peaks
 
 
 def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int,
                         training: TrainingSpec | None = None,
-                        ops: list[list[Op]] | None = None) -> list[float]:
+                        ops: list[list[Op]] | None = None, *,
+                        accounting: ActivationAccounting = GPU_BF16) -> list[float]:
     """Per-stage peak bytes of ``group`` under its own schedule (order-only walk, no timing):
     the same numbers the timed simulator reports for that group (under ``training``'s ZeRO
     stage, as the simulator takes it from a cost model that carries one). ``ops``: the
-    group's :func:`build_schedule` op lists when the caller already built them."""
-    return peaks_and_schedule(group, model, dp, training, ops)[0]
+    group's :func:`build_schedule` op lists when the caller already built them;
+    ``accounting``: whose saved activations (:func:`group_memory`)."""
+    return peaks_and_schedule(group, model, dp, training, ops, accounting=accounting)[0]
 
 
 def peaks_and_schedule(group: Group, model: ModelSpec, dp: int,
                        training: TrainingSpec | None = None,
-                       ops: list[list[Op]] | None = None
+                       ops: list[list[Op]] | None = None, *,
+                       accounting: ActivationAccounting = GPU_BF16
                        ) -> tuple[list[float], list[list[Op]] | None]:
     """:func:`schedule_peak_bytes` and the op lists it used: ``ops`` when given, those it
     had to build (virtual stages), or None: without virtual stages the peaks come from the
     schedule's forward counts (:func:`peak_bytes_from_counts`) and no op list is built."""
-    memory = group_memory(group, model=model, dp=dp, training=training)
+    memory = group_memory(group, model=model, dp=dp, training=training, accounting=accounting)
     layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
     if ops is None and group.vpp == 1:
         return peak_bytes_from_counts(stage_forward_counts(group), memory, layers), None
