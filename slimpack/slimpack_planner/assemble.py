@@ -149,7 +149,8 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
     phases: list[Phase] = []
     peaks: list[float] = []
     info: dict = {"slice_tokens": slice_tokens, "outliers": list(decision.outliers),
-                  "merge_factor": decision.merge_factor}
+                  "merge_factor": decision.merge_factor,
+                  "backward": "mirrored" if opts.no_asymmetric else "asymmetric"}
     next_group = 0
     if decision.outliers:
         k = decision.merge_factor
