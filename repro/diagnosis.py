@@ -56,11 +56,11 @@ def cause(ours: pd.Series, winner: pd.Series) -> str:
     2. ``bubble``: SlimPack's bubble fraction exceeds the winner's by more than 2 points.
     3. ``balance``: SlimPack's step over its ideal exceeds the winner's by more than 2%.
     4. ``recompute`` / ``offload``: SlimPack recomputes or offloads where the winner does not.
-    5. ``documents``: none of the above, the winner cuts documents at sample boundaries
-       (:data:`CUTS_DOCUMENTS`) and SlimPack's balanced ideal step (``ideal_step_time_s``)
-       is longer: the difference is the attention the cut removes, a semantic difference
-       of the methods, not SlimPack's planning (measured, docs/slimpack-planner.md, "SlimPack
-       vs SlimPipe on the same layout").
+    5. ``documents``: none of the above, the layouts are the same, the winner cuts documents
+       at sample boundaries (:data:`CUTS_DOCUMENTS`) and SlimPack's balanced ideal step
+       (``ideal_step_time_s``) is longer: the difference is the attention the cut removes, a
+       semantic difference of the methods, not SlimPack's planning (measured,
+       docs/slimpack-planner.md, "SlimPack vs SlimPipe on the same layout").
     6. ``kernel work``: none of the above: the same balance and bubble, so the difference is
        the work priced per kernel (slice shapes, CP sharding), a cost-model term.
     """
@@ -108,7 +108,10 @@ def _mechanism_cause(ours: pd.Series, winner: pd.Series) -> str:
         if a != b and a not in ("none", "0.0", "0", "nan", ""):
             return f"{column}: SlimPack runs {column} {a}, the winner {b}"
     work = _num(ours, "ideal_step_time_s") / _num(winner, "ideal_step_time_s")
-    if str(winner.get("method")) in CUTS_DOCUMENTS and work > 1.0:
+    same_layout = _layout(ours.get("parallel")) == _layout(winner.get("parallel"))
+    # Only on one layout is the ideal-step gap the work of the same kernels on the same
+    # shards: across layouts it also holds the layouts' own costs.
+    if same_layout and str(winner.get("method")) in CUTS_DOCUMENTS and work > 1.0:
         return (f"documents: same bubble and balance; {winner.get('method')} cuts documents at "
                 f"its fixed-length sample boundaries (a cut tail no longer attends to its "
                 f"head) where SlimPack keeps them whole, and SlimPack's balanced ideal step is "

@@ -73,6 +73,13 @@ def test_the_documents_cause_names_a_winner_that_cuts_documents_and_its_work_gap
     assert cause(ours, whole).startswith("kernel work")
     lighter = pd.Series({**_row("slimpipe", 103.6), "ideal_step_time_s": 42.0})
     assert cause(ours, lighter).startswith("kernel work")
+    # Across layouts the ideal steps also differ by the layouts' own costs.
+    elsewhere = pd.Series({**_row("slimpipe", 103.6, layout=LAYOUT_B),
+                           "ideal_step_time_s": 38.41})
+    passed = pd.Series({**_row("slimpack", 100.0, simulated=4), "ideal_step_time_s": 41.43,
+                        "layouts_from_winners": 1, "methods": json.dumps(["slimpipe", "slimpack"])})
+    assert cause(passed, elsewhere).endswith("at its own best layout, kernel work: same bubble "
+                                             "and balance; the difference is per-kernel work")
 
 
 def test_cuts_documents_is_the_set_of_planners_that_cut_documents_into_pieces():
