@@ -245,11 +245,17 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
     mirror_choices = (False, True) if ctx.options.search_mirrored \
         and not ctx.options.no_asymmetric else (False,)
     contexts = {False: ctx, True: _mirrored(ctx)} if len(mirror_choices) > 1 else {False: ctx}
+    # The mirrored grouping holds the same rounds as the asymmetric one, so about the same
+    # memory: it is tried only where the asymmetric plan fits (a search whose candidates
+    # all overflow would otherwise simulate each twice to rank peaks).
+    over_memory: set[tuple[int | None, bool]] = set()
     for s in candidates:
         merged_outliers = None
         for use_merge, as_mirrored in product(merge_choices, mirror_choices):
             if not use_merge and merged_outliers == 0:
                 continue  # no outliers to merge: the no-merge plan is the same plan
+            if as_mirrored and (s, use_merge) in over_memory:
+                continue
             build_ctx = contexts[as_mirrored]
             mirrored = build_ctx.options.no_asymmetric  # what the candidate's backward is
             build_deadline = None  # the first candidate is always finished
@@ -273,6 +279,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
             except OutOfTime:
                 return best, tried, True, best_record
             except OverMemory as over:
+                over_memory.add((s, use_merge))
                 if use_merge:
                     merged_outliers = over.outliers
                 tried.append({"slice_tokens": s, "merge": use_merge, "mirrored": mirrored,
@@ -312,6 +319,8 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
             tried.append({"slice_tokens": s, "merge": use_merge, "mirrored": mirrored,
                           "outliers": outliers, "built_s": built_s,
                           "step_time_s": record.step_time_s, "oom": record.oom})
+            if record.oom:
+                over_memory.add((s, use_merge))
             key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
             if best_key is None or key < best_key:
                 best, best_key, best_record = candidate, key, record
