@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from slimpack.methods import MethodRegistry
 
 CHALLENGER = "slimpack"
+CUTS_DOCUMENTS = frozenset({"megatron", "slimpipe"})
+"""Methods that pack documents into fixed-length samples and cut a document at a sample
+boundary into independent pieces under document masks (``Plan.documents.pieces``): a cut
+tail no longer attends to its head, so the same batch has less attention work than under
+SlimPack, which keeps documents whole. (``megatron-causal`` cuts too but attends across
+documents: more work, not less.) tests/test_diagnosis.py checks the set against the planners."""
 
 
 def _layout(cell: object) -> str:
@@ -50,7 +56,12 @@ def cause(ours: pd.Series, winner: pd.Series) -> str:
     2. ``bubble``: SlimPack's bubble fraction exceeds the winner's by more than 2 points.
     3. ``balance``: SlimPack's step over its ideal exceeds the winner's by more than 2%.
     4. ``recompute`` / ``offload``: SlimPack recomputes or offloads where the winner does not.
-    5. ``kernel work``: none of the above: the same balance and bubble, so the difference is
+    5. ``documents``: none of the above, the layouts are the same, the winner cuts documents
+       at sample boundaries (:data:`CUTS_DOCUMENTS`) and SlimPack's balanced ideal step
+       (``ideal_step_time_s``) is longer: the difference is the attention the cut removes, a
+       semantic difference of the methods, not SlimPack's planning (measured,
+       docs/slimpack-planner.md, "SlimPack vs SlimPipe on the same layout").
+    6. ``kernel work``: none of the above: the same balance and bubble, so the difference is
        the work priced per kernel (slice shapes, CP sharding), a cost-model term.
     """
     same_layout = _layout(ours.get("parallel")) == _layout(winner.get("parallel"))
@@ -85,7 +96,7 @@ def _winner_pass_ran(row: pd.Series) -> bool:
 
 
 def _mechanism_cause(ours: pd.Series, winner: pd.Series) -> str:
-    """Rules 2-5 of :func:`cause`."""
+    """Rules 2-6 of :func:`cause`."""
     bubble = _num(ours, "bubble_fraction") - _num(winner, "bubble_fraction")
     if bubble > 0.02:
         return f"bubble: SlimPack's bubble fraction is {100 * bubble:.0f} points higher"
@@ -96,6 +107,16 @@ def _mechanism_cause(ours: pd.Series, winner: pd.Series) -> str:
         a, b = str(ours.get(column, "")), str(winner.get(column, ""))
         if a != b and a not in ("none", "0.0", "0", "nan", ""):
             return f"{column}: SlimPack runs {column} {a}, the winner {b}"
+    work = _num(ours, "ideal_step_time_s") / _num(winner, "ideal_step_time_s")
+    same_layout = _layout(ours.get("parallel")) == _layout(winner.get("parallel"))
+    # Only on one layout is the ideal-step gap the work of the same kernels on the same
+    # shards: across layouts it also holds the layouts' own costs.
+    if same_layout and str(winner.get("method")) in CUTS_DOCUMENTS and work > 1.0:
+        return (f"documents: same bubble and balance; {winner.get('method')} cuts documents at "
+                f"its fixed-length sample boundaries (a cut tail no longer attends to its "
+                f"head) where SlimPack keeps them whole, and SlimPack's balanced ideal step is "
+                f"{100 * (work - 1):.1f}% longer (its attention work is larger; not a planner "
+                f"cause)")
     return "kernel work: same bubble and balance; the difference is per-kernel work"
 
 
@@ -190,5 +211,6 @@ def report_lines(records_of: callable, registry: MethodRegistry | None = None) -
             f"({100 * won / total:.0f}%). Each loss names the winner, the two layouts and the "
             "first of these causes that the records show (`repro/diagnosis.py`): a capped "
             "search that did not try the winner's layout, a larger pipeline bubble, a worse "
-            "balance (step over its ideal), recompute or offload, else per-kernel work.", "",
+            "balance (step over its ideal), recompute or offload, the attention a winner "
+            "that cuts documents at sample boundaries does not do, else per-kernel work.", "",
             *lines, ""]

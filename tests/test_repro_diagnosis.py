@@ -58,3 +58,49 @@ def test_a_capped_search_after_the_winner_layout_pass_is_a_planner_cause():
     alone = pd.Series({**_row("slimpack", 100.0), "layouts_from_winners": 0,
                        "methods": json.dumps(["slimpack"])})
     assert cause(alone, winner).startswith("search: SlimPack simulated 3 of 100")
+
+
+def test_the_documents_cause_names_a_winner_that_cuts_documents_and_its_work_gap():
+    ours = pd.Series({**_row("slimpack", 100.0), "ideal_step_time_s": 41.43})
+    winner = pd.Series({**_row("slimpipe", 103.6), "ideal_step_time_s": 38.41})
+    assert cause(ours, winner) == (
+        "documents: same bubble and balance; slimpipe cuts documents at its fixed-length "
+        "sample boundaries (a cut tail no longer attends to its head) where SlimPack keeps "
+        "them whole, and SlimPack's balanced ideal step is 7.9% longer (its attention work "
+        "is larger; not a planner cause)")
+    # A winner that keeps documents whole, or one with no more work, leaves kernel work.
+    whole = pd.Series({**_row("wlb-llm", 103.6), "ideal_step_time_s": 38.41})
+    assert cause(ours, whole).startswith("kernel work")
+    lighter = pd.Series({**_row("slimpipe", 103.6), "ideal_step_time_s": 42.0})
+    assert cause(ours, lighter).startswith("kernel work")
+    # Across layouts the ideal steps also differ by the layouts' own costs.
+    elsewhere = pd.Series({**_row("slimpipe", 103.6, layout=LAYOUT_B),
+                           "ideal_step_time_s": 38.41})
+    passed = pd.Series({**_row("slimpack", 100.0, simulated=4), "ideal_step_time_s": 41.43,
+                        "layouts_from_winners": 1, "methods": json.dumps(["slimpipe", "slimpack"])})
+    assert cause(passed, elsewhere).endswith("at its own best layout, kernel work: same bubble "
+                                             "and balance; the difference is per-kernel work")
+
+
+def test_cuts_documents_is_the_set_of_planners_that_cut_documents_into_pieces():
+    # Every compared planner on a batch whose documents cross the sample boundaries: those
+    # whose plan records cut pieces under document masks are exactly CUTS_DOCUMENTS
+    # (megatron-causal cuts too, but attends across documents: its plan holds samples).
+    from repro.diagnosis import CUTS_DOCUMENTS
+    from slimpack.batch import Batch
+    from slimpack.cost import AnalyticCostModel
+    from slimpack.methods import DEFAULT_METHODS
+    from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+    model, hardware = model_preset("llama-7b"), hardware_preset("h800")
+    cost = AnalyticCostModel(model=model, hardware=hardware)
+    parallel = ParallelSpec(tp=8, cp=1, pp=2, dp=2)
+    context = 16384
+    batch = Batch.from_lengths([12000, 9000, 7000, 16000, 5000, 11000, 3000, 2500] * 2, seed=0)
+    cutting = set()
+    for method in DEFAULT_METHODS.compared_names():
+        plan = DEFAULT_METHODS.planner(method)(batch, model, hardware, parallel, cost,
+                                               context=context)
+        if plan.documents.pieces:
+            cutting.add(method)
+    assert cutting == set(CUTS_DOCUMENTS)

@@ -345,15 +345,20 @@ def test_search_skips_only_candidates_the_simulator_finds_out_of_memory():
     tried = [t for t in result.metadata["search"] if "slice_tokens" in t]
     skipped = [t for t in tried if t.get("simulated") is False]
     assert skipped and all(t["oom"] and not t["merge"] for t in skipped)
-    ctx = BuildContext(batch=batch, model=MODEL, hardware=HW, parallel=parallel, cost=COST,
-                       options=SlimPackOptions(search_candidates=3))
+    # Each slice length is tried with asymmetric and with mirrored backward MicroPacks.
+    contexts = {mirrored: BuildContext(batch=batch, model=MODEL, hardware=HW, parallel=parallel,
+                                       cost=COST, options=SlimPackOptions(
+                                           search_candidates=3, no_asymmetric=mirrored))
+                for mirrored in (False, True)}
+    assert {t["mirrored"] for t in tried} == {False, True}
     steps = {}
     for t in tried:
-        record = simulate(build_plan(ctx, t["slice_tokens"], use_merge=t["merge"]),
+        record = simulate(build_plan(contexts[t["mirrored"]], t["slice_tokens"],
+                                     use_merge=t["merge"]),
                           model=MODEL, hardware=HW, cost=COST).record
         assert record.oom == t["oom"]
         if not record.oom:
-            steps[(t["slice_tokens"], t["merge"])] = record.step_time_s
+            steps[(t["slice_tokens"], t["merge"], t["mirrored"])] = record.step_time_s
     kept = simulate(result, model=MODEL, hardware=HW, cost=COST).record.step_time_s
     chosen = dataclasses.replace(result, attention_redistribution=False)
     assert simulate(chosen, model=MODEL, hardware=HW, cost=COST).record.step_time_s == min(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from itertools import product
 from typing import Any
 
 from slimpack.batch import Batch
@@ -217,6 +218,14 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
     return best, tried, cut
 
 
+def _mirrored(ctx: BuildContext) -> BuildContext:
+    """``ctx`` building mirrored backward MicroPacks, sharing its per-plan memos (estimators,
+    whole-document segments, cuts, prices: none depends on the backward grouping) but with
+    its own op lists, so each candidate hands the simulator the schedules of its own build."""
+    return dataclasses.replace(ctx, options=dataclasses.replace(ctx.options, no_asymmetric=True),
+                               schedules={})
+
+
 def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tuple[bool, ...],
             deadline: Deadline) -> tuple[Plan, list[dict], bool, Any]:
     from slimpack.sim import simulate
@@ -232,11 +241,24 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
     sim_per_unit = 0.0
     build_seconds = 0.0  # the slowest build so far predicts the next one
     last_slice: int | None = None
+    # Each slice length as packed (asymmetric unless ``no_asymmetric``) and, with
+    # ``search_mirrored``, with mirrored backward MicroPacks: a count, like the candidates.
+    mirror_choices = (False, True) if ctx.options.search_mirrored \
+        and not ctx.options.no_asymmetric else (False,)
+    contexts = {False: ctx, True: _mirrored(ctx)} if len(mirror_choices) > 1 else {False: ctx}
+    # The mirrored grouping holds the same rounds as the asymmetric one, so about the same
+    # memory: it is tried only where the asymmetric plan fits (a search whose candidates
+    # all overflow would otherwise simulate each twice to rank peaks).
+    over_memory: set[tuple[int | None, bool]] = set()
     for s in candidates:
         merged_outliers = None
-        for use_merge in merge_choices:
+        for use_merge, as_mirrored in product(merge_choices, mirror_choices):
             if not use_merge and merged_outliers == 0:
                 continue  # no outliers to merge: the no-merge plan is the same plan
+            if as_mirrored and (s, use_merge) in over_memory:
+                continue
+            build_ctx = contexts[as_mirrored]
+            mirrored = build_ctx.options.no_asymmetric  # what the candidate's backward is
             build_deadline = None  # the first candidate is always finished
             if best is not None:
                 # A simulated plan is validated already: nothing to reserve but the margin.
@@ -252,14 +274,17 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
             # it is never simulated. The search's choice is the same; only its cost falls.
             holds_fit = best_key is not None and not best_key[0]
             try:
-                candidate = build_plan(ctx, s, use_merge=use_merge, deadline=build_deadline,
+                candidate = build_plan(build_ctx, s, use_merge=use_merge,
+                                       deadline=build_deadline,
                                        stop_over_bytes=budget if holds_fit else None)
             except OutOfTime:
                 return best, tried, True, best_record
             except OverMemory as over:
+                over_memory.add((s, use_merge))
                 if use_merge:
                     merged_outliers = over.outliers
-                tried.append({"slice_tokens": s, "merge": use_merge, "outliers": over.outliers,
+                tried.append({"slice_tokens": s, "merge": use_merge, "mirrored": mirrored,
+                              "outliers": over.outliers,
                               "built_s": deadline.elapsed_s, "oom": True, "simulated": False,
                               "peak_gib": over.peak_bytes / 2**30})
                 continue
@@ -282,19 +307,21 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                 # heuristic answer (the first), never in place of a simulated one.
                 if best is None:
                     best = candidate.validate()
-                    tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
-                                  "built_s": built_s, "simulated": False})
+                    tried.append({"slice_tokens": s, "merge": use_merge, "mirrored": mirrored,
+                                  "outliers": outliers, "built_s": built_s, "simulated": False})
                 return best, tried, True, best_record
             sim_started = time.perf_counter()
             # simulate() validates the plan first: the plan kept is a validated one.
             record = simulate(candidate, model=ctx.model, hardware=ctx.hardware,
-                              cost=ctx.cost, schedules=dict(ctx.schedules),
+                              cost=ctx.cost, schedules=dict(build_ctx.schedules),
                               schedules_built=True).record
             sim_seconds = max(sim_seconds, time.perf_counter() - sim_started)
             sim_per_unit = max(sim_per_unit, (time.perf_counter() - sim_started) / units)
-            tried.append({"slice_tokens": s, "merge": use_merge, "outliers": outliers,
-                          "built_s": built_s, "step_time_s": record.step_time_s,
-                          "oom": record.oom})
+            tried.append({"slice_tokens": s, "merge": use_merge, "mirrored": mirrored,
+                          "outliers": outliers, "built_s": built_s,
+                          "step_time_s": record.step_time_s, "oom": record.oom})
+            if record.oom:
+                over_memory.add((s, use_merge))
             key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
             if best_key is None or key < best_key:
                 best, best_key, best_record = candidate, key, record

@@ -1,0 +1,39 @@
+"""SlimPack's MicroPack count on a small batch (issue 24): the step count follows S down to
+pp MicroPacks per replica (SlimPipe's fewest slices per sample), so the search can choose
+fewer, larger MicroPacks than 2*pp*vpp where they are faster."""
+
+from __future__ import annotations
+
+from slimpack.compare import plan_method
+from slimpack.cost.kernel_model import default_cost_model
+from slimpack.data import sample_batch
+from slimpack.sim import simulate
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+MODEL, HW = model_preset("llama-13b"), hardware_preset("h800-80g")
+COST = default_cost_model(MODEL, HW)
+# The e2e-throughput smoke point: 16 samples of 64K Common Crawl (512K tokens per replica)
+# at the layout SlimPipe won it with, 40 virtual stages.
+BATCH = sample_batch("commoncrawl", token_budget=16 * 65536, context=65536, seed=0)
+PARALLEL = ParallelSpec.for_world(128, tp=2, cp=4, pp=8, vpp=5)
+
+
+def _step(method: str, **options) -> tuple[object, float]:
+    plan = plan_method(method, BATCH, MODEL, HW, PARALLEL, COST, context=65536,
+                       time_limit_s=None, **options)
+    return plan, simulate(plan, model=MODEL, hardware=HW, cost=COST).record.step_time_s
+
+
+def test_a_long_slice_length_gets_fewer_micropacks_than_twice_the_virtual_stages():
+    plan, _ = _step("slimpack", slice_tokens=32768)
+    per_replica = [len(g.forward_units) for g in plan.groups()]
+    # 512K tokens / 32K = 16 MicroPacks asked for; the old floor forced 2*pp*vpp = 80.
+    assert all(PARALLEL.pp <= n < 2 * PARALLEL.pp * PARALLEL.vpp for n in per_replica)
+
+
+def test_the_searched_plan_comes_within_three_percent_of_slimpipe_on_the_small_batch():
+    # Measured 1.715 s against SlimPipe's 1.673 s (2.238 s before; the rest is the attention
+    # SlimPipe's sample cuts remove: 5.1 vs 5.6 PFLOP).
+    _, slimpack = _step("slimpack")
+    _, slimpipe = _step("slimpipe")
+    assert slimpack < 1.03 * slimpipe
