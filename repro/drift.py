@@ -3,7 +3,7 @@
 Point keys hash the code digest, so a fresh run's keys never equal the committed ones; rows
 are matched by their point's config instead (every config column of the experiment's full
 sweep, as stored in the CSV), then row by row within the point's block. Every other column is
-compared except the wall-clock ones (``plan_seconds``, ``sim_wall_s``, ...), which measure the
+compared except the wall-clock ones (``plan_seconds``, columns named ``*wall*``), which measure the
 machine, not the method: numbers by relative difference, JSON cells element by element, text
 exactly.
 """

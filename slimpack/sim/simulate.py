@@ -9,7 +9,6 @@ so planners can call this inside a search loop.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -77,7 +76,6 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
 def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: CostModel | None,
               trace: bool, overlap_dp_sync: bool, schedules: Mapping[int, list[list[Op]]] | None,
               validate: bool, schedules_built: bool, price_cache: dict | None) -> SimResult:
-    wall = time.perf_counter()
     if validate:
         plan.validate()
     cost = cost if cost is not None else default_cost_model(model, hardware)
@@ -125,8 +123,7 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
                    overlap=overlap_dp_sync and training.dp_overlap,
                    zero_stage=training.zero_stage,
                    optimizer_step=getattr(cost, "optimizer_step_seconds", None))
-    record = _record(plan, runs, sync, model=model, hardware=hardware, trace=trace,
-                     wall_s=time.perf_counter() - wall)
+    record = _record(plan, runs, sync, model=model, hardware=hardware, trace=trace)
     if redistributed:
         record = dataclasses.replace(record, extra={
             **record.extra, "attention_redistribution": merge_stats(redistributed)})
@@ -134,7 +131,7 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
 
 
 def _record(plan: Plan, runs: list[_GroupRun], sync: DpSync, *, model: ModelSpec,
-            hardware: HardwareSpec, trace: bool, wall_s: float) -> StepRecord:
+            hardware: HardwareSpec, trace: bool) -> StepRecord:
     world = plan.world_size
     compute_end = max((max(r.timeline.compute_end) for r in runs), default=0.0)
     step = max(compute_end, sync.end_s)
@@ -187,6 +184,5 @@ def _record(plan: Plan, runs: list[_GroupRun], sync: DpSync, *, model: ModelSpec
             "dp_sync_s": sync.duration_s,
             "optimizer_step_s": sync.optimizer_s,
             "num_ops": sum(r.timeline.num_ops for r in runs) + len(sync.stage_end_s),
-            "sim_wall_s": wall_s,
         },
     )
