@@ -3,8 +3,9 @@
 Variants (``slimpack.slimpack_planner`` switches): slicing only (no asymmetric partitioning, no DP-aware
 phase 1, no DP-Merge); + asymmetric forward/backward MicroPacks; + DP-aware phase 1; + DP-Merge
 (SlimPack's components in full; the search's mirrored-MicroPack fallback stays off in every
-variant, so the asymmetric step measures asymmetric MicroPacks, not a choice between the two). Megatron-LM at the same parallel configuration is the reference. llama-13b,
-Common Crawl and GitHub lengths at 256K, 128 H800 GPUs, tp 8 pp 4 (dp 4).
+variant, so the asymmetric step measures asymmetric MicroPacks, not a choice between the two).
+Megatron-LM at the same parallel configuration is the reference. llama-13b, Common Crawl and
+GitHub lengths at 256K, 128 H800 GPUs, tp 8 pp 4 (dp 4).
 """
 
 from __future__ import annotations
