@@ -166,6 +166,18 @@ def _eager_joins(group: Group, ops: list[list]) -> list[list[tuple[int, int]]] |
     return [*joins, []]
 
 
+def _in_order(ids: tuple[int, ...], needs: dict[int, set[int]], done: set[int]) -> bool:
+    """Whether each slice of ``ids`` finds what it needs (``needs[i]``) done already or run
+    before it in the unit."""
+    seen: set[int] = set()
+    for i in ids:
+        need = needs.get(i)
+        if need and any(x not in done and x not in seen for x in need):
+            return False
+        seen.add(i)
+    return True
+
+
 def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool,
              fixed: list[list[tuple[int, int]]] | None = None) -> list[list[tuple[int, int]]]:
     pp, last = group.pp, group.pp * group.vpp - 1
@@ -173,16 +185,20 @@ def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool,
     bwd_slices = [u.slice_ids for u in group.backward_units]
     # Same-sequence order: a slice's forward needs its sequence's earlier slices forwarded,
     # its backward needs the later ones backwarded (the KV cache and dK/dV flow).
+    # Built per sequence (its slices by start), not over all pairs of slices: a 33.5M-token
+    # plan holds thousands of slices per group, and most sequences sit in one slice.
+    pieces: dict[int, list[tuple[int, int]]] = {}
+    for sl in group.slices:
+        for seg in sl.segments:
+            pieces.setdefault(seg.seq_id, []).append((seg.start, sl.slice_id))
     earlier: dict[int, set[int]] = {}
     later: dict[int, set[int]] = {}
-    for a in group.slices:
-        for b in group.slices:
-            if a.slice_id == b.slice_id:
-                continue
-            sa = {s.seq_id: s.start for s in a.segments}
-            if any(s.seq_id in sa and s.start < sa[s.seq_id] for s in b.segments):
-                earlier.setdefault(a.slice_id, set()).add(b.slice_id)
-                later.setdefault(b.slice_id, set()).add(a.slice_id)
+    for of_seq in pieces.values():
+        for start_a, a in of_seq:
+            for start_b, b in of_seq:
+                if start_b < start_a and a != b:
+                    earlier.setdefault(a, set()).add(b)
+                    later.setdefault(b, set()).add(a)
     channels: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
     done_f = [[set() for _ in range(group.vpp)] for _ in range(pp)]
     done_b = [[set() for _ in range(group.vpp)] for _ in range(pp)]
@@ -191,18 +207,15 @@ def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool,
     def ready(s: int, op) -> bool:  # noqa: ANN001 - a schedule op
         block = op.chunk * pp + s
         if op.kind == "F":
-            ids = fwd_slices[op.unit]
             # Slices of a unit run in its listed order, so a slice may also follow
             # the unit's slices listed before it.
-            if any(not earlier.get(i, set()) <= done_f[s][op.chunk].union(ids[:j])
-                   for j, i in enumerate(ids)):
+            if not _in_order(fwd_slices[op.unit], earlier, done_f[s][op.chunk]):
                 return False
             return block == 0 or _peek(channels, ((s - 1) % pp, s, "F"), (op.unit, block))
         ids = bwd_slices[op.unit]
         if any(i not in done_f[s][op.chunk] for i in ids):
             return False
-        if any(not later.get(i, set()) <= done_b[s][op.chunk].union(ids[:j])
-               for j, i in enumerate(ids)):
+        if not _in_order(ids, later, done_b[s][op.chunk]):
             return False
         return block == last or _peek(channels, ((s + 1) % pp, s, "B"), (op.unit, block))
 
