@@ -25,13 +25,14 @@ CONFIG = RuntimeConfig(seed=1)
 
 REFUSED = {"slimpipe": "attention_redistribution"}
 """Methods whose plan at this setting the runtime refuses, and the field it names. SlimPipe
-sets attention_redistribution (and vocab_parallel_pp) at pp > 1; when the runtime executes
-them this test fails and the entry must go."""
+sets attention_redistribution at pp > 1 (its vocab_parallel_pp the runtime executes); when the
+runtime executes it this test fails and the entry must go."""
 
 EXACT_BOUND = 1e-5
 """Every accepted plan (dp8; pp2 dp4; tp2 pp2 dp2; pp4 dp2; ring cp 1/2/4 groups; cp2 pp2 dp2;
-SlimPack's 128-token slices in asymmetric units at pp2 dp4): the runtime accounting matches
-the tracked peak to a few bytes per rank (measured: at most 1.2e-6 relative, tp2's)."""
+SlimPack's 128-token slices in asymmetric units at pp2 dp4, its LM head spread over the
+pipeline ranks): the runtime accounting matches the tracked peak to a few bytes per rank
+(measured: at most 1.2e-6 relative, tp2's)."""
 
 
 @pytest.fixture(scope="module")

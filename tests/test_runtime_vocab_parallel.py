@@ -1,7 +1,8 @@
 """The LM head spread over the pipeline ranks (``Group.vocab_parallel_pp`` at pp > 1,
 :mod:`slimpack.runtime.vocab_parallel`): where each stage joins a unit's head for every schedule
 kind, and gloo runs that train exactly like the unsliced single-process model (fp32: loss within
-1e-6 relative, every gradient within 1e-5 norm-relative) with each rank holding its block.
+1e-6 relative, every gradient within 1e-5 norm-relative) with each rank holding its block, and
+whose tracked activation peak per rank the simulator's runtime accounting predicts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from slimpack.runtime.reference import reference_step
 from slimpack.runtime.schedule import FallbackOp
 from slimpack.runtime.validate import _dry_run, _eager_joins, check_runtime_plan, check_schedule
 from slimpack.specs import model_preset
+from slimpack.validation.activation_memory import compare_ranks
 
 TINY = model_preset("tiny")
 
@@ -148,3 +150,16 @@ def test_every_rank_tracks_its_block_of_the_head(executed):
                 block_state + rows * (TINY.vocab_size // 2) * 4)
         else:  # the last stage gives up half the head and no longer keeps logits to backward
             assert a.peak_memory_bytes < b.peak_memory_bytes - block_state
+
+
+@pytest.mark.slow
+def test_simulated_activation_peak_per_rank_equals_the_tracked_one(executed):
+    """The walk under the runtime's accounting (the spread head's rows on the last block, its
+    logits block on every stage while it runs its part) against every rank of every case:
+    1f1b, SlimPipe, asymmetric, interleaved, tp2, ring cp2, pp4, and the last-stage head."""
+    config = RuntimeConfig(seed=3)
+    for name, (plan, result) in executed.items():
+        rows = compare_ranks(plan, TINY, result.record, config)
+        assert len(rows) == plan.world_size, name
+        worst = max(abs(r.error) for r in rows)
+        assert worst <= 1e-6, f"{name}: max activation error {worst:.2e}"

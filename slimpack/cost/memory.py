@@ -37,7 +37,9 @@ class ActivationAccounting:
     can be compared with the runtime's tracked activation peak
     (:mod:`slimpack.validation.activation_memory`). It models ``recompute="none"`` without
     offload, tensor parallelism at cp = 1 and ring context parallelism (per cp rank) at
-    tp = 1, and refuses the rest by name (docs/architecture.md, runtime, "Simulated vs
+    tp = 1, with the LM head on the last stage or spread over the pipeline ranks
+    (:func:`runtime_spread_head_bytes`, :func:`runtime_head_logits_bytes`), and refuses the
+    rest by name (docs/architecture.md, runtime, "Simulated vs
     executed activation memory").
     """
 
@@ -225,6 +227,30 @@ def runtime_head_bytes(model: ModelSpec, tokens: int, *, bytes_per_element: int,
         return tokens * (FP32 * h + FP32 + 2 * e * h + FP32 * model.vocab_size + 8) + FP32
     return (rows * (FP32 * h + FP32 + e * h)
             + padded * (e * h + FP32 * model.vocab_size // tp + 8 + 2) + FP32)
+
+
+def runtime_spread_head_bytes(model: ModelSpec, tokens: int, *, bytes_per_element: int,
+                              tp: int = 1) -> float:
+    """Per slice on the model's last block when the LM head is spread over the pipeline
+    ranks (``vocab_parallel_pp`` at pp > 1, ``slimpack/runtime/vocab_parallel.py``): the
+    final norm's saved rows on the rank's ``r = ceil(T/tp)`` rows (fp32 input, fp32
+    ``rsqrt``, the normalised rows) and the d(hidden) the head step reduced to the last
+    stage, which the slice's graph keeps until its backward (all ``P = r*tp`` gathered rows
+    at tp > 1). Nothing else: the cross-entropy's forward and backward ran at once, so no
+    logits, softmax or labels are saved (unlike :func:`runtime_head_bytes`)."""
+    e, h = bytes_per_element, model.hidden
+    rows = -(-tokens // tp)
+    return rows * (FP32 * h + FP32 + e * h) + rows * tp * e * h
+
+
+def runtime_head_logits_bytes(model: ModelSpec, tokens: int, *, pp: int, tp: int = 1) -> float:
+    """The fp32 logits block of one slice a rank holds while it runs its part of an LM head
+    spread over ``pp`` pipeline ranks (``PipelineLMHead.logits_bytes``): every row of the
+    slice's hidden states the last stage broadcast (``ceil(T/tp)*tp``; ``T`` is the cp
+    rank's rows at cp > 1) times the rank's ``vocab/(pp*tp)`` vocabulary block. Transient:
+    freed before the head step returns."""
+    rows = -(-tokens // tp) * tp
+    return rows * (model.vocab_size // (pp * tp)) * FP32
 
 
 def activation_bytes_per_token_per_layer(model: ModelSpec, recompute: str = "none", *,

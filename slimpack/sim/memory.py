@@ -20,7 +20,7 @@ compare the simulator with the runtime's tracked activation peak.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,8 +36,10 @@ from slimpack.cost.memory import (
     runtime_chunk_bytes,
     runtime_first_block_bytes,
     runtime_head_bytes,
+    runtime_head_logits_bytes,
     runtime_ring_share_bytes,
     runtime_slice_bytes_per_layer,
+    runtime_spread_head_bytes,
 )
 from slimpack.plan import Group, Plan, PlanError
 from slimpack.schedules import Op, build_schedule, stage_forward_counts
@@ -72,15 +74,22 @@ class GroupMemory:
     """Per backward unit: offloaded activations brought back at B start, per layer."""
     block_extras: BlockExtras | None = None
     """Bytes per unit that do not scale with a virtual stage's layers (the runtime
-    accounting's RoPE tables, token ids and per-slice LM head); None under the default
-    accounting, which has none."""
+    accounting's RoPE tables, token ids, per-slice LM head and a spread head's transient
+    logits); None under the default accounting, which has none."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BlockExtras:
     """Per unit, bytes a forward allocates (and its backward frees) on a virtual stage
     whatever its layer count: ``every`` on each, ``first`` on virtual stage 0 (the
-    embedding's), ``head`` on the LM head's (``head_blocks``)."""
+    embedding's), ``head`` on the LM head's (``head_blocks``: the model's last block).
+
+    With the head spread over the pipeline ranks, ``head_logits`` is per forward unit the
+    logits block a stage holds only while it runs its part of the unit's head (the
+    runtime's ``vocab_parallel_pp``: the last stage inside its forward of the last block,
+    the others where they join it), on the stages whose last virtual stage is in
+    ``logits_blocks``; the walk checks it on top of the bytes held there, allocating
+    nothing (:func:`peak_bytes_by_stage`)."""
 
     fwd_every: list[float]
     bwd_every: list[float]
@@ -89,6 +98,8 @@ class BlockExtras:
     fwd_head: list[float]
     bwd_head: list[float]
     head_blocks: frozenset[int]
+    head_logits: list[float] = field(default_factory=list)
+    logits_blocks: frozenset[int] = frozenset()
 
     def fwd(self, unit: int, block: int) -> float:
         return (self.fwd_every[unit] + (self.fwd_first[unit] if block == 0 else 0.0)
@@ -97,6 +108,10 @@ class BlockExtras:
     def bwd(self, unit: int, block: int) -> float:
         return (self.bwd_every[unit] + (self.bwd_first[unit] if block == 0 else 0.0)
                 + (self.bwd_head[unit] if block in self.head_blocks else 0.0))
+
+    def logits(self, unit: int, block: int) -> float:
+        """The transient logits of forward unit ``unit``'s spread head on ``block``."""
+        return self.head_logits[unit] if block in self.logits_blocks else 0.0
 
 
 def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
@@ -210,7 +225,13 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
     the RoPE tables and token ids per chunk and the LM head's rows and fp32 log-softmax on
     the head's chunk, alive from its F to its B (the runtime frees a slice's logits with its
     graph, so no logits are held for the step); dK/dV accumulators as the runtime keeps
-    them (:func:`_runtime_kv_accumulators`); model states as the default."""
+    them (:func:`_runtime_kv_accumulators`); model states as the default.
+
+    With the head spread over the pipeline ranks (``vocab_parallel_pp`` at pp > 1) the last
+    block keeps per slice only the final norm's rows and the reduced d(hidden)
+    (:func:`~slimpack.cost.memory.runtime_spread_head_bytes`), and every stage holds the
+    unit's largest logits block (:func:`~slimpack.cost.memory.runtime_head_logits_bytes`)
+    only while it runs its part of the unit's head: ``BlockExtras.head_logits``."""
     tp, cp, pp = group.tp, group.cp, group.pp
     e = accounting.bytes_per_element
     if group.recompute != "none" or group.offload:
@@ -224,6 +245,7 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
         if cp_index is None or not 0 <= cp_index < cp:
             raise ValueError(f"runtime activation accounting at cp={cp} needs the rank's "
                              f"cp_index in [0, {cp}), got {cp_index!r}")
+    spread = group.vocab_parallel_pp and pp > 1  # the runtime's PipelineLMHead
     last_start: dict[int, int] = {}
     for sl in group.slices:
         for seg in sl.segments:
@@ -247,6 +269,8 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
             per_layer[sid], every[sid], head[sid], first[sid] = (
                 ring.per_layer, ring.chunk, ring.head, ring.first)
             rows[sid] = ring.rows
+            if spread:
+                head[sid] = runtime_spread_head_bytes(model, ring.rows, bytes_per_element=e)
             continue
         shape = SliceShape(tokens=tokens, key_tokens=sum(seg.end for seg in segs),
                            pieces=len(segs), caches_kv=caches_kv,
@@ -256,7 +280,8 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
             model, shape, bytes_per_element=e, tp=tp, recompute=group.recompute,
             offload=group.offload)
         every[sid] = runtime_chunk_bytes(model, tokens, bytes_per_element=e, tp=tp)
-        head[sid] = runtime_head_bytes(model, tokens, bytes_per_element=e, tp=tp)
+        head[sid] = (runtime_spread_head_bytes(model, tokens, bytes_per_element=e, tp=tp)
+                     if spread else runtime_head_bytes(model, tokens, bytes_per_element=e, tp=tp))
         first[sid] = runtime_first_block_bytes(tokens, bytes_per_element=e, tp=tp)
         rows[sid] = tokens
 
@@ -264,14 +289,17 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
         return [sum(values[s] for s in u.slice_ids) for u in units]
 
     fwd, bwd = group.forward_units, group.backward_units
-    heads = head_stages(pp, group.vpp, vocab_parallel_pp=group.vocab_parallel_pp)
-    head_share = len(heads)  # vocab_parallel_pp spreads the head over the pipeline ranks
+    # The saved head bytes stay on the model's last block either way; a spread head's
+    # logits pass through every stage's last chunk (head_stages), one slice at a time.
+    head_logits = ([max(runtime_head_logits_bytes(model, rows[s], pp=pp, tp=tp)
+                        for s in u.slice_ids) for u in fwd] if spread else [])
     extras = BlockExtras(
         fwd_every=per_unit(every, fwd), bwd_every=per_unit(every, bwd),
         fwd_first=per_unit(first, fwd), bwd_first=per_unit(first, bwd),
-        fwd_head=[x / head_share for x in per_unit(head, fwd)],
-        bwd_head=[x / head_share for x in per_unit(head, bwd)],
-        head_blocks=frozenset(heads))
+        fwd_head=per_unit(head, fwd), bwd_head=per_unit(head, bwd),
+        head_blocks=frozenset({pp * group.vpp - 1}), head_logits=head_logits,
+        logits_blocks=frozenset(head_stages(pp, group.vpp, vocab_parallel_pp=True)
+                                if spread else ()))
     kv_alloc, kv_free = _runtime_kv_accumulators(
         group, rows, kv_bytes_per_token_per_layer(model, tp) * e / BF16)
     default = group_memory(group, model=model, dp=dp, training=training)
@@ -317,12 +345,20 @@ def _runtime_kv_accumulators(group: Group, tokens: dict[int, int], kv_per_token:
     return [0.0] * nb, [f - a for f, a in zip(free, alloc, strict=True)]
 
 
-def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int]) -> list[float]:
+def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int], *,
+                        head_joins: list[list[tuple[int, int]]] | None = None) -> list[float]:
     """Peak bytes per stage from the op order alone (no timing needed).
 
     Memory on a stage changes only at its own ops, in op-list order, so this walk gives the
     same peaks as the timed engine at a fraction of the cost; planners use it to check that
     a candidate fits before simulating it.
+
+    A spread head's transient logits (``BlockExtras.head_logits``, runtime accounting only)
+    are checked on the last stage right after its forward of the unit on the last block, and
+    on every other stage where it joins the unit's head: ``head_joins`` per stage, (op index,
+    forward unit), before that op (the runtime's ``RuntimePlan.head_joins``); None: right
+    after the stage's forward of the unit on its last chunk (``sim.costs.head_stages``'s
+    placement, the one the runtime tries first).
     """
     pp = len(ops)
     peaks = []
@@ -330,10 +366,18 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
     bwd_fetch, bwd_free = memory.bwd_fetch, memory.bwd_free
     kv_alloc, kv_free = memory.kvgrad_alloc, memory.kvgrad_free
     extras = memory.block_extras
+    spread = extras is not None and bool(extras.logits_blocks)
     for s, stage_ops in enumerate(ops):
         mem = memory.static_bytes[s]
         peak = mem
-        for op in stage_ops:
+        joins: dict[int, list[int]] = {}
+        placed = spread and head_joins is not None and s < pp - 1
+        if placed:
+            for index, unit in head_joins[s]:
+                joins.setdefault(index, []).append(unit)
+        for i, op in enumerate(stage_ops):
+            for u in joins.get(i, ()):
+                peak = max(peak, mem + extras.head_logits[u])
             block = op.chunk * pp + s
             n = layers[block]
             u = op.unit
@@ -343,6 +387,8 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
                     mem += extras.fwd(u, block)
                 if mem > peak:
                     peak = mem
+                if spread and not placed:
+                    peak = max(peak, mem + extras.logits(u, block))
                 mem -= fwd_offload[u] * n
             else:
                 mem += (bwd_fetch[u] + kv_alloc[u]) * n
@@ -353,6 +399,8 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int])
                     mem -= extras.bwd(u, block)
             if mem > peak:
                 peak = mem
+        for u in joins.get(len(stage_ops), ()):  # joins after the stage's last op
+            peak = max(peak, mem + extras.head_logits[u])
         peaks.append(peak)
     return peaks
 
@@ -367,7 +415,8 @@ def peak_bytes_from_counts(counts: list[np.ndarray], memory: GroupMemory,
     it offloads; B: what it fetches plus its dK/dV buffers, then minus what it frees); the
     terms are laid out in op order after the static bytes and summed left to right
     (``cumsum`` accumulates sequentially), and the peak is the largest partial sum: the walk's
-    running total at every point it checks.
+    running total at every point it checks, and after each forward that running total plus a
+    spread head's transient logits (the walk's default placement).
     """
     fwd_alloc = np.asarray(memory.fwd_alloc, dtype=np.float64)
     fwd_offload = np.asarray(memory.fwd_offload, dtype=np.float64)
@@ -398,7 +447,12 @@ def peak_bytes_from_counts(counts: list[np.ndarray], memory: GroupMemory,
         terms[1 + 2 * b_pos] = bwd_alloc * n
         terms[2 + 2 * b_pos] = (-(bwd_release * n) if extras is None
                                 else -(bwd_release * n + bwd_extra))
-        peaks.append(float(np.cumsum(terms).max()))
+        sums = np.cumsum(terms)
+        peak = float(sums.max())
+        if extras is not None and s in extras.logits_blocks and nf:  # a spread head's logits
+            held = sums[1 + 2 * f_pos] + np.asarray(extras.head_logits, dtype=np.float64)
+            peak = max(peak, float(held.max()))
+        peaks.append(peak)
     return peaks
 
 

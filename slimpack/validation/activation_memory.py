@@ -1,5 +1,6 @@
 """Simulated against executed activation memory, per rank: the runtime's tracked peak of
-activations (saved tensors, K/V caches, dK/dV accumulators; model state excluded,
+activations (saved tensors, K/V caches, dK/dV accumulators, and the logits block of an LM
+head spread over the pipeline ranks while it runs; model state excluded,
 ``extra["rank_peak_activation_bytes"]``) beside the simulator's memory walk of the same plan
 told the runtime's dtype and attention path (:class:`ActivationAccounting` ``runtime``), its
 model states subtracted likewise.
@@ -15,6 +16,7 @@ planners, the simulator and the runtime.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slimpack.cost.memory import GPU_BF16, ActivationAccounting
@@ -49,10 +51,9 @@ class Setting:
         "slimpipe": {"pp": 2}, "slimpack": {"pp": 2}})
     """Explicit degrees per method (each accepts its own); dp is what the world leaves."""
     options: dict[str, dict[str, object]] = field(default_factory=lambda: {
-        # The runtime refuses vocab_parallel_pp and attention_redistribution at pp > 1
-        # (docs/architecture.md, runtime); 128-token slices so the batch is sliced at all.
-        "slimpack": {"vocab_parallel_pp": False, "attention_redistribution": False,
-                     "slice_tokens": 128}})
+        # The runtime refuses attention_redistribution at pp > 1 (docs/architecture.md,
+        # runtime); 128-token slices so the batch is sliced at all.
+        "slimpack": {"attention_redistribution": False, "slice_tokens": 128}})
 
     def plan_args(self, method: str, output: str) -> list[str]:
         """The ``slimpack plan`` command line that writes ``method``'s plan to ``output``."""
@@ -108,9 +109,13 @@ def accounting_for(config: RuntimeConfig, attention_backend: str) -> ActivationA
 
 
 def simulated_rank_activation_bytes(plan: Plan, spec: ModelSpec,
-                                    accounting: ActivationAccounting) -> dict[int, float]:
+                                    accounting: ActivationAccounting,
+                                    head_joins: Mapping[int, list[list[tuple[int, int]]]]
+                                    | None = None) -> dict[int, float]:
     """Per rank, the memory walk's peak minus its model states, the largest over the plan's
-    phases (a rank keeps its stage in every group it joins)."""
+    phases (a rank keeps its stage in every group it joins). ``head_joins``: by group id,
+    where each stage joins a spread LM head (``RuntimePlan.head_joins``); absent: the
+    simulator's placement (:func:`~slimpack.sim.memory.peak_bytes_by_stage`)."""
     out: dict[int, float] = {}
     for group in plan.groups():
         layers = layers_per_virtual_stage(spec.num_layers, group.pp, group.vpp)
@@ -119,7 +124,8 @@ def simulated_rank_activation_bytes(plan: Plan, spec: ModelSpec,
         for cp_index in range(group.cp):  # ring CP ranks hold different rows
             memory = group_memory(group, model=spec, dp=plan.parallel.dp, accounting=accounting,
                                   cp_index=cp_index if group.cp > 1 else None)
-            peaks = peak_bytes_by_stage(ops, memory, layers)
+            peaks = peak_bytes_by_stage(ops, memory, layers,
+                                        head_joins=(head_joins or {}).get(group.group_id))
             for i, rank in enumerate(group.ranks):
                 stage, lane = divmod(i, per_stage)  # ranks ordered (pp, cp, tp)
                 if lane // group.tp != cp_index:
@@ -134,7 +140,7 @@ def compare_ranks(plan: Plan, spec: ModelSpec, record: StepRecord,
     """Every rank holding a stage: simulated beside executed activation peak bytes."""
     rplan = check_runtime_plan(plan, spec, world_size=plan.world_size)
     accounting = accounting_for(config, record.extra["attention_backend"])
-    simulated = simulated_rank_activation_bytes(plan, spec, accounting)
+    simulated = simulated_rank_activation_bytes(plan, spec, accounting, rplan.head_joins)
     executed = record.extra["rank_peak_activation_bytes"]
     return [RankActivation(rank=r, stage=rplan.stage_of_rank[r], simulated_bytes=simulated[r],
                            executed_bytes=executed[r])
@@ -142,7 +148,8 @@ def compare_ranks(plan: Plan, spec: ModelSpec, record: StepRecord,
 
 
 def layout_text(plan: Plan) -> str:
-    """e.g. ``tp2 pp2 dp2``, plus the cp degrees the groups use where they differ."""
+    """e.g. ``tp2 pp2 dp2``, plus the cp degrees the groups use where they differ and
+    whether the LM head is spread over the pipeline ranks."""
     par = plan.parallel
     parts = [f"{k}{v}" for k, v in (("tp", par.tp), ("cp", par.cp), ("pp", par.pp),
                                     ("vpp", par.vpp), ("dp", par.dp)) if v > 1]
@@ -152,6 +159,8 @@ def layout_text(plan: Plan) -> str:
         parts.append("group cp " + "/".join(map(str, cps)))
     if kinds:
         parts.append(",".join(kinds))
+    if any(g.vocab_parallel_pp and g.pp > 1 for g in plan.groups()):
+        parts.append("head over pp")
     return " ".join(parts) or "1"
 
 
