@@ -225,11 +225,10 @@ def _unit_target(est: WorkEstimator, lengths: dict[int, int], replicas: int,
 
     The step count aims at ``total tokens / S`` per replica, and at least pp (SlimPipe's
     fewest slices per sample). A floor of 2*pp*vpp forced small batches into more, smaller
-    MicroPacks than S asks for, and the search could not undo it (the floor is the same for
-    every S): llama-13b, 1M tokens, tp2 cp4 pp8 dp2 v5 ran 104 MicroPacks per replica of
-    median 4.9K tokens at 1.959 s, where S = 32768 with this floor gives 1.715 s (SlimPipe,
-    64 slices of 8K: 1.673 s). The search simulates each S, so a step count that leaves too
-    little steady state loses there. ``doc_forward``: ``est``'s
+    MicroPacks than S asks for, and the search could not undo it, since the floor is the same
+    for every S (docs/slimpack-planner.md, "SlimPack vs SlimPipe on the same layout", has the
+    case). The search simulates each S, so a step count that leaves too little steady state
+    loses there. ``doc_forward``: ``est``'s
     forward seconds per sequence when the caller has them (the same floats, summed in the
     same order).
     """

@@ -34,10 +34,10 @@ class SlimPackOptions:
     """The search also simulates each slice length with mirrored backward MicroPacks (the
     forward ones in reverse, SlimPipe's order) and keeps whichever is faster: where a replica
     has few MicroPacks per pipeline stage the asymmetric re-deal's backward steps wait on
-    later forwards (measured: llama-13b Common Crawl, 2M tokens, tp2 cp4 pp8 dp2 v5, 3.372 s
-    asymmetric vs 3.296 s mirrored; docs/slimpack-planner.md, "SlimPack vs SlimPipe on the
-    same layout"). One more candidate per slice length whose asymmetric plan fits memory; no
-    effect with ``no_asymmetric`` (every candidate is mirrored)."""
+    later forwards (docs/slimpack-planner.md, "SlimPack vs SlimPipe on the same layout"). One
+    more candidate per slice length whose asymmetric plan fits memory; no effect with
+    ``no_asymmetric`` (every candidate is mirrored). The ablation turns it off, so its
+    asymmetric step measures asymmetric MicroPacks."""
     short_reserve: float = 0.0
     """Asymmetric partitioning: share of each long-sequence round (its tokens and its
     MicroPacks' forward target) kept for short documents, so forward and backward groupings
