@@ -88,6 +88,7 @@ def test_cuts_documents_is_the_set_of_planners_that_cut_documents_into_pieces():
     # (megatron-causal cuts too, but attends across documents: its plan holds samples).
     from repro.diagnosis import CUTS_DOCUMENTS
     from slimpack.batch import Batch
+    from slimpack.compare import plan_method
     from slimpack.cost import AnalyticCostModel
     from slimpack.methods import DEFAULT_METHODS
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -99,8 +100,7 @@ def test_cuts_documents_is_the_set_of_planners_that_cut_documents_into_pieces():
     batch = Batch.from_lengths([12000, 9000, 7000, 16000, 5000, 11000, 3000, 2500] * 2, seed=0)
     cutting = set()
     for method in DEFAULT_METHODS.compared_names():
-        plan = DEFAULT_METHODS.planner(method)(batch, model, hardware, parallel, cost,
-                                               context=context)
+        plan = plan_method(method, batch, model, hardware, parallel, cost, context=context)
         if plan.documents.pieces:
             cutting.add(method)
     assert cutting == set(CUTS_DOCUMENTS)
