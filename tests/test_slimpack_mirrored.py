@@ -56,5 +56,6 @@ def test_no_asymmetric_searches_only_mirrored_plans():
     plan, _ = _plan(no_asymmetric=True)
     tried = [t for t in plan.metadata["search"] if "slice_tokens" in t]
     assert {t["mirrored"] for t in tried} == {True}
-    assert len({t["slice_tokens"] for t in tried}) == len(tried)  # one plan per length
+    # one plan per length and MicroPack floor (no second, mirrored copy)
+    assert len({(t["slice_tokens"], t["steady_floor"]) for t in tried}) == len(tried)
     assert plan.metadata["slimpack"]["backward"] == "mirrored"

@@ -218,12 +218,26 @@ def _first_fit(ctx: BuildContext, candidates: list[int | None],
     return best, tried, cut
 
 
-def _mirrored(ctx: BuildContext) -> BuildContext:
-    """``ctx`` building mirrored backward MicroPacks, sharing its per-plan memos (estimators,
-    whole-document segments, cuts, prices: none depends on the backward grouping) but with
-    its own op lists, so each candidate hands the simulator the schedules of its own build."""
-    return dataclasses.replace(ctx, options=dataclasses.replace(ctx.options, no_asymmetric=True),
-                               schedules={})
+def _variant(ctx: BuildContext, *, mirrored: bool, steady: bool) -> BuildContext:
+    """``ctx`` building mirrored backward MicroPacks and/or with the steady-state MicroPack
+    floor, sharing its per-plan memos (estimators, whole-document segments, cuts, prices: none
+    depends on the grouping into MicroPacks) but with its own op lists, so each candidate
+    hands the simulator the schedules of its own build."""
+    if not mirrored and steady == ctx.options.steady_state_floor:
+        return ctx
+    options = dataclasses.replace(ctx.options, steady_state_floor=steady,
+                                  no_asymmetric=ctx.options.no_asymmetric or mirrored)
+    return dataclasses.replace(ctx, options=options, schedules={})
+
+
+def _floor_binds(ctx: BuildContext, slice_tokens: int | None) -> bool:
+    """Whether the steady-state floor (2*pp*vpp MicroPacks per replica) asks for more
+    MicroPacks than the batch's tokens per replica over S give."""
+    par = ctx.parallel
+    if slice_tokens is None:
+        return False
+    tokens = sum(ctx.batch.lengths) / par.dp
+    return tokens / slice_tokens < 2 * par.pp * par.vpp
 
 
 def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tuple[bool, ...],
@@ -245,19 +259,26 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
     # ``search_mirrored``, with mirrored backward MicroPacks: a count, like the candidates.
     mirror_choices = (False, True) if ctx.options.search_mirrored \
         and not ctx.options.no_asymmetric else (False,)
-    contexts = {False: ctx, True: _mirrored(ctx)} if len(mirror_choices) > 1 else {False: ctx}
+    # ... and, with ``search_step_floor``, with the steady-state MicroPack floor where it binds.
+    floor_choices = (False, True) if ctx.options.search_step_floor \
+        and not ctx.options.steady_state_floor else (ctx.options.steady_state_floor,)
+    contexts = {(m, f): _variant(ctx, mirrored=m, steady=f)
+                for m, f in product(mirror_choices, floor_choices)}
     # The mirrored grouping holds the same rounds as the asymmetric one, so about the same
-    # memory: it is tried only where the asymmetric plan fits (a search whose candidates
-    # all overflow would otherwise simulate each twice to rank peaks).
-    over_memory: set[tuple[int | None, bool]] = set()
+    # memory: it is tried only where the asymmetric plan of the same floor fits (a search
+    # whose candidates all overflow would otherwise simulate each twice to rank peaks).
+    over_memory: set[tuple[int | None, bool, bool]] = set()
     for s in candidates:
         merged_outliers = None
-        for use_merge, as_mirrored in product(merge_choices, mirror_choices):
+        for use_merge, steady, as_mirrored in product(merge_choices, floor_choices,
+                                                      mirror_choices):
             if not use_merge and merged_outliers == 0:
                 continue  # no outliers to merge: the no-merge plan is the same plan
-            if as_mirrored and (s, use_merge) in over_memory:
+            if steady and not ctx.options.steady_state_floor and not _floor_binds(ctx, s):
+                continue  # the floor does not bind: the same plan as without it
+            if as_mirrored and (s, use_merge, steady) in over_memory:
                 continue
-            build_ctx = contexts[as_mirrored]
+            build_ctx = contexts[(as_mirrored, steady)]
             mirrored = build_ctx.options.no_asymmetric  # what the candidate's backward is
             build_deadline = None  # the first candidate is always finished
             if best is not None:
@@ -280,11 +301,11 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
             except OutOfTime:
                 return best, tried, True, best_record
             except OverMemory as over:
-                over_memory.add((s, use_merge))
+                over_memory.add((s, use_merge, steady))
                 if use_merge:
                     merged_outliers = over.outliers
                 tried.append({"slice_tokens": s, "merge": use_merge, "mirrored": mirrored,
-                              "outliers": over.outliers,
+                              "steady_floor": steady, "outliers": over.outliers,
                               "built_s": deadline.elapsed_s, "oom": True, "simulated": False,
                               "peak_gib": over.peak_bytes / 2**30})
                 continue
@@ -308,7 +329,8 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                 if best is None:
                     best = candidate.validate()
                     tried.append({"slice_tokens": s, "merge": use_merge, "mirrored": mirrored,
-                                  "outliers": outliers, "built_s": built_s, "simulated": False})
+                                  "steady_floor": steady, "outliers": outliers,
+                                  "built_s": built_s, "simulated": False})
                 return best, tried, True, best_record
             sim_started = time.perf_counter()
             # simulate() validates the plan first: the plan kept is a validated one.
@@ -318,10 +340,10 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
             sim_seconds = max(sim_seconds, time.perf_counter() - sim_started)
             sim_per_unit = max(sim_per_unit, (time.perf_counter() - sim_started) / units)
             tried.append({"slice_tokens": s, "merge": use_merge, "mirrored": mirrored,
-                          "outliers": outliers, "built_s": built_s,
+                          "steady_floor": steady, "outliers": outliers, "built_s": built_s,
                           "step_time_s": record.step_time_s, "oom": record.oom})
             if record.oom:
-                over_memory.add((s, use_merge))
+                over_memory.add((s, use_merge, steady))
             key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
             if best_key is None or key < best_key:
                 best, best_key, best_record = candidate, key, record

@@ -159,7 +159,7 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
         out_work = [m_est.total(lengths[s]) for s in decision.outliers]
         bins = lpt_assign(out_work, merged_groups)
         target = _unit_target(m_est, {s: lengths[s] for s in decision.outliers}, merged_groups,
-                              slice_tokens, par)
+                              slice_tokens, par, steady=opts.steady_state_floor)
         groups = []
         for g, members in enumerate(bins):
             if not members:
@@ -193,7 +193,7 @@ def build_plan(ctx: BuildContext, slice_tokens: int | None, *, use_merge: bool,
         loads = bin_loads(bins, weights)
         info["replica_load_spread"] = max(loads) / max(min(loads), 1e-12)
         target = _unit_target(est, regular, par.dp, slice_tokens, par,
-                              doc_forward=ctx.doc_forward)
+                              doc_forward=ctx.doc_forward, steady=opts.steady_state_floor)
         groups = []
         for r, members in enumerate(bins):
             if not members:
@@ -220,15 +220,15 @@ def _stop_if_over(peak: float, limit: float | None, outliers: int) -> None:
 
 def _unit_target(est: WorkEstimator, lengths: dict[int, int], replicas: int,
                  slice_tokens: int | None, par: ParallelSpec, *,
-                 doc_forward: dict[int, float] | None = None) -> float:
+                 doc_forward: dict[int, float] | None = None, steady: bool = False) -> float:
     """Forward seconds per MicroPack: a replica's forward work over its number of steps.
 
     The step count aims at ``total tokens / S`` per replica, and at least pp (SlimPipe's
-    fewest slices per sample). A floor of 2*pp*vpp forced small batches into more, smaller
-    MicroPacks than S asks for, and the search could not undo it, since the floor is the same
-    for every S (docs/slimpack-planner.md, "SlimPack vs SlimPipe on the same layout", has the
-    case). The search simulates each S, so a step count that leaves too little steady state
-    loses there. ``doc_forward``: ``est``'s
+    fewest slices per sample), or with ``steady`` at least 2*pp*vpp (a steady state to hide
+    fill and drain in). Neither floor wins everywhere: 2*pp*vpp alone forced small batches into
+    more, smaller MicroPacks than S asks for, pp alone leaves deep interleaved pipelines a
+    large bubble; the search builds both where they differ (``search_step_floor``;
+    docs/slimpack-planner.md, "SlimPack vs SlimPipe on the same layout"). ``doc_forward``: ``est``'s
     forward seconds per sequence when the caller has them (the same floats, summed in the
     same order).
     """
@@ -239,7 +239,7 @@ def _unit_target(est: WorkEstimator, lengths: dict[int, int], replicas: int,
     if slice_tokens is None:
         steps = max(len(lengths) / replicas, 1)
     else:
-        steps = max(tokens / slice_tokens, par.pp, 1)
+        steps = max(tokens / slice_tokens, 2 * par.pp * par.vpp if steady else par.pp, 1)
     return total_fwd / steps
 
 

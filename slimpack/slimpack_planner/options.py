@@ -38,6 +38,15 @@ class SlimPackOptions:
     more candidate per slice length whose asymmetric plan fits memory; no effect with
     ``no_asymmetric`` (every candidate is mirrored). The ablation turns it off, so its
     asymmetric step measures asymmetric MicroPacks."""
+    steady_state_floor: bool = False
+    """Pack each replica into at least 2*pp*vpp MicroPacks (a steady state to hide the
+    pipeline's fill and drain in) instead of at least pp (SlimPipe's fewest slices per
+    sample). The search sets it on its own candidates (``search_step_floor``)."""
+    search_step_floor: bool = True
+    """The search also builds each slice length with ``steady_state_floor`` where that floor
+    binds (fewer than 2*pp*vpp slices of the batch per replica) and keeps the faster: small
+    batches gain from fewer, larger MicroPacks, deep pipelines (pp*vpp of 80) from more
+    (docs/slimpack-planner.md, "SlimPack vs SlimPipe on the same layout")."""
     short_reserve: float = 0.0
     """Asymmetric partitioning: share of each long-sequence round (its tokens and its
     MicroPacks' forward target) kept for short documents, so forward and backward groupings
