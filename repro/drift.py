@@ -98,9 +98,16 @@ def _blocks(rows: list[dict[str, str]]) -> list[list[dict[str, str]]]:
     return list(out.values())
 
 
+def _holds(block: list[dict[str, str]], column: str, value: str) -> bool:
+    """Every row of ``block`` that fills ``column`` has ``value`` there, and one does (a
+    method that failed leaves its step's columns, ``model`` among them, empty)."""
+    cells = [r.get(column, "") for r in block]
+    return value in cells and all(c in ("", value) for c in cells)
+
+
 def _matching(blocks: list[list[dict[str, str]]], config: dict[str, str]
               ) -> list[list[dict[str, str]]]:
-    return [b for b in blocks if all(r.get(k, "") == v for r in b for k, v in config.items())]
+    return [b for b in blocks if all(_holds(b, k, v) for k, v in config.items())]
 
 
 def _key(name: str, config: dict[str, Any]) -> str:
@@ -127,7 +134,7 @@ def compare_experiment(name: str, fresh_dir: Path, reference_dir: Path, *,
             continue  # not run now (a quick sweep, an interrupted one)
         # A row may overwrite a config column with what it actually used (``parallel``: the
         # layout chosen); match on the columns the fresh rows kept, compare the others.
-        kept = {k: v for k, v in text.items() if all(r.get(k, "") == v for r in new)}
+        kept = {k: v for k, v in text.items() if _holds(new, k, v)}
         old_blocks = _matching(reference_blocks, kept)
         if not old_blocks:
             drift.no_reference += 1
