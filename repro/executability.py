@@ -8,22 +8,13 @@ method, whether it does today.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable
 
 import pandas as pd
 
 from repro.diagnosis import SETTING_EXPERIMENTS
-
-REFUSED_FIELD = re.compile(r"(\w+)=")
-
-
-def refused_field(refusal: str) -> str:
-    """The plan field a runtime refusal names ("group 0: vocab_parallel_pp=True ..." ->
-    "vocab_parallel_pp"); the message's start when it names none."""
-    match = REFUSED_FIELD.search(refusal)
-    return match.group(1) if match else refusal.split(";")[0][:60]
+from slimpack.runtime.validate import refused_field
 
 
 def executability(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:

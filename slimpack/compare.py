@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +34,7 @@ from slimpack.planning.method import SEARCH_SPACE
 from slimpack.planning.setup import PlanSetup
 from slimpack.planning.winners import layout_key, try_winner_layouts
 from slimpack.records import MethodRecord, StepRecord
-from slimpack.runtime.validate import runtime_refusal
+from slimpack.runtime.validate import refused_field, runtime_refusal
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.training import TrainingSpec
 
@@ -564,7 +563,7 @@ def format_table(records: Sequence[MethodRecord]) -> str:
                       f"{100 * r['bubble_fraction']:.1f}%", f"{r['peak_memory_gib']:.1f}",
                       "yes" if r["oom"] else "no", f"{r['speedup_vs_first']:.2f}x",
                       f"{r['step_over_ideal']:.2f}", f"{r['plan_seconds']:.3f}",
-                      refused_field(r["runtime_refusal"])))
+                      runtime_column(r["runtime_refusal"])))
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
     out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     out.append("  ".join("-" * w for w in widths))
@@ -576,10 +575,6 @@ def format_table(records: Sequence[MethodRecord]) -> str:
     return "\n".join(out)
 
 
-def refused_field(refusal: str) -> str:
-    """The plan field a runtime refusal names ("vocab_parallel_pp=True ..." ->
-    "vocab_parallel_pp"), or "runs" when there is none."""
-    if not refusal:
-        return "runs"
-    match = re.search(r"(\w+)=", refusal)
-    return f"no: {match.group(1)}" if match else "no"
+def runtime_column(refusal: str) -> str:
+    """The table's ``runtime`` cell: "runs", or "no: FIELD" with the plan field refused."""
+    return f"no: {refused_field(refusal)}" if refusal else "runs"

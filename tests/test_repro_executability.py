@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from repro.executability import executability, refused_field, report_lines
+from repro.executability import executability, report_lines
+from slimpack.runtime.validate import refused_field
 
 
 def test_refused_field_is_the_field_the_runtime_names():

@@ -8,6 +8,7 @@ problem, instead of hanging a job of N processes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from slimpack.plan import Group, Plan, PlanError
@@ -64,6 +65,13 @@ def runtime_refusal(plan: Plan, model: ModelSpec) -> str:
     except ValueError as exc:
         return str(exc)
     return ""
+
+
+def refused_field(refusal: str) -> str:
+    """The plan field a :func:`runtime_refusal` message names ("group 0: vocab_parallel_pp=True
+    ..." -> "vocab_parallel_pp"); the message's start when it names none."""
+    match = re.search(r"(\w+)=", refusal)
+    return match.group(1) if match else refusal.split(";")[0][:60]
 
 
 def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None
