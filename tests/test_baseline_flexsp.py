@@ -488,3 +488,32 @@ def test_counts_grow_until_the_longest_sequences_fit_instead_of_one_sequence_eac
     # Counts 40-44 fail; growth by a quarter tries 55 (one or two sequences per run) next.
     assert meta["m_min"] == 40 and meta["num_microbatches"] == 55
     assert all(sum(d) <= 4 for d in meta["sp_degrees"])
+
+
+def test_ulysses_degrees_are_the_powers_of_two_that_split_a_tp_ranks_heads():
+    from baselines.flexsp.assignment import ulysses_degrees
+
+    assert ulysses_degrees(64, 32) == [1, 2, 4, 8, 16, 32]  # llama-7b at tp 1: 32 heads
+    assert ulysses_degrees(16, 10) == [1, 2]  # llama-13b at tp 4: 40 / 4 heads
+    assert ulysses_degrees(8, 5) == [1]
+    assert ulysses_degrees(4, 64) == [1, 2, 4]  # the pool bounds it too
+    with pytest.raises(ValueError, match="local_heads"):
+        ulysses_degrees(8, 0)
+
+
+@pytest.mark.parametrize("method", ["flexsp", "ulysses-static", "ulysses-adaptive"])
+def test_no_ulysses_group_has_more_ranks_than_it_can_split_heads_over(method):
+    """llama-13b has 40 heads: at tp 4 a rank holds 10, so no Ulysses group may exceed
+    degree 2 (FlexSP and the Ulysses baselines chose groups of 8 and 16 before the cap);
+    the plan runs on the runtime (whose check is the same rule) instead of being refused."""
+    from slimpack.runtime.validate import runtime_refusal
+
+    model, hw = model_preset("llama-13b"), hardware_preset("h800-80g")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    batch = _skewed_batch(longest=131072)
+    p = plan_method(method, batch, model, hw, ParallelSpec(tp=4, dp=16), cost, context=131072)
+    degrees = {g.cp for g in p.groups()}
+    assert degrees <= {1, 2}  # the 131K document alone wanted 8-16 ranks before the cap
+    assert all(g.cp_kind == "ulysses" for g in p.groups() if g.cp > 1)
+    assert p.num_tokens == batch.num_tokens
+    assert runtime_refusal(p, model) == ""

@@ -50,6 +50,19 @@ def _degrees(n: int) -> list[int]:
     return out
 
 
+def ulysses_degrees(num_slots: int, local_heads: int) -> list[int]:
+    """The SP degrees a Ulysses group may take: powers of two up to ``num_slots`` that divide
+    ``local_heads`` (the attention heads one tensor-parallel rank holds). Ulysses' all-to-all
+    gives each rank of a group whole heads, so a degree above the head count, or one that
+    does not divide it, is no Ulysses group (DeepSpeed-Ulysses requires the head count to be
+    divisible by the SP degree; its later uneven-heads split, deepspeedai/DeepSpeed #6392,
+    still needs at least one head per rank). The runtime refuses such groups too
+    (``slimpack.runtime.cp_checks``)."""
+    if local_heads < 1:
+        raise ValueError(f"local_heads must be >= 1, got {local_heads}")
+    return [d for d in _degrees(num_slots) if local_heads % d == 0]
+
+
 def greedy(lengths: Sequence[int], num_slots: int, k: FlexSPConstants,
            degrees: Sequence[int] | None = None) -> Assignment | None:
     """Homogeneous SP (DeepSpeed-Ulysses style) at the best uniform degree (among ``degrees``,
@@ -78,11 +91,12 @@ def greedy(lengths: Sequence[int], num_slots: int, k: FlexSPConstants,
 def milp(lengths: Sequence[int], buckets: Sequence[Bucket], num_slots: int, k: FlexSPConstants,
          *, time_limit_s: float, warm: Assignment | None, mip_rel_gap: float = 1e-2,
          max_nodes: int | None = None, sub_mip_heuristics: bool = True,
-         ) -> Assignment | None:
+         degrees: Sequence[int] | None = None) -> Assignment | None:
     """The FlexSP MILP over bucket counts (HiGHS), warm-started from ``warm``.
 
     ``max_nodes`` bounds the search by deterministic work (the same answer on every machine);
     ``time_limit_s`` is a wall-clock safety net on top of it (see :func:`new_highs`).
+    ``degrees``: the group degrees allowed (default every power of two up to N).
 
     min C  s.t.  sum_g x[b,g] = count_b;  x[b,g] <= count_b * u[g];  sum_g d_g u[g] <= N;
     sum_b x[b,g] bound_b act / d_g <= E;  beta1 u[g] + sum_b x[b,g] t(bound_b, d_g) <= C;
@@ -95,7 +109,7 @@ def milp(lengths: Sequence[int], buckets: Sequence[Bucket], num_slots: int, k: F
         return None
     candidates: list[int] = []  # degree of each candidate group
     n_seq = sum(b.count for b in buckets)
-    for d in _degrees(num_slots):
+    for d in (_degrees(num_slots) if degrees is None else degrees):
         if buckets[0].bound > k.max_tokens(d) and all(b.bound > k.max_tokens(d) for b in buckets):
             continue
         candidates.extend([d] * min(num_slots // d, n_seq))

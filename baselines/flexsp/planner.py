@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from baselines.common.finish import finish_plan
-from baselines.flexsp.assignment import Assignment, SPGroup, greedy, milp
+from baselines.flexsp.assignment import Assignment, SPGroup, greedy, milp, ulysses_degrees
 from baselines.flexsp.bucketing import dp_buckets
 from baselines.flexsp.constants import FlexSPConstants, from_cost_model, paper_a100_gpt7b
 from slimpack.batch import Batch
@@ -109,15 +109,16 @@ class FlexSPOptions:
 
 
 def _solve_microbatch(lengths: list[int], slots: int, k: FlexSPConstants, opts: FlexSPOptions,
-                      time_left_s: float) -> Assignment | None:
-    """Greedy, then the node-limited MILP; ``time_left_s`` is the safety net's remainder (the
-    MILP is skipped once it is spent, never shortened by a share of it)."""
-    best = greedy(lengths, slots, k)
+                      time_left_s: float, degrees: list[int]) -> Assignment | None:
+    """Greedy, then the node-limited MILP, both over the Ulysses ``degrees``; ``time_left_s``
+    is the safety net's remainder (the MILP is skipped once it is spent, never shortened by a
+    share of it)."""
+    best = greedy(lengths, slots, k, degrees=degrees)
     if time_left_s > 0:
         buckets = dp_buckets(lengths, opts.num_buckets)
         exact = milp(lengths, buckets, slots, k, time_limit_s=time_left_s, warm=best,
                      mip_rel_gap=opts.mip_rel_gap, max_nodes=opts.mip_max_nodes,
-                     sub_mip_heuristics=opts.mip_sub_mip_heuristics)
+                     sub_mip_heuristics=opts.mip_sub_mip_heuristics, degrees=degrees)
         if exact is not None and (best is None or exact.seconds < best.seconds):
             best = exact
     return best
@@ -136,10 +137,9 @@ def zero_stage_of(cost: CostModel) -> int:
     return training_of(cost).zero_stage
 
 
-def _one_per_microbatch(lengths: list[int], slots: int, k: FlexSPConstants) -> list[Assignment]:
-    """Last resort: every sequence alone on all slots (always valid; memory is the
-    simulator's to report)."""
-    top = 1 << (slots.bit_length() - 1)
+def _one_per_microbatch(lengths: list[int], top: int, k: FlexSPConstants) -> list[Assignment]:
+    """Last resort: every sequence alone in a group of the largest Ulysses degree ``top``
+    (always valid; memory is the simulator's to report)."""
     return [Assignment(groups=(SPGroup(degree=top, members=(0,)),),
                        seconds=k.seq_seconds(n, top), source="fallback") for n in lengths]
 
@@ -279,7 +279,9 @@ def plan(batch: Batch, setup: PlanSetup, options: FlexSPOptions) -> Plan:
     deadline = Deadline(time_limit_s=opts.time_limit_s)
     parallel = sp_pool_layout(setup.parallel)
     slots = num_slots(parallel)
-    top = 1 << (slots.bit_length() - 1)
+    # Ulysses groups split heads: no degree above the heads a tp rank holds (ulysses_degrees).
+    degrees = ulysses_degrees(slots, model.num_heads // parallel.tp)
+    top = degrees[-1]
     zero_stage = zero_stage_of(cost)
     recompute = opts.recompute
     for mode in (RECOMPUTE_MODES if recompute == AUTO else (recompute,)):
@@ -303,13 +305,13 @@ def plan(batch: Batch, setup: PlanSetup, options: FlexSPOptions) -> Plan:
              if m <= len(lengths)]
     if opts.milp_counts == 0:
         best = search_microbatches(lengths, tries, deadline,
-                                   lambda run, _left: greedy(run, slots, k))
+                                   lambda run, _left: greedy(run, slots, k, degrees=degrees))
     else:
         milp_tries = milp_counts(lengths, tries, opts.milp_counts,
-                                 lambda run: greedy(run, slots, k))
+                                 lambda run: greedy(run, slots, k, degrees=degrees))
         best = search_microbatches(
             lengths, milp_tries, deadline,
-            lambda run, left: _solve_microbatch(run, slots, k, opts, left))
+            lambda run, left: _solve_microbatch(run, slots, k, opts, left, degrees))
     # Read right after the search: expired now means the safety net cut it (a skipped MILP or
     # an untried M happens only once it has expired).
     net_reached = deadline.expired
@@ -319,11 +321,11 @@ def plan(batch: Batch, setup: PlanSetup, options: FlexSPOptions) -> Plan:
         # three 256K sequences where a group holds 743K tokens). Grow the count by a quarter
         # at a time, greedy only, as FlexSP grows M until its chunks fit; deterministic.
         best = _grow_until_fit(lengths, tries[-1] if tries else m_min,
-                               lambda run: greedy(run, slots, k))
+                               lambda run: greedy(run, slots, k, degrees=degrees))
     fallback = None
     if best is None:
         fallback = _fallback_reason(lengths, k, top, slots, recompute, capacity)
-        answers = _one_per_microbatch(lengths, slots, k)
+        answers = _one_per_microbatch(lengths, top, k)
         best = (sum(a.seconds for a in answers), len(lengths), [[i] for i in range(len(lengths))],
                 answers)
     _, m, runs, answers = best

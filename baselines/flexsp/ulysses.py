@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from baselines.common.finish import finish_plan
-from baselines.flexsp.assignment import Assignment, SPGroup, greedy
+from baselines.flexsp.assignment import Assignment, SPGroup, greedy, ulysses_degrees
 from baselines.flexsp.constants import FlexSPConstants, from_cost_model
 from baselines.flexsp.planner import (
     microbatch_phases,
@@ -86,17 +86,18 @@ class DegreeChoice:
 
 def choose_degree(sizing_length: int, slots: int, cost: CostModel, *, tp: int, recompute: str,
                   zero_stage: int) -> DegreeChoice:
-    """The smallest power-of-two SP degree <= slots whose memory holds ``sizing_length``
-    tokens, with the cheapest recompute mode that lets the largest degree hold it."""
-    top = 1 << (slots.bit_length() - 1)
+    """The smallest Ulysses degree (a power of two <= slots dividing the heads of a tp rank,
+    :func:`~baselines.flexsp.assignment.ulysses_degrees`) whose memory holds
+    ``sizing_length`` tokens, with the cheapest recompute mode that lets the largest degree
+    hold it."""
+    degrees = ulysses_degrees(slots, cost.model.num_heads // tp)
+    top = degrees[-1]
     modes = RECOMPUTE_MODES if recompute == AUTO else (recompute,)
     for mode in modes:
         k = from_cost_model(cost, tp=tp, num_gpus=slots, state_shards=slots, recompute=mode,
                             zero_stage=zero_stage)
         if sizing_length <= k.max_tokens(top):
-            degree = 1
-            while sizing_length > k.max_tokens(degree):
-                degree *= 2
+            degree = next(d for d in degrees if sizing_length <= k.max_tokens(d))
             return DegreeChoice(degree=degree, recompute=mode, constants=k, fallback=None)
     reason = (f"the sizing sequence ({sizing_length} tokens) exceeds the "
               f"{int(k.max_tokens(top))} tokens an SP group of {top} GPUs holds (recompute "
