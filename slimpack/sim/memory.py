@@ -175,9 +175,6 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
             tokens += seg.end - seg.start
         slice_tokens[sid] = tokens
         slice_act[sid] = tokens * per_token
-    fwd_alloc = [sum([slice_act[s] for s in u.slice_ids]) for u in group.forward_units]
-    bwd_free = [sum([slice_act[s] for s in u.slice_ids]) for u in group.backward_units]
-
     # dK/dV buffers: only for sequences spread over several backward units.
     kv_per_token = kv_bytes_per_token_per_layer(model, tp) / cp
     seq_tokens: dict[int, int] = {}
@@ -191,6 +188,22 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
                 if seq not in first_unit:
                     first_unit[seq] = i
                 last_unit[seq] = i
+    kept_kv = 0.0
+    if group.recompute == "full":
+        # Full recompute keeps a layer's input only, but a sequence cut over several units
+        # also keeps each slice's K,V: later slices attend to them in forward, and recomputing
+        # a slice's layer in backward needs the K,V of the slices before it (SlimPipe's KV
+        # cache; recomputing them instead would re-run every earlier slice's projections).
+        for sid, sl in index.items():
+            cached = 0
+            for seg in sl.segments:
+                if last_unit[seg.seq_id] != first_unit[seg.seq_id]:
+                    cached += seg.end - seg.start
+            if cached:
+                slice_act[sid] += cached * kv_per_token
+                kept_kv += cached * kv_per_token
+    fwd_alloc = [sum([slice_act[s] for s in u.slice_ids]) for u in group.forward_units]
+    bwd_free = [sum([slice_act[s] for s in u.slice_ids]) for u in group.backward_units]
     nb = len(group.backward_units)
     kvgrad_alloc = [0.0] * nb
     kvgrad_free = [0.0] * nb
@@ -203,7 +216,10 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
         model, tp=tp, cp=cp, pp=pp, vpp=group.vpp, dp=dp,
         vocab_parallel_pp=group.vocab_parallel_pp, training=training,
         longest_slice=max(slice_tokens.values()))  # the index holds every slice of the group
-    kv_share = 0.0 if group.recompute == "full" else kv_per_token * cp * tp / a
+    if group.recompute == "full":
+        kv_share = kept_kv / max(sum(slice_act.values()), 1e-30)
+    else:
+        kv_share = kv_per_token * cp * tp / a
     # Offload moves the non-KV part (later slices of the sequence read the KV cache).
     moved = group.offload * (1.0 - kv_share)
     fwd_offload = [x * moved for x in fwd_alloc]

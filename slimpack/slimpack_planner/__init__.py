@@ -9,7 +9,9 @@ and checks the layout) runs:
 3. **DP-Merge** of k replicas into one CP-k group for outlier sequences, as a phase of its own;
 4. **Phase 2, asymmetric partitioning** of each replica's slices into forward MicroPacks
    balanced on forward cost and backward MicroPacks balanced on backward cost;
-5. **Simulator-guided search** over S (and merge on/off), keeping the fastest plan that fits.
+5. **Simulator-guided search** over S (and merge on/off), keeping the fastest plan that fits;
+   where that plan is memory-bound, the search again with selective, then full recompute
+   (``recompute="auto"``), and SlimPipe's offload and attention redistribution after it.
 
 Every component has a switch (``no_slicing``, ``no_asymmetric``, ``no_dp_aware``,
 ``no_dp_merge``) so the ablation can price what each buys.
@@ -97,6 +99,9 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
             best = dataclasses.replace(best, attention_redistribution=True)
     else:
         best, tried, cut, record = _search(ctx, candidates, merge_choices, deadline)
+        if opts.recompute == "auto" and not cut:
+            best, tried, cut, record = _search_recompute(ctx, best, tried, record,
+                                                         merge_choices, deadline)
         if record is not None:
             best, record, more = _mechanisms(ctx, best, record)
             tried += more
@@ -113,16 +118,76 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
     return best  # validated where it was built (heuristic) or simulated (search)
 
 
+RECOMPUTE_LADDER = ("selective", "full")
+"""Recompute modes ``recompute="auto"`` tries, in order, after the plan without recompute."""
+
+
+def _memory_bound(plan: Plan, record) -> bool:
+    """Whether memory shaped ``plan``: it overflows, or it runs outliers on merged replicas
+    (DP-Merge is SlimPack's answer to a sequence whose activations do not fit a replica;
+    recompute is the other one, and neither is free, so both are simulated)."""
+    return record is None or record.oom or bool(plan.metadata["slimpack"]["outliers"])
+
+
+def _search_recompute(ctx: BuildContext, best: Plan, tried: list[dict], record,
+                      merge_choices: tuple[bool, ...], deadline: Deadline,
+                      ) -> tuple[Plan, list[dict], bool, Any]:
+    """``recompute="auto"``: while the best plan so far is memory-bound, the whole search
+    again with the next mode of :data:`RECOMPUTE_LADDER` (its own estimator, memory budget and
+    slice candidates), keeping the fastest plan that fits (a count of searches, like the
+    slice candidates: the same answer on every machine)."""
+    tried = [{**t, "recompute": "none"} for t in tried]
+    last_plan, last_record = best, record
+    if ctx.options.offload is None and record is not None and record.oom:
+        # Offload is the third answer to memory (SlimPipe tries it before recompute): the
+        # plan without recompute, with the smallest share that fits, is a candidate too.
+        best, record, more = _timed_mechanisms(ctx, best, record, offload=None,
+                                               attention_redistribution=False)
+        tried += [{**t, "recompute": "none"} for t in more]
+    key = _record_key(record)
+    cut = False
+    for mode in RECOMPUTE_LADDER:
+        if not _memory_bound(last_plan, last_record):
+            break
+        rctx = dataclasses.replace(ctx, options=dataclasses.replace(ctx.options, recompute=mode),
+                                   estimators={}, whole_segments={}, cuts_cache={}, work_of={},
+                                   doc_forward={}, doc_backward={}, schedules={})
+        cands = _slice_candidates(ctx.batch, ctx.parallel, rctx.options,
+                                  fit_tokens=max_tokens_in_flight(rctx, ctx.parallel.cp))
+        plan, more, cut, rec = _search(rctx, cands, merge_choices, deadline)
+        tried += [{**t, "recompute": mode} for t in more]
+        if rec is not None and _record_key(rec) < key:
+            best, record, key = plan, rec, _record_key(rec)
+        last_plan, last_record = plan, rec
+        if cut:
+            break
+    best.metadata["slimpack"]["recompute"] = sorted({g.recompute for g in best.groups()})[0]
+    return best, tried, cut, record
+
+
+def _record_key(record) -> tuple[bool, float]:
+    """What the search minimises: plans that fit first, then step time (peak when over)."""
+    if record is None:
+        return (True, float("inf"))
+    return (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
+
+
 def _mechanisms(ctx: BuildContext, best: Plan, record) -> tuple[Plan, Any, list[dict]]:
     """SlimPipe's offload and attention redistribution on the chosen plan (``mechanisms``)."""
+    opts = ctx.options
+    return _timed_mechanisms(ctx, best, record, offload=opts.offload,
+                             attention_redistribution=opts.attention_redistribution)
+
+
+def _timed_mechanisms(ctx: BuildContext, best: Plan, record, *, offload: float | None,
+                      attention_redistribution: bool | None) -> tuple[Plan, Any, list[dict]]:
     from slimpack.sim import simulate
 
     def timed(plan: Plan):
         return simulate(plan, model=ctx.model, hardware=ctx.hardware, cost=ctx.cost).record
 
-    opts = ctx.options
-    return try_mechanisms(best, record, timed, offload=opts.offload,
-                          attention_redistribution=opts.attention_redistribution)
+    return try_mechanisms(best, record, timed, offload=offload,
+                          attention_redistribution=attention_redistribution)
 
 
 def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOptions, *,

@@ -79,7 +79,8 @@ class BuildContext:
         est = self.estimators.get(cp)
         if est is None:
             est = self.estimators[cp] = WorkEstimator.from_cost(
-                self.cost, tp=self.parallel.tp, cp=cp, cp_sharding=self.options.cp_sharding)
+                self.cost, tp=self.parallel.tp, cp=cp, cp_sharding=self.options.cp_sharding,
+                recompute=self.options.recompute_mode)
         return est
 
 
@@ -91,8 +92,8 @@ def max_tokens_in_flight(ctx: BuildContext, cp: int) -> int:
     # Terms a token count leaves out (logits, dK/dV buffers, the spread LM head's weights)
     # take a few percent; without this margin most groups need one repacking round.
     budget *= IN_FLIGHT_MARGIN
-    per_token = (activation_bytes_per_token_per_layer(model) * model.num_layers / par.pp
-                 / (par.tp * cp))
+    per_token = (activation_bytes_per_token_per_layer(model, ctx.options.recompute_mode)
+                 * model.num_layers / par.pp / (par.tp * cp))
     return max(int(budget / per_token), 0)
 
 
@@ -317,7 +318,8 @@ def _layout_peak(ctx: BuildContext, layout: ReplicaLayout, merged: int,
         return None
     return layout_peak_bytes(layout, model=ctx.model, tp=par.tp, cp=par.cp * merged, pp=par.pp,
                              dp=par.dp, vocab_parallel_pp=_vocab_over_pp(ctx), training=training,
-                             mirrored=ctx.options.no_asymmetric)
+                             mirrored=ctx.options.no_asymmetric,
+                             recompute=ctx.options.recompute_mode)
 
 
 def _peak_floor_bytes(ctx: BuildContext, longest: int, merged: int,
@@ -331,7 +333,8 @@ def _peak_floor_bytes(ctx: BuildContext, longest: int, merged: int,
     cp = par.cp * merged
     states = stage_state_bytes(model, tp=par.tp, cp=cp, pp=par.pp, dp=par.dp,
                                vocab_parallel_pp=_vocab_over_pp(ctx), training=training)
-    per_layer = longest * activation_bytes_per_token_per_layer(model) / (par.tp * cp)
+    per_layer = (longest * activation_bytes_per_token_per_layer(model, ctx.options.recompute_mode)
+                 / (par.tp * cp))
     layers = layers_per_virtual_stage(model.num_layers, par.pp, par.vpp)
     return max(states[s] + per_layer * sum(layers[c * par.pp + s] for c in range(par.vpp))
                for s in range(par.pp))
@@ -371,6 +374,7 @@ def _emit_group(ctx: BuildContext, group_id: int, replicas: list[int], layout: R
         slices=tuple(packs.slices), forward_units=tuple(packs.forward_units),
         backward_units=tuple(packs.backward_units), schedule="asymmetric",
         cp_sharding=ctx.options.cp_sharding, cp_kind="ring",
+        recompute=ctx.options.recompute_mode,
         # The LM head on the last stage alone makes that stage the pipeline's bottleneck
         # (~6% for llama-70b at pp 8); spreading the vocabulary over the pipeline ranks as
         # SlimPipe does removes it.

@@ -62,7 +62,7 @@ class WorkEstimator:
 
     @classmethod
     def from_cost(cls, cost: CostModel, *, tp: int, cp: int, cp_sharding: str = "per-document",
-                  cp_kind: str = "ring") -> WorkEstimator:
+                  cp_kind: str = "ring", recompute: str = "none") -> WorkEstimator:
         """Probe the simulator's pricing: seconds per layer on one GPU of the group.
 
         A unit's price is modelled as affine: a fixed part per MicroPack plus a marginal
@@ -81,7 +81,7 @@ class WorkEstimator:
         probes.append([(_FIXED_PROBE, 0)] * _FIXED_COPIES)
         probes.append([(_FIXED_PROBE, 0)] * (2 * _FIXED_COPIES))
         fwd, bwd = _price_probes(cost, probes, tp=tp, cp=cp, cp_sharding=cp_sharding,
-                                 cp_kind=cp_kind)
+                                 cp_kind=cp_kind, recompute=recompute)
         fixed_f = max(2 * fwd[-2] - fwd[-1], 0.0)
         fixed_b = max(2 * bwd[-2] - bwd[-1], 0.0)
         n = len(_GRID)
@@ -93,14 +93,15 @@ class WorkEstimator:
         def segment_price(seg_tokens: int, seg_prefix: int) -> tuple[float, float]:
             f, b, *_ = unit_layer_seconds(shard_pieces([(seg_tokens, seg_prefix)], cp, cp_sharding),
                                           model=cost.model, cost=cost, tp=tp, cp=cp,
-                                          cp_kind=cp_kind, cp_intra=intra)
+                                          cp_kind=cp_kind, recompute=recompute,
+                                          cp_intra=intra)
             return max(f - fixed_f, 0.0), max(b - fixed_b, 0.0)
 
         def segment_prices(pieces: list[tuple[int, int]]) -> list[tuple[float, float]] | None:
             # unit_prices is unit_layer_seconds unit by unit, element for element, in one
             # numpy pass: a plan asks for thousands of distinct segments.
             priced = _price_units(cost, pieces, tp=tp, cp=cp, cp_sharding=cp_sharding,
-                                  cp_kind=cp_kind, cp_intra=intra)
+                                  cp_kind=cp_kind, cp_intra=intra, recompute=recompute)
             if priced is None:
                 return None
             return [(max(f - fixed_f, 0.0), max(b - fixed_b, 0.0)) for f, b, *_ in priced]
@@ -199,7 +200,8 @@ class WorkEstimator:
 
 
 def _price_probes(cost: CostModel, probes: list[list[tuple[int, int]]], *, tp: int, cp: int,
-                  cp_sharding: str, cp_kind: str) -> tuple[list[float], list[float]]:
+                  cp_sharding: str, cp_kind: str, recompute: str = "none",
+                  ) -> tuple[list[float], list[float]]:
     """Per-layer forward and backward seconds of one unit per probe (a 2-stage probe group,
     whose first stage carries no LM head)."""
     slices = []
@@ -209,7 +211,7 @@ def _price_probes(cost: CostModel, probes: list[list[tuple[int, int]]], *, tp: i
     units = tuple(Unit(slice_ids=(i,)) for i in range(len(probes)))
     group = Group(group_id=0, ranks=tuple(range(2 * tp * cp)), tp=tp, cp=cp, pp=2,
                   slices=tuple(slices), forward_units=units, backward_units=units,
-                  cp_sharding=cp_sharding, cp_kind=cp_kind)
+                  cp_sharding=cp_sharding, cp_kind=cp_kind, recompute=recompute)
     costs = group_costs(group, model=cost.model, cost=cost,
                         gpus_per_node=cost.hardware.gpus_per_node)
     layers = costs.layers[0]
@@ -217,7 +219,7 @@ def _price_probes(cost: CostModel, probes: list[list[tuple[int, int]]], *, tp: i
 
 
 def _price_units(cost: CostModel, pieces: list[tuple[int, int]], *, tp: int, cp: int,
-                 cp_sharding: str, cp_kind: str, cp_intra: bool
+                 cp_sharding: str, cp_kind: str, cp_intra: bool, recompute: str = "none",
                  ) -> list[tuple[float, float, float, float, int]] | None:
     """``unit_layer_seconds`` of one unit per (tokens, prefix) piece, batched through the
     simulator's ``unit_prices`` (None where the cost model prices piece by piece)."""
@@ -226,7 +228,7 @@ def _price_units(cost: CostModel, pieces: list[tuple[int, int]], *, tp: int, cp:
     units = tuple(Unit(slice_ids=(i,)) for i in range(len(pieces)))
     group = Group(group_id=0, ranks=tuple(range(2 * tp * cp)), tp=tp, cp=cp, pp=2,
                   slices=slices, forward_units=units, backward_units=units,
-                  cp_sharding=cp_sharding, cp_kind=cp_kind)
+                  cp_sharding=cp_sharding, cp_kind=cp_kind, recompute=recompute)
     return unit_prices(group, units, model=cost.model, cost=cost, cp_intra=cp_intra)
 
 

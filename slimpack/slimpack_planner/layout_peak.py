@@ -42,7 +42,8 @@ from slimpack.specs.training import TrainingSpec
 
 def layout_peak_bytes(layout: ReplicaLayout, *, model: ModelSpec, tp: int, cp: int, pp: int,
                       dp: int, vocab_parallel_pp: bool, training: TrainingSpec | None,
-                      mirrored: bool, schedule: str = "asymmetric") -> float:
+                      mirrored: bool, schedule: str = "asymmetric",
+                      recompute: str = "none") -> float:
     """The largest per-stage peak of a vpp-1 group packed as ``layout`` with mirrored
     backward MicroPacks (module docstring). ``mirrored``: the packing's backward MicroPacks
     are the mirror (``asymmetric=False``), so every backward needs its mirror forward."""
@@ -65,7 +66,7 @@ def layout_peak_bytes(layout: ReplicaLayout, *, model: ModelSpec, tp: int, cp: i
     # without long work needs at least its round's first.
     needs = np.where(mirrored | holds_long[mirror], mirror + 1, start_of + 1)
 
-    per_token = activation_bytes_per_token_per_layer(model) / (tp * cp)
+    per_token = activation_bytes_per_token_per_layer(model, recompute) / (tp * cp)
     kv_per_token = kv_bytes_per_token_per_layer(model, tp) / cp
     kvgrad_alloc = np.zeros(n)
     kvgrad_free = np.zeros(n)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+RECOMPUTE_CHOICES = ("auto", "none", "selective", "full")
+
 
 @dataclass(frozen=True, kw_only=True)
 class SlimPackOptions:
@@ -81,6 +83,14 @@ class SlimPackOptions:
     """Share of every group's activations offloaded to host memory (SlimPipe's mechanism).
     None: only when the search's best plan still overflows memory, the smallest share that
     fits (``mechanisms.OFFLOAD_SHARES``); 0: never; a share in (0, 1]: always that share."""
+    recompute: str = "auto"
+    """Activation recompute of every group: ``none``, ``selective`` (attention core and SwiGLU
+    intermediates), ``full`` (each layer from its input), or ``auto``: the search runs without
+    recompute and, where that plan is memory-bound (it merges replicas for outliers or
+    overflows memory), again with ``selective`` and ``full``, keeping the fastest by
+    simulation, as SlimPipe tries its memory mechanisms (issue 24: SlimPack's search holds
+    every mechanism SlimPipe's does). Heuristic mode (``search=False``) takes ``auto`` as
+    ``none``."""
     attention_redistribution: bool | None = None
     """SlimPipe's attention redistribution between pipeline ranks (pp > 1). None: simulated
     on the chosen plan and kept when faster; True: always; False: never (the CPU runtime
@@ -112,6 +122,9 @@ class SlimPackOptions:
                 self.offload, int | float) or not 0.0 <= self.offload <= 1.0):
             raise ValueError(f"SlimPackOptions.offload must be None (when memory needs it) or "
                              f"a share in [0, 1], got {self.offload!r}")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise ValueError(f"SlimPackOptions.recompute must be one of {RECOMPUTE_CHOICES}, "
+                             f"got {self.recompute!r}")
         if self.attention_redistribution not in (None, True, False):
             raise ValueError(f"SlimPackOptions.attention_redistribution must be None (try "
                              f"it), true or false, got {self.attention_redistribution!r}")
@@ -129,3 +142,9 @@ class SlimPackOptions:
         if "slice_candidates" in clean:
             clean["slice_candidates"] = tuple(clean["slice_candidates"])
         return cls(**clean)
+
+    @property
+    def recompute_mode(self) -> str:
+        """The recompute mode a build uses: ``auto`` builds without recompute (the search
+        tries the others itself)."""
+        return "none" if self.recompute == "auto" else self.recompute
