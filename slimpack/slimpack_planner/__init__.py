@@ -11,7 +11,8 @@ and checks the layout) runs:
    balanced on forward cost and backward MicroPacks balanced on backward cost;
 5. **Simulator-guided search** over S (and merge on/off), keeping the fastest plan that fits;
    where that plan is memory-bound, the search again with selective, then full recompute
-   (``recompute="auto"``), and SlimPipe's offload and attention redistribution after it.
+   (``recompute="auto"``); a last backward MicroPack long enough to hide the gradient sync
+   (``sync_tail``); and SlimPipe's offload and attention redistribution after it.
 
 Every component has a switch (``no_slicing``, ``no_asymmetric``, ``no_dp_aware``,
 ``no_dp_merge``) so the ablation can price what each buys.
@@ -40,6 +41,7 @@ from slimpack.slimpack_planner.assemble import (
 )
 from slimpack.slimpack_planner.mechanisms import try_mechanisms, with_offload
 from slimpack.slimpack_planner.options import SlimPackOptions
+from slimpack.slimpack_planner.sync_tail import with_sync_tail
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 __all__ = ["SlimPackOptions", "plan", "default_slice_tokens"]
@@ -102,6 +104,9 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
         if opts.recompute == "auto" and not cut:
             best, tried, cut, record = _search_recompute(ctx, best, tried, record,
                                                          merge_choices, deadline)
+        if record is not None and opts.sync_tail:
+            best, record, more = _sync_tail(ctx, best, record)
+            tried += more
         if record is not None:
             best, record, more = _mechanisms(ctx, best, record)
             tried += more
@@ -170,6 +175,32 @@ def _record_key(record) -> tuple[bool, float]:
     if record is None:
         return (True, float("inf"))
     return (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
+
+
+SYNC_EXPOSED_SHARE = 1e-3
+"""Exposed gradient sync below this share of the step is left alone (no extra simulation)."""
+
+
+def _sync_tail(ctx: BuildContext, best: Plan, record) -> tuple[Plan, Any, list[dict]]:
+    """Where the data-parallel gradient sync is exposed after compute, the plan whose last
+    backward MicroPacks run as one long enough to hide it (:mod:`.sync_tail`), kept when the
+    simulator times it faster: one more simulation."""
+    from slimpack.sim import simulate
+
+    extra = record.extra
+    exposed = record.step_time_s - extra.get("compute_end_s", record.step_time_s) \
+        - extra.get("optimizer_step_s", 0.0)
+    if exposed <= SYNC_EXPOSED_SHARE * record.step_time_s:
+        return best, record, []
+    candidate = with_sync_tail(best, sync_s=extra["dp_sync_s"], model=ctx.model, cost=ctx.cost)
+    if candidate is None:
+        return best, record, []
+    rec = simulate(candidate, model=ctx.model, hardware=ctx.hardware, cost=ctx.cost).record
+    tried = [{"sync_tail": True, "exposed_sync_s": exposed, "step_time_s": rec.step_time_s,
+              "oom": rec.oom}]
+    if (rec.oom, rec.step_time_s) < (record.oom, record.step_time_s):
+        return candidate, rec, tried
+    return best, record, tried
 
 
 def _mechanisms(ctx: BuildContext, best: Plan, record) -> tuple[Plan, Any, list[dict]]:

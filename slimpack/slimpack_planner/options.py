@@ -83,6 +83,10 @@ class SlimPackOptions:
     """Share of every group's activations offloaded to host memory (SlimPipe's mechanism).
     None: only when the search's best plan still overflows memory, the smallest share that
     fits (``mechanisms.OFFLOAD_SHARES``); 0: never; a share in (0, 1]: always that share."""
+    sync_tail: bool = True
+    """Where the data-parallel gradient sync is exposed after compute, also simulate the plan
+    whose last backward MicroPacks run as one long enough to hide it, and keep the faster
+    (``sync_tail.py``). False: never (ablation)."""
     recompute: str = "auto"
     """Activation recompute of every group: ``none``, ``selective`` (attention core and SwiGLU
     intermediates), ``full`` (each layer from its input), or ``auto``: the search runs without
@@ -122,6 +126,9 @@ class SlimPackOptions:
                 self.offload, int | float) or not 0.0 <= self.offload <= 1.0):
             raise ValueError(f"SlimPackOptions.offload must be None (when memory needs it) or "
                              f"a share in [0, 1], got {self.offload!r}")
+        if not isinstance(self.sync_tail, bool):
+            raise ValueError(f"SlimPackOptions.sync_tail must be true or false, got "
+                             f"{self.sync_tail!r}")
         if self.recompute not in RECOMPUTE_CHOICES:
             raise ValueError(f"SlimPackOptions.recompute must be one of {RECOMPUTE_CHOICES}, "
                              f"got {self.recompute!r}")
