@@ -23,7 +23,7 @@ from slimpack.records import StepRecord
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.executor import RankResult, execute_rank
 from slimpack.runtime.measure import step_record
-from slimpack.runtime.validate import check_runtime_plan
+from slimpack.runtime.validate import Pricing, check_runtime_plan
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
@@ -111,10 +111,12 @@ def _torchrun_rank(plan: Plan, spec: ModelSpec, config: RuntimeConfig, *, return
 
 def run_in_process_group(plan: Plan, spec: ModelSpec, config: RuntimeConfig, *, rank: int,
                          local_rank: int, return_grads: bool = False,
-                         hardware: HardwareSpec | None = None) -> RunResult | None:
+                         hardware: HardwareSpec | None = None,
+                         pricing: Pricing | None = None) -> RunResult | None:
     """Run ``plan`` in an already initialised default process group (rank 0 gets the
-    result). For callers that run many plans in one job, such as the GPU check."""
-    rplan = check_runtime_plan(plan, spec, world_size=dist.get_world_size())
+    result). For callers that run many plans in one job, such as the GPU check.
+    ``pricing``: what the plan was priced with (``check_runtime_plan``)."""
+    rplan = check_runtime_plan(plan, spec, world_size=dist.get_world_size(), pricing=pricing)
     if config.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)

@@ -111,6 +111,8 @@ class Move:
 
     backward: bool
     """A pair of backward ops (else forward ops)."""
+    tick: int
+    """The two ops' start tick (:func:`schedule_ticks`)."""
     heavy_block: int
     """Virtual stage (``chunk * pp + stage``) of the op that ships work."""
     heavy_unit: int
@@ -561,6 +563,7 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
     run_end = np.append(run_start[1:], len(cand))[:len(run_start)]
     # Plain lists per candidate pair: the loop below reads them one by one.
     order = cand.tolist()
+    k_tick = table.tick[heavy[cand]].tolist()
     backward_of = is_b[cand].tolist()
     intra_of_pair = intra[cand].tolist()
     heavy_ops = list(zip(table.vs[heavy[cand]].tolist(), table.unit[heavy[cand]].tolist(),
@@ -591,7 +594,7 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
             for (vs, u, _), t in ((heavy_ops[j], new_h), (light_ops[j], new_l)):
                 times_of[vs][u] = t
             pairs += 1
-            kept.append(Move(backward=backward_of[j], heavy_block=heavy_ops[j][0],
+            kept.append(Move(backward=backward_of[j], tick=int(k_tick[j]), heavy_block=heavy_ops[j][0],
                              heavy_unit=heavy_ops[j][1], light_block=light_ops[j][0],
                              light_unit=light_ops[j][1], fraction=move.fraction))
             moved += move.moved_s
