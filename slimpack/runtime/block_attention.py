@@ -10,10 +10,10 @@ gradients given the whole attention's log-sum-exp (the FlashAttention backward):
 
 Shapes as in :mod:`slimpack.runtime.attention`: ``q`` ``[Tq, H, D]``, ``k``/``v``
 ``[Tk, Hkv, D]``, segment after segment (``q_lens``, ``k_lens``); ``lse`` and ``delta`` are
-``[Tq, H]`` in fp32 (or the inputs' wider type). ``causal``: each segment's mask is causal aligned bottom-right (its own
-rows' block after a prefix); otherwise every query sees every key of its segment (a shipped
-prefix block). Computed in fp32 (fp64 for fp64 inputs) with plain tensor algebra: exact, any
-device.
+``[Tq, H]`` in fp32 (or the inputs' wider type). ``causal``: each segment's mask is causal
+aligned bottom-right (its own rows' block after a prefix); otherwise every query sees every
+key of its segment (a shipped prefix block): block-diagonal by segment either way. Computed
+in fp32 (fp64 for fp64 inputs) with plain tensor algebra: exact, any device.
 """
 
 from __future__ import annotations

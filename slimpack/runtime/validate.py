@@ -86,7 +86,7 @@ def runtime_refusal(plan: Plan, model: ModelSpec) -> str:
     what is allowed), or "" when the runtime executes it. Records carry it, so every ratio
     says whether the plan behind it runs."""
     try:
-        check_runtime_plan(plan, model)
+        check_runtime_plan(plan, model, with_moves=False)
     except ValueError as exc:
         return str(exc)
     return ""
@@ -100,10 +100,11 @@ def refused_field(refusal: str) -> str:
 
 
 def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None,
-                       pricing: Pricing | None = None) -> RuntimePlan:
+                       pricing: Pricing | None = None, with_moves: bool = True) -> RuntimePlan:
     """Validate ``plan`` for execution on ``world_size`` processes; raise ValueError.
     ``pricing``: what the plan was priced with (default :meth:`Pricing.default`), read only
-    for ``attention_redistribution`` at pp > 1."""
+    for ``attention_redistribution`` at pp > 1 to price its moves (``with_moves=False``:
+    a check alone, :attr:`RuntimePlan.moves` left empty)."""
     plan.validate()
     if world_size is not None and plan.world_size != world_size:
         raise ValueError(
@@ -149,7 +150,7 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
         schedules[g.group_id] = ops
         if g.vocab_parallel_pp and g.pp > 1:
             head_joins[g.group_id] = joins
-        if plan.attention_redistribution and g.pp > 1:
+        if with_moves and plan.attention_redistribution and g.pp > 1:
             pricing = pricing or Pricing.default(model)
             kept = priced_moves(g, ops, model=pricing.model, cost=pricing.cost,
                                 gpus_per_node=plan.parallel.gpus_per_node)
