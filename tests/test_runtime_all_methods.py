@@ -11,20 +11,19 @@ import json
 import pytest
 
 from slimpack.cli.main import main as cli
-from slimpack.cost.kernel_model import default_cost_model
 from slimpack.methods import method_names
 from slimpack.plan import Plan
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.many import run_plans
 from slimpack.runtime.reference import reference_step
-from slimpack.runtime.validate import Pricing, check_runtime_plan
-from slimpack.specs import hardware_preset, model_preset
+from slimpack.runtime.validate import check_runtime_plan
+from slimpack.specs import model_preset
 from slimpack.validation.activation_memory import SETTING, compare_ranks, default_accounting_error
 
 TINY = model_preset(SETTING.model)
 CONFIG = RuntimeConfig(seed=1)
 
-PRICING = Pricing(model=TINY, cost=default_cost_model(TINY, hardware_preset(SETTING.hardware)))
+PRICING = SETTING.pricing()
 """What the plans are priced with (``slimpack plan`` at the setting): SlimPipe's
 attention redistribution executes the simulator's moves under it (at this setting it keeps
 none: tests/test_runtime_redistribution.py runs plans that move work)."""
