@@ -28,9 +28,9 @@ LENGTHS = (8192, 200, 300, 100)
 """One long document among short ones: its later slices carry long KV prefixes."""
 
 
-def _plan(pp: int, vpp: int, context: int, slices: int):
+def _plan(pp: int, vpp: int, dp: int, context: int, slices: int):
     return plan_method("slimpipe", Batch.from_lengths(LENGTHS), PRICED, H100,
-                       ParallelSpec(pp=pp, vpp=vpp, dp=1), COST, context=context,
+                       ParallelSpec(pp=pp, vpp=vpp, dp=dp), COST, context=context,
                        num_slices=slices)
 
 
@@ -70,7 +70,8 @@ def test_split_attention_equals_whole_attention():
         torch.testing.assert_close(got, exp)
 
 
-CASES = {"pp2 vpp2": (2, 2, 8192, 4), "pp4": (4, 1, 16384, 8)}
+CASES = {"pp2 vpp2": (2, 2, 1, 8192, 4), "pp4": (4, 1, 1, 16384, 8)}
+"""(pp, vpp, dp, context, slices): forward and backward moves in each."""
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -97,14 +98,14 @@ def test_the_runtime_executes_the_simulators_moves(executed):
     backward ops too, and every layer of every shipping slice sent and answered one
     request."""
     name, plan, rplan, result = executed
-    group = next(plan.groups())
-    moves = rplan.moves[group.group_id]
+    groups = {g.group_id: g for g in plan.groups()}
+    moves = [(groups[gid], m) for gid, ms in rplan.moves.items() for m in ms]
     stats = simulate(plan, model=PRICED, hardware=H100, cost=COST).record.extra
     assert len(moves) == stats["attention_redistribution"]["pairs"] > 0
-    assert {m.backward for m in moves} == {False, True}
-    layers = TINY.num_layers // (group.pp * group.vpp)
+    assert {m.backward for _, m in moves} == {False, True}
     expected = 0
-    for m in moves:
+    for group, m in moves:
+        layers = TINY.num_layers // (group.pp * group.vpp)
         units = group.backward_units if m.backward else group.forward_units
         ships = {sid for sid, _, _ in m.shipped(group)}
         expected += layers * len(ships & set(units[m.heavy_unit].slice_ids))
