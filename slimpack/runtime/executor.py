@@ -25,6 +25,10 @@ With ``vocab_parallel_pp`` at pp > 1 the LM head is spread over the group's pipe
 (:mod:`slimpack.runtime.vocab_parallel`): the last stage runs a unit's head inside its
 last-block forward, the other stages join it at the positions the dry run placed.
 
+With ``Plan.attention_redistribution`` at pp > 1 (:mod:`slimpack.runtime.redistribution`) a
+heavy rank's slices ship part of their attention to the paired pipeline rank, whose server
+thread answers beside its own ops.
+
 Sends are non-blocking (their tensors are held until done, then dropped); receives block.
 Loss is ``sum CE / global label count`` on every last block, so gradients are already the
 token-weighted mean over the whole step and the DP reduction is a plain sum.

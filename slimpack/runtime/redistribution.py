@@ -106,7 +106,7 @@ class SliceSplit:
         return _SplitAttention.apply(q, k, v, self, varlen)
 
 
-def _ship_rows(q: torch.Tensor, k: torch.Tensor, varlen: VarlenLayout, ship: Shipment
+def _ship_rows(varlen: VarlenLayout, ship: Shipment
                ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(query row ranges, shipped key row ranges) of the shipped segments."""
     cu_q, cu_k = varlen.cu_q, varlen.cu_k
@@ -142,7 +142,7 @@ class _SplitAttention(torch.autograd.Function):
         idx = torch.tensor(keep, dtype=torch.long, device=q.device)
         out, lse = block_forward(q, k[idx], v[idx], varlen.q_lens, keep_lens, causal=True)
         if ship is not None:
-            rows, keys = _ship_rows(q, k, varlen, ship)
+            rows, keys = _ship_rows(varlen, ship)
             link = split.forward_link
             works = link.post([_gather(q, rows), _gather(k, keys), _gather(v, keys)])
             n = sum(b - a for a, b in rows)
@@ -172,7 +172,7 @@ class _SplitAttention(torch.autograd.Function):
         dk = torch.zeros_like(k).index_copy(0, idx, dk_kept)
         dv = torch.zeros_like(v).index_copy(0, idx, dv_kept)
         if ship is not None:
-            rows, keys = _ship_rows(q, k, varlen, ship)
+            rows, keys = _ship_rows(varlen, ship)
             link = split.backward_link
             works = link.post([_gather(q, rows), _gather(k, keys), _gather(v, keys),
                                _gather(d_out, rows), _gather(lse, rows), _gather(delta, rows)])
