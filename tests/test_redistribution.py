@@ -15,7 +15,13 @@ from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.schedules import build_schedule
 from slimpack.sim import simulate
 from slimpack.sim.costs import group_costs
-from slimpack.sim.redistribution import redistribute_group, schedule_ticks
+from slimpack.sim.redistribution import (
+    TILE,
+    group_moves,
+    priced_moves,
+    redistribute_group,
+    schedule_ticks,
+)
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 slimpipe_plan = partial(plan_method, "slimpipe")
@@ -139,6 +145,39 @@ def test_conservation_and_transfer_with_documents_and_cp():
     # to both ops of a pair) and the heavy ops' waits for their partners.
     assert total >= total_before + 2 * stats.transfer_s * (1 - 1e-9)
     assert stats.fwd_imbalance_after < stats.fwd_imbalance_before
+
+
+def test_moves_are_the_priced_pairs_as_plain_data():
+    """group_moves returns the pairs whose prices it applied: one per counted pair, each a
+    heavy and a light op of the same tick and kind (heavy on the longer prefix), shipping
+    whole tiles of each prefix; priced_moves (what the runtime executes) gives the same."""
+    plan, group = _one_sample(4, 8)
+    ops = build_schedule(group)
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    after, stats, moves = group_moves(group, ops, before, model=MODEL, cost=COST,
+                                      gpus_per_node=8)
+    assert (after, stats) == redistribute_group(group, ops, before, model=MODEL, cost=COST,
+                                                gpus_per_node=8)
+    assert len(moves) == stats.pairs > 0
+    assert moves == priced_moves(group, ops, model=MODEL, cost=COST, gpus_per_node=8)
+    ticks = schedule_ticks(ops, pp=4, vpp=1)
+    tick_of = {(op.kind, op.unit, s + op.chunk * 4): t for s in range(4)
+               for op, t in zip(ops[s], ticks[s], strict=True)}
+    for m in moves:
+        kind = "B" if m.backward else "F"
+        assert tick_of[(kind, m.heavy_unit, m.heavy_block)] == m.tick
+        assert tick_of[(kind, m.light_unit, m.light_block)] == m.tick
+        units = group.backward_units if m.backward else group.forward_units
+        heavy = group.slice(units[m.heavy_unit].slice_ids[0]).segments[0]
+        light = group.slice(units[m.light_unit].slice_ids[0]).segments[0]
+        assert heavy.start > light.start
+        shipped = m.shipped(group)
+        assert shipped and all(d % TILE == 0 and 0 < d <= heavy.start for _, _, d in shipped)
+        # Changed prices are exactly the moves' ops.
+        rows = after.bwd_s if m.backward else after.fwd_s
+        base = before.bwd_s if m.backward else before.fwd_s
+        assert rows[m.heavy_block][m.heavy_unit] < base[m.heavy_block][m.heavy_unit]
+        assert rows[m.light_block][m.light_unit] > base[m.light_block][m.light_unit]
 
 
 def test_off_when_the_flag_is_off():

@@ -95,11 +95,20 @@ def test_old_plan_with_zero_stage_in_metadata_reaches_the_runtime_as_the_field()
                    r"tiny-mha", model=model_preset("tiny-mha"))
 
 
-def test_attention_redistribution_across_pipeline_ranks_is_refused():
-    plan = dataclasses.replace(slimpipe_plan(pp=2, dp=1), attention_redistribution=True)
-    _refused(plan, r"plan: attention_redistribution=True is not executed .* false when pp > 1")
-    check_runtime_plan(dataclasses.replace(slimpipe_plan(pp=1, dp=1),
-                                           attention_redistribution=True), TINY)
+def test_attention_redistribution_is_refused_with_tp_cp_or_recompute_at_pp_above_one():
+    """Executed at pp > 1 with one rank per stage and no recompute (and at pp = 1, where
+    there is no pair); tp > 1, cp > 1 or a recompute mode at pp > 1 are refused by name."""
+    on = {"attention_redistribution": True}
+    check_runtime_plan(dataclasses.replace(slimpipe_plan(pp=2, dp=1), **on), TINY)
+    check_runtime_plan(dataclasses.replace(slimpipe_plan(pp=1, dp=1), **on), TINY)
+    allowed = r"allowed: false when a group at pp > 1 has cp > 1, tp > 1 or recompute"
+    for plan, why in ((slimpipe_plan(pp=2, dp=1, tp=2), "cp=1, tp=2, recompute='none'"),
+                      (slimpipe_plan(pp=2, dp=1, cp=2), "cp=2, tp=1, recompute='none'"),
+                      (_with_group_fields(slimpipe_plan(pp=2, dp=1), recompute="selective"),
+                       "cp=1, tp=1, recompute='selective'")):
+        _refused(dataclasses.replace(plan, **on),
+                 rf"^plan: attention_redistribution=True is not executed by the runtime; "
+                 rf"{allowed} \(group 0: {why}\)")
 
 
 def test_moe_and_gelu_models_are_refused_naming_the_field():

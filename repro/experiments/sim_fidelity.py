@@ -30,8 +30,9 @@ HARDWARE = "h200-141g"
 MODEL, DATASET, CONTEXT = "small", "commoncrawl", 4096
 METHODS = ("megatron", "wlb-llm", "slimpack")
 RUNTIME_OPTIONS = {"slimpack": {"attention_redistribution": False}}
-"""The runtime refuses ``attention_redistribution`` at pp > 1 (docs/architecture.md, the
-runtime): SlimPack keeps its attention where its slice is here, and the simulator prices the
+"""Chosen when the runtime refused ``attention_redistribution`` at pp > 1 (it now executes it
+at cp = tp = 1 without recompute, docs/architecture.md, the runtime), kept so the records stay
+comparable: SlimPack keeps its attention where its slice is here, and the simulator prices the
 same plan. Its LM head is spread over the pipeline ranks as SlimPack plans it by default
 (``vocab_parallel_pp``, executed by the runtime)."""
 BATCHES, QUICK_BATCHES = (16, 32, 64), (16,)

@@ -8,9 +8,11 @@ per-layer calibration table the calibrated cost model reads.
     slimpack profile --model small --out calib.csv [--device cpu] [--threads 1]
 
 ``run`` checks the plan (IR rules, world size, schedule, and every field the runtime does not
-execute, e.g. attention_redistribution at pp > 1: see docs/architecture.md, runtime) before any
-process starts. Without torchrun it spawns ``--nproc`` (default: the plan's world size) local
-processes itself. With ``--calibration`` it also simulates the plan with the calibrated cost
+execute, e.g. attention_redistribution at pp > 1 with tp or cp > 1: see docs/architecture.md,
+runtime) before any process starts. SlimPipe's attention redistribution executes the moves
+the simulator makes with the plan priced for ``--priced-model`` on ``--priced-hardware``.
+Without torchrun it spawns ``--nproc`` (default: the plan's world size) local processes
+itself. With ``--calibration`` it also simulates the plan with the calibrated cost
 model and prints simulated against measured step time and peak memory.
 """
 
@@ -57,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--out", help="write the record: .csv appends a row, else JSON with ops")
     r.add_argument("--calibration", metavar="CSV",
                    help="also simulate with the calibrated cost model from this profile")
+    r.add_argument("--priced-model", help="model the plan was priced for, which decides "
+                                          "SlimPipe's attention redistribution moves "
+                                          "(default: the run's model)")
+    r.add_argument("--priced-hardware", default="h100",
+                   help=preset_help("hardware") + " the plan was priced for (default h100, "
+                                                  "slimpack plan's default)")
     r.add_argument("--timeout", type=positive_float, default=600.0,
                    help="collective timeout in seconds, a finite number > 0 (default 600)")
     r.set_defaults(handler=_run)
@@ -110,6 +118,15 @@ def _load(args: argparse.Namespace):
     return plan, model_preset(name)
 
 
+def _pricing(args: argparse.Namespace, spec):  # noqa: ANN001, ANN202 - lazy imports
+    from slimpack.cost.kernel_model import default_cost_model
+    from slimpack.runtime.validate import Pricing
+    from slimpack.specs import hardware_preset, model_preset
+    model = model_preset(args.priced_model) if args.priced_model else spec
+    return Pricing(model=model, cost=default_cost_model(model,
+                                                        hardware_preset(args.priced_hardware)))
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
 
@@ -132,7 +149,8 @@ def _run(args: argparse.Namespace) -> int:
         world = int(os.environ["WORLD_SIZE"])
     else:
         world = args.nproc if args.nproc is not None else plan.world_size
-    check_runtime_plan(plan, spec, world_size=world)  # fail before anything starts
+    pricing = _pricing(args, spec)
+    check_runtime_plan(plan, spec, world_size=world, pricing=pricing)  # fail before starting
     if device == "cpu" and not under_torchrun():
         check_host_memory(plan, spec, dtype=args.dtype)
     cost = None
@@ -142,7 +160,8 @@ def _run(args: argparse.Namespace) -> int:
         from slimpack.cost.model import training_of
         from slimpack.sim.memory import check_zero_stage
         check_zero_stage(plan, training_of(cost))  # the comparison would refuse it after the run
-    best = run_plan(plan, spec, config, nproc=world, timeout_s=args.timeout)
+    best = run_plan(plan, spec, config, nproc=world, timeout_s=args.timeout,
+                    pricing=pricing)
     if best is None:
         return 0  # non-zero torchrun rank: rank 0 reports
     record = best.record

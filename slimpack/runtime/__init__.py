@@ -15,6 +15,8 @@ Modules, one job each:
 * :mod:`~slimpack.runtime.context_parallel` cp groups; K/V all-gather exchange (``cp_kind="ring"``)
 * :mod:`~slimpack.runtime.ulysses`        all-to-all head/row exchange (``cp_kind="ulysses"``)
 * :mod:`~slimpack.runtime.cp_checks`      cp settings checked before launch
+* :mod:`~slimpack.runtime.block_attention` attention over one key block with its log-sum-exp
+* :mod:`~slimpack.runtime.redistribution` SlimPipe's attention moves between pipeline ranks
 * :mod:`~slimpack.runtime.reference`      the unsliced single-process oracle
 * :mod:`~slimpack.runtime.validate`       plan checks done before any process starts
 * :mod:`~slimpack.runtime.capabilities`   the plan fields the runtime executes; refusals

@@ -49,11 +49,19 @@ def check_plan_fields(plan: Plan) -> None:
         raise refuse(None, "zero_stage", plan.zero_stage,
                      f"None or one of {EXECUTED_ZERO_STAGES} (0/1: gradients all-reduced, no "
                      f"optimizer step; 3: parameters sharded over data parallelism)")
-    # SlimPipe's attention redistribution ships KV between paired pipeline ranks; with one
-    # stage there is no pair, so the flag describes the plain computation.
-    if plan.attention_redistribution and any(g.pp > 1 for g in plan.groups()):
-        raise refuse(None, "attention_redistribution", True,
-                     "false when pp > 1 (attention runs where its slice is)")
+    # SlimPipe's attention redistribution ships KV between paired pipeline ranks
+    # (slimpack.runtime.redistribution); with one stage there is no pair, so the flag
+    # describes the plain computation. Executed where a stage is one rank (cp = tp = 1: a
+    # segment is one piece of the simulator's pricing) and a layer's attention runs once
+    # (no recompute, whose rerun would repeat the exchange).
+    if plan.attention_redistribution:
+        for g in plan.groups():
+            if g.pp > 1 and (g.cp > 1 or g.tp > 1 or g.recompute != "none"):
+                raise refuse(None, "attention_redistribution", True,
+                             f"false when a group at pp > 1 has cp > 1, tp > 1 or recompute "
+                             f"(group {g.group_id}: cp={g.cp}, tp={g.tp}, "
+                             f"recompute={g.recompute!r}); true at cp = tp = 1 without "
+                             f"recompute")
 
 
 def check_zero_stage(plan: Plan, model: ModelSpec) -> None:

@@ -25,6 +25,10 @@ With ``vocab_parallel_pp`` at pp > 1 the LM head is spread over the group's pipe
 (:mod:`slimpack.runtime.vocab_parallel`): the last stage runs a unit's head inside its
 last-block forward, the other stages join it at the positions the dry run placed.
 
+With ``Plan.attention_redistribution`` at pp > 1 (:mod:`slimpack.runtime.redistribution`) a
+heavy rank's slices ship part of their attention to the paired pipeline rank, whose server
+thread answers beside its own ops.
+
 Sends are non-blocking (their tensors are held until done, then dropped); receives block.
 Loss is ``sum CE / global label count`` on every last block, so gradients are already the
 token-weighted mean over the whole step and the DP reduction is a plain sum.
@@ -48,6 +52,7 @@ from slimpack.runtime.context_parallel import CpGroups, make_exchange
 from slimpack.runtime.cp_layout import local_inputs
 from slimpack.runtime.data import make_tokens, num_label_tokens
 from slimpack.runtime.layout import GroupLayout, slice_inputs
+from slimpack.runtime.redistribution import RankRedistribution
 from slimpack.runtime.slice_autograd import SliceRunner
 from slimpack.runtime.stage import EMBED, ModelChunk, build_chunks
 from slimpack.runtime.tensor_parallel import (
@@ -90,6 +95,11 @@ class RankResult:
     op_groups: list[int] = field(default_factory=list)
     """Plan group id of each op (-1 for the gradient synchronisation)."""
     grads: dict[str, torch.Tensor] | None = None
+    redistribution_sent: int = 0
+    """SlimPipe's redistribution: per-layer attention requests this rank sent as a heavy
+    rank in this step (one per layer of a slice per direction)."""
+    redistribution_served: int = 0
+    """Those it answered as a light rank."""
 
 
 class _Pipe:
@@ -172,10 +182,12 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
                          seed=config.seed)
     zero = (ZeroShards([p for c in chunks for p in c.parameters()], groups.dp_group)
             if rplan.plan.zero_stage == 3 and chunks else None)
+    redistribution = RankRedistribution.build(
+        rplan.moves, {g.group_id: g for g in rplan.plan.groups()}, rank=rank)
     setup = _Setup(rplan=rplan, spec=spec, config=config, rank=rank, stage=stage, device=device,
                    chunks=chunks, groups=groups, cp_groups=cp_groups, tokens=tokens, tp=tp,
                    backend=choose_backend(device, config.torch_dtype, config.attention),
-                   zero=zero, head_comms=head_comms)
+                   zero=zero, head_comms=head_comms, redistribution=redistribution)
     results = []
     for step in range(config.warmup_steps + config.measured_steps):
         for c in chunks:
@@ -229,6 +241,8 @@ class _Setup:
     """This rank's ZeRO-3 shards (None: parameters replicated, gradients all-reduced)."""
     head_comms: dict[int, HeadComm]
     """Group id -> this rank's process groups of the group's head spread over pp."""
+    redistribution: RankRedistribution
+    """This rank's side of SlimPipe's attention redistribution moves (none: no moves)."""
 
     @property
     def pipeline_head(self) -> PipelineLMHead | None:
@@ -262,6 +276,7 @@ def _step(su: _Setup) -> RankResult:
     peak_activations = 0.0
     busy = 0.0
     loss_here = loss_sum if su.counts_loss else torch.zeros_like(loss_sum)
+    sent, served = su.redistribution.sent[0], su.redistribution.served[0]
     dist.barrier()
     clock = _Clock(device, config.record_ops)
 
@@ -304,7 +319,9 @@ def _step(su: _Setup) -> RankResult:
     return RankResult(rank=su.rank, stage=stage, loss=float(loss_sum), elapsed_s=end,
                       busy_s=busy, peak_memory_bytes=peak, memory_source=source,
                       activation_peak_bytes=peak_activations,
-                      attention_backend=su.backend, ops=ops_out, op_groups=op_groups)
+                      attention_backend=su.backend, ops=ops_out, op_groups=op_groups,
+                      redistribution_sent=su.redistribution.sent[0] - sent,
+                      redistribution_served=su.redistribution.served[0] - served)
 
 
 def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
@@ -322,8 +339,12 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
     head_comm = su.head_comms.get(group.group_id)
     runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
                            loss_scale=1.0 / denom, policy=policy, exchange=exchange,
-                           head_comm=head_comm)
+                           head_comm=head_comm,
+                           splits=su.redistribution.splits(group, c.block))
                for c in su.chunks]
+    server = su.redistribution.server(group, spec, dtype=dtype, device=device)
+    if server is not None:  # answers paired heavy ranks beside this rank's own ops
+        server.start()
     pipe = _Pipe(su.groups, rplan.num_blocks, device)
     inputs = {sl.slice_id: slice_inputs(sl, su.tokens, device) for sl in group.slices}
     cp_rows = {sl.slice_id: sl.num_tokens for sl in group.slices}
@@ -375,6 +396,8 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
             # The head's logits block lived during the op (its d hidden is in ``live``).
             live += _head_bytes(su, group.unit_slices(group.forward_units[op.unit]), head_rows)
         peak = max(peak, held_bytes + live)
+    if server is not None:
+        server.finish()
     pipe.drain()
     leftover = [(c, r.pending()) for c, r in enumerate(runners) if r.pending()]
     if leftover:

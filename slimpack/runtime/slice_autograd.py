@@ -63,8 +63,12 @@ class SliceRunner:
 
     def __init__(self, chunk: ModelChunk, layout: GroupLayout, *, attention_backend: str,
                  head_dim: int, loss_scale: float,
-                 policy: ActivationPolicy | None = None, exchange=None, head_comm=None) -> None:
+                 policy: ActivationPolicy | None = None, exchange=None, head_comm=None,
+                 splits: dict | None = None) -> None:
         self.chunk = chunk
+        self.splits = splits or {}
+        """Slice id -> its attention split with a paired pipeline rank (SlimPipe's
+        redistribution, :mod:`slimpack.runtime.redistribution`); other slices run locally."""
         self.head_comm = head_comm
         """The group's head process groups when the LM head is spread over the pipeline
         ranks (:mod:`slimpack.runtime.vocab_parallel`), else None."""
@@ -141,10 +145,14 @@ class SliceRunner:
                 else:
                     kk = torch.cat(ks) if len(ks) > 1 else ks[0]
                     vv = torch.cat(vs) if len(vs) > 1 else vs[0]
-                    core = self.policy.wrap_attention(
-                        lambda qq, kx, vx: varlen_causal_attention(qq, kx, vx, ex.varlen,
-                                                                   backend=self.backend))
-                    o = core(ex.q, kk, vv)
+                    split = self.splits.get(sl.slice_id)
+                    if split is not None:  # capabilities: no recompute to wrap it in
+                        o = split.attention(ex.q, kk, vv, ex.varlen)
+                    else:
+                        core = self.policy.wrap_attention(
+                            lambda qq, kx, vx: varlen_causal_attention(qq, kx, vx, ex.varlen,
+                                                                       backend=self.backend))
+                        o = core(ex.q, kk, vv)
                 # Collective outputs reach backward through the output even where this
                 # rank's queries do not use them (also in a full-recompute rerun).
                 return self.exchange.finish(sl.slice_id, _anchor(o, ex.roots))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from slimpack.cost.kernel_model import default_cost_model
+from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Plan, PlanError
 from slimpack.runtime.capabilities import (
     check_group_fields,
@@ -21,7 +23,26 @@ from slimpack.runtime.capabilities import (
     check_zero_stage,
 )
 from slimpack.runtime.schedule import build_group_schedule
+from slimpack.sim.redistribution import Move, priced_moves
+from slimpack.specs.hardware import hardware_preset
 from slimpack.specs.model import ModelSpec
+
+PRICING_HARDWARE = "h100"
+"""The hardware :class:`Pricing` assumes when none is given (``slimpack plan``'s default)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pricing:
+    """The model and cost model a plan was priced with. SlimPipe's redistribution moves
+    (which ops pair, how much KV ships) are the simulator's decision under these prices, so
+    the runtime executes the moves of the plan as it was priced, whatever model it runs."""
+
+    model: ModelSpec
+    cost: CostModel
+
+    @classmethod
+    def default(cls, model: ModelSpec) -> Pricing:
+        return cls(model=model, cost=default_cost_model(model, hardware_preset(PRICING_HARDWARE)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +66,10 @@ class RuntimePlan:
     """group_id -> per stage, (op index, forward unit): where a stage that is not the last one
     joins the vocabulary-parallel LM head of that unit (before that op; index len(ops): after
     the last), empty unless :attr:`vocab_over_pp` (:mod:`slimpack.runtime.vocab_parallel`)."""
+    moves: dict[int, tuple[Move, ...]] = field(default_factory=dict)
+    """group_id -> SlimPipe's attention redistribution moves (the simulator's, under the
+    plan's :class:`Pricing`), for groups with any; executed by
+    :mod:`slimpack.runtime.redistribution`."""
 
     @property
     def num_blocks(self) -> int:
@@ -61,7 +86,7 @@ def runtime_refusal(plan: Plan, model: ModelSpec) -> str:
     what is allowed), or "" when the runtime executes it. Records carry it, so every ratio
     says whether the plan behind it runs."""
     try:
-        check_runtime_plan(plan, model)
+        check_runtime_plan(plan, model, with_moves=False)
     except ValueError as exc:
         return str(exc)
     return ""
@@ -74,9 +99,12 @@ def refused_field(refusal: str) -> str:
     return match.group(1) if match else refusal.split(";")[0][:60]
 
 
-def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None
-                       ) -> RuntimePlan:
-    """Validate ``plan`` for execution on ``world_size`` processes; raise ValueError."""
+def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None,
+                       pricing: Pricing | None = None, with_moves: bool = True) -> RuntimePlan:
+    """Validate ``plan`` for execution on ``world_size`` processes; raise ValueError.
+    ``pricing``: what the plan was priced with (default :meth:`Pricing.default`), read only
+    for ``attention_redistribution`` at pp > 1 to price its moves (``with_moves=False``:
+    a check alone, :attr:`RuntimePlan.moves` left empty)."""
     plan.validate()
     if world_size is not None and plan.world_size != world_size:
         raise ValueError(
@@ -102,6 +130,7 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
     tp_index_of_rank: dict[int, int] = {}
     schedules: dict[int, list[list]] = {}
     head_joins: dict[int, list[list[tuple[int, int]]]] = {}
+    moves: dict[int, tuple[Move, ...]] = {}
     sources = set()
     notes = []
     for g in groups:
@@ -121,10 +150,16 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
         schedules[g.group_id] = ops
         if g.vocab_parallel_pp and g.pp > 1:
             head_joins[g.group_id] = joins
+        if with_moves and plan.attention_redistribution and g.pp > 1:
+            pricing = pricing or Pricing.default(model)
+            kept = priced_moves(g, ops, model=pricing.model, cost=pricing.cost,
+                                gpus_per_node=plan.parallel.gpus_per_node)
+            if kept:
+                moves[g.group_id] = kept
     return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
                        tp_index_of_rank=tp_index_of_rank, tp=groups[0].tp,
                        schedules=schedules, schedule_source="+".join(sorted(sources)),
-                       notes=tuple(notes), head_joins=head_joins)
+                       notes=tuple(notes), head_joins=head_joins, moves=moves)
 
 
 def check_schedule(group: Group, ops: list[list]) -> list[list[tuple[int, int]]]:

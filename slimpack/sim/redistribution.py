@@ -59,7 +59,7 @@ from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Unit
 from slimpack.schedules import Op
 from slimpack.schedules.validate import unit_time_walk
-from slimpack.sim.costs import BF16, GroupCosts, unit_rank_sums
+from slimpack.sim.costs import BF16, GroupCosts, group_costs, unit_rank_sums
 from slimpack.specs.model import ModelSpec
 
 TILE = 128
@@ -105,6 +105,37 @@ NO_MOVE = PairMove(heavy_delta_s=0.0, light_delta_s=0.0, moved_s=0.0, added_s=0.
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Move:
+    """One pair of concurrent ops that exchange attention, as plain data: the simulator prices
+    it (:func:`group_moves`), the runtime executes it (``slimpack.runtime.redistribution``)."""
+
+    backward: bool
+    """A pair of backward ops (else forward ops)."""
+    tick: int
+    """The two ops' start tick (:func:`schedule_ticks`)."""
+    heavy_block: int
+    """Virtual stage (``chunk * pp + stage``) of the op that ships work."""
+    heavy_unit: int
+    """Its unit (an index of the group's forward or backward units, as ``backward`` says)."""
+    light_block: int
+    light_unit: int
+    fraction: float
+    """Share of each segment's KV prefix shipped (:func:`shipped_tokens` per segment)."""
+
+    def shipped(self, group: Group) -> tuple[tuple[int, int, int], ...]:
+        """(slice id, segment index, KV tokens shipped: the first ones of its prefix) of every
+        segment of the heavy unit that ships some (cp = 1: a segment is one piece)."""
+        units = group.backward_units if self.backward else group.forward_units
+        out = []
+        for sid in units[self.heavy_unit].slice_ids:
+            for j, seg in enumerate(group.slice(sid).segments):
+                d = shipped_tokens(seg.start, self.fraction)
+                if d > 0:
+                    out.append((sid, j, d))
+        return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RedistributionStats:
     """What redistribution did to one group (seconds summed over the group's ops)."""
 
@@ -133,12 +164,18 @@ def schedule_ticks(ops: Sequence[Sequence[Op]], *, pp: int, vpp: int) -> list[li
     return ticks
 
 
+def shipped_tokens(prefix: int, fraction: float) -> int:
+    """KV tokens of a ``prefix``-token KV prefix that ship when ``fraction`` of it moves: whole
+    tiles, at most the prefix (the one rule the pricing and the runtime share)."""
+    return min(prefix, round(fraction * prefix / TILE) * TILE)
+
+
 def _shrink(pieces: Pieces, fraction: float) -> tuple[Pieces, Pieces]:
     """(the heavy rank's pieces after shipping ``fraction`` of each prefix, the shipped blocks
     as (query tokens, KV tokens)); KV is cut in whole tiles."""
     kept, shipped = [], []
     for q, p in pieces:
-        d = min(p, round(fraction * p / TILE) * TILE)
+        d = shipped_tokens(p, fraction)
         kept.append((q, p - d))
         if d > 0:
             shipped.append((q, d))
@@ -387,7 +424,18 @@ def _ranks_within(sizes: np.ndarray) -> np.ndarray:
 def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
                        model: ModelSpec, cost: CostModel, gpus_per_node: int,
                        ) -> tuple[GroupCosts, RedistributionStats]:
-    """``costs`` with attention moved between concurrent ops of paired pipeline ranks.
+    """``costs`` with attention moved between concurrent ops of paired pipeline ranks
+    (:func:`group_moves` without the moves)."""
+    after, stats, _ = group_moves(group, ops, costs, model=model, cost=cost,
+                                  gpus_per_node=gpus_per_node)
+    return after, stats
+
+
+def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
+                model: ModelSpec, cost: CostModel, gpus_per_node: int,
+                ) -> tuple[GroupCosts, RedistributionStats, tuple[Move, ...]]:
+    """``costs`` with attention moved between concurrent ops of paired pipeline ranks, the
+    stats, and the moves themselves (in the order their prices were applied).
 
     Every op of the schedule lies in exactly one tick, so each tick's moves read prices no
     other tick changes: the pairing and the cheap necessary conditions of :func:`pair_move`
@@ -500,6 +548,7 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
     fwd_s = [list(row) for row in costs.fwd_s]
     bwd_s = [list(row) for row in costs.bwd_s]
     pairs = 0
+    kept: list[Move] = []
     moved = added = transfer = held = 0.0
     # The ops of a tick run side by side, so the tick lasts as long as its slowest op
     # (forward or backward). Moves that do not shorten it only add transfers: keep the tick's
@@ -514,6 +563,7 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
     run_end = np.append(run_start[1:], len(cand))[:len(run_start)]
     # Plain lists per candidate pair: the loop below reads them one by one.
     order = cand.tolist()
+    k_tick = table.tick[heavy[cand]].tolist()
     backward_of = is_b[cand].tolist()
     intra_of_pair = intra[cand].tolist()
     heavy_ops = list(zip(table.vs[heavy[cand]].tolist(), table.unit[heavy[cand]].tolist(),
@@ -544,6 +594,9 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
             for (vs, u, _), t in ((heavy_ops[j], new_h), (light_ops[j], new_l)):
                 times_of[vs][u] = t
             pairs += 1
+            kept.append(Move(backward=backward_of[j], tick=int(k_tick[j]), heavy_block=heavy_ops[j][0],
+                             heavy_unit=heavy_ops[j][1], light_block=light_ops[j][0],
+                             light_unit=light_ops[j][1], fraction=move.fraction))
             moved += move.moved_s
             added += move.added_s
             transfer += move.transfer_s
@@ -556,7 +609,16 @@ def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCo
         fwd_imbalance_after=_imbalance(table, after_times, False),
         bwd_imbalance_before=_imbalance(table, times, True),
         bwd_imbalance_after=_imbalance(table, after_times, True))
-    return dataclasses.replace(costs, fwd_s=fwd_s, bwd_s=bwd_s), stats
+    return dataclasses.replace(costs, fwd_s=fwd_s, bwd_s=bwd_s), stats, tuple(kept)
+
+
+def priced_moves(group: Group, ops: Sequence[Sequence[Op]], *, model: ModelSpec,
+                 cost: CostModel, gpus_per_node: int) -> tuple[Move, ...]:
+    """The moves :func:`~slimpack.sim.simulate.simulate` applies to ``group`` run as ``ops``
+    under ``cost`` (the group priced as the simulator prices it): what the runtime executes."""
+    costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node)
+    return group_moves(group, ops, costs, model=model, cost=cost,
+                       gpus_per_node=gpus_per_node)[2]
 
 
 def merge_stats(stats: Sequence[RedistributionStats]) -> dict[str, float]:

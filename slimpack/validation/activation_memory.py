@@ -23,7 +23,7 @@ from slimpack.cost.memory import GPU_BF16, ActivationAccounting
 from slimpack.plan import Plan
 from slimpack.records import StepRecord
 from slimpack.runtime.config import RuntimeConfig
-from slimpack.runtime.validate import check_runtime_plan
+from slimpack.runtime.validate import Pricing, check_runtime_plan
 from slimpack.schedules import build_schedule
 from slimpack.sim.costs import layers_per_virtual_stage
 from slimpack.sim.memory import group_memory, peak_bytes_by_stage
@@ -51,8 +51,9 @@ class Setting:
         "slimpipe": {"pp": 2}, "slimpack": {"pp": 2}})
     """Explicit degrees per method (each accepts its own); dp is what the world leaves."""
     options: dict[str, dict[str, object]] = field(default_factory=lambda: {
-        # The runtime refuses attention_redistribution at pp > 1 (docs/architecture.md,
-        # runtime); 128-token slices so the batch is sliced at all.
+        # Without SlimPipe's redistribution, as when the runtime refused it at pp > 1 (the
+        # table's plans stay the same; at this setting it would keep no move anyway);
+        # 128-token slices so the batch is sliced at all.
         "slimpack": {"attention_redistribution": False, "slice_tokens": 128}})
 
     def plan_args(self, method: str, output: str) -> list[str]:
@@ -81,6 +82,14 @@ class Setting:
         return plan_method(method, batch, model, hardware, parallel,
                            default_cost_model(model, hardware), context=self.context,
                            **self.options.get(method, {}))
+
+    def pricing(self) -> Pricing:
+        """What the plans are priced with: SlimPipe's redistribution moves under it."""
+        from slimpack.cost.kernel_model import default_cost_model
+        from slimpack.specs import hardware_preset, model_preset
+
+        model = model_preset(self.model)
+        return Pricing(model=model, cost=default_cost_model(model, hardware_preset(self.hardware)))
 
 
 SETTING = Setting()
@@ -138,7 +147,7 @@ def simulated_rank_activation_bytes(plan: Plan, spec: ModelSpec,
 def compare_ranks(plan: Plan, spec: ModelSpec, record: StepRecord,
                   config: RuntimeConfig) -> list[RankActivation]:
     """Every rank holding a stage: simulated beside executed activation peak bytes."""
-    rplan = check_runtime_plan(plan, spec, world_size=plan.world_size)
+    rplan = check_runtime_plan(plan, spec, world_size=plan.world_size, with_moves=False)
     accounting = accounting_for(config, record.extra["attention_backend"])
     simulated = simulated_rank_activation_bytes(plan, spec, accounting, rplan.head_joins)
     executed = record.extra["rank_peak_activation_bytes"]
@@ -201,11 +210,12 @@ def main() -> int:
     for method in method_names():
         plan = SETTING.plan(method)
         try:
-            check_runtime_plan(plan, spec, world_size=SETTING.gpus)
+            check_runtime_plan(plan, spec, world_size=SETTING.gpus, pricing=SETTING.pricing())
             plans[method] = plan
         except ValueError as err:
             refused[method] = str(err)
-    results = run_plans(list(plans.values()), spec, config, timeout_s=600)
+    results = run_plans(list(plans.values()), spec, config, timeout_s=600,
+                        pricing=SETTING.pricing())
     print(TABLE_HEADER)
     for (method, plan), result in zip(plans.items(), results, strict=True):
         print(table_rows(method, plan, compare_ranks(plan, spec, result.record, config),

@@ -1,0 +1,315 @@
+"""SlimPipe's attention redistribution executed between pipeline ranks (docs/architecture.md,
+runtime, "Attention redistribution").
+
+Which ops pair and how much of each segment's KV prefix moves are the simulator's own
+decision (:func:`slimpack.sim.redistribution.priced_moves`, the same function its timing
+uses): a :class:`~slimpack.sim.redistribution.Move` names a heavy op and a light op of the
+same tick and the share of the prefix shipped. Here every rank turns its group's moves into
+
+* on the heavy rank, per slice of the heavy op's unit on that block, a :class:`SliceSplit`:
+  its attention (:class:`_SplitAttention`) computes each shipped segment's first ``d`` prefix
+  keys on the light rank and the rest locally, merged by log-sum-exp; in backward the same
+  with the backward move's ``d`` (forward and backward are paired separately): the heavy rank
+  ships query, output gradient, log-sum-exp and ``delta = rowsum(dO * O)`` plus the KV block,
+  and receives dQ and the block's dK, dV, which flow into the prefix leaves and from there
+  into the slice KV cache's dK/dV accumulators exactly as locally computed ones do;
+* on the light rank, a :class:`Server` thread answering those requests in tick order. The
+  attention core has no parameters, so the shipped tensors are all it needs.
+
+Every rank waits only on ops of its tick or earlier: a heavy op waits for its light rank's
+server, which serves moves in tick order and never waits for its own rank's main thread. On
+CPU the goal is exactness and no deadlock, not overlap: the server runs beside the light
+rank's own ops (threads of one process), and its time is not in the rank's busy seconds.
+
+Executed at cp = tp = 1 without recompute (:mod:`slimpack.runtime.capabilities` refuses the
+rest by field name): one segment is then one piece of the simulator's pricing, and a layer's
+attention runs once per op.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from slimpack.plan import Group
+from slimpack.runtime.attention import VarlenLayout
+from slimpack.runtime.block_attention import (
+    accumulate_dtype,
+    block_backward,
+    block_forward,
+    merge,
+)
+from slimpack.sim.redistribution import Move
+from slimpack.specs.model import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shipment:
+    """What one slice's attention ships per layer in one direction."""
+
+    segments: dict[int, int]
+    """Segment index -> KV tokens shipped (the first ones of its prefix)."""
+    q_lens: tuple[int, ...]
+    """Query rows of the shipped segments, in segment order."""
+
+    @property
+    def k_lens(self) -> tuple[int, ...]:
+        return tuple(self.segments.values())
+
+
+@dataclass(kw_only=True)
+class Link:
+    """One direction of one rank pair: the heavy rank's main thread on one end, the light
+    rank's server on the other. Both ends number the messages the same way (tags)."""
+
+    group: dist.ProcessGroup
+    peer: int
+    sent: int = 0
+
+    def _tag(self) -> int:
+        self.sent += 1
+        return self.sent
+
+    def post(self, tensors: list[torch.Tensor]) -> list:
+        works = []
+        for t in tensors:
+            buf = t.contiguous()
+            works.append((dist.isend(buf, dst=self.peer, group=self.group, tag=self._tag()), buf))
+        return works
+
+    def take(self, like: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device
+             ) -> list[torch.Tensor]:
+        bufs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in like]
+        works = [dist.irecv(b, src=self.peer, group=self.group, tag=self._tag()) for b in bufs]
+        for w in works:
+            w.wait()
+        return bufs
+
+
+@dataclass(kw_only=True)
+class SliceSplit:
+    """One slice's redistributed attention on the heavy rank (either direction may be
+    local)."""
+
+    forward: Shipment | None
+    backward: Shipment | None
+    forward_link: Link | None
+    backward_link: Link | None
+    counter: list[int]
+    """Requests this rank sent (one per layer per direction), shared by its splits."""
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  varlen: VarlenLayout) -> torch.Tensor:
+        return _SplitAttention.apply(q, k, v, self, varlen)
+
+
+def _ship_rows(varlen: VarlenLayout, ship: Shipment
+               ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(query row ranges, shipped key row ranges) of the shipped segments."""
+    cu_q, cu_k = varlen.cu_q, varlen.cu_k
+    rows = [(cu_q[i], cu_q[i + 1]) for i in ship.segments]
+    keys = [(cu_k[i], cu_k[i] + d) for i, d in ship.segments.items()]
+    return rows, keys
+
+
+def _gather(t: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
+    return torch.cat([t[a:b] for a, b in ranges])
+
+
+def _local_keys(varlen: VarlenLayout, ship: Shipment | None) -> tuple[list[int], list[int]]:
+    """(key row indexes kept locally, their per-segment lengths)."""
+    cu_k = varlen.cu_k
+    index, lens = [], []
+    for i, (a, b) in enumerate(zip(cu_k[:-1], cu_k[1:], strict=True)):
+        d = ship.segments.get(i, 0) if ship is not None else 0
+        index.extend(range(a + d, b))
+        lens.append(b - a - d)
+    return index, lens
+
+
+class _SplitAttention(torch.autograd.Function):
+    """Causal varlen attention of one slice with the shipped prefix blocks computed on the
+    light rank (forward and backward each by their own shipment)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: ANN001, ANN205
+                split: SliceSplit, varlen: VarlenLayout):
+        ship = split.forward
+        keep, keep_lens = _local_keys(varlen, ship)
+        idx = torch.tensor(keep, dtype=torch.long, device=q.device)
+        out, lse = block_forward(q, k[idx], v[idx], varlen.q_lens, keep_lens, causal=True)
+        if ship is not None:
+            rows, keys = _ship_rows(varlen, ship)
+            link = split.forward_link
+            works = link.post([_gather(q, rows), _gather(k, keys), _gather(v, keys)])
+            n = sum(b - a for a, b in rows)
+            o2, lse2 = link.take([((n, *q.shape[1:]), q.dtype), ((n, q.shape[1]), lse.dtype)],
+                                 q.device)
+            for w, _ in works:
+                w.wait()
+            split.counter[0] += 1
+            row_index = torch.cat([torch.arange(a, b, device=q.device) for a, b in rows])
+            merged, merged_lse = merge([(out[row_index], lse[row_index]), (o2, lse2)])
+            out = out.index_copy(0, row_index, merged)
+            lse = lse.index_copy(0, row_index, merged_lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.split, ctx.varlen = split, varlen
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):  # noqa: ANN001, ANN205
+        q, k, v, out, lse = ctx.saved_tensors
+        split, varlen = ctx.split, ctx.varlen
+        ship = split.backward
+        delta = (d_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
+        keep, keep_lens = _local_keys(varlen, ship)
+        idx = torch.tensor(keep, dtype=torch.long, device=q.device)
+        dq, dk_kept, dv_kept = block_backward(q, k[idx], v[idx], d_out, lse, delta,
+                                              varlen.q_lens, keep_lens, causal=True)
+        dk = torch.zeros_like(k).index_copy(0, idx, dk_kept)
+        dv = torch.zeros_like(v).index_copy(0, idx, dv_kept)
+        if ship is not None:
+            rows, keys = _ship_rows(varlen, ship)
+            link = split.backward_link
+            works = link.post([_gather(q, rows), _gather(k, keys), _gather(v, keys),
+                               _gather(d_out, rows), _gather(lse, rows), _gather(delta, rows)])
+            n, nk = sum(b - a for a, b in rows), sum(b - a for a, b in keys)
+            dq2, dk2, dv2 = link.take([((n, *q.shape[1:]), q.dtype), ((nk, *k.shape[1:]), k.dtype),
+                                       ((nk, *v.shape[1:]), v.dtype)], q.device)
+            for w, _ in works:
+                w.wait()
+            split.counter[0] += 1
+            row_index = torch.cat([torch.arange(a, b, device=q.device) for a, b in rows])
+            key_index = torch.cat([torch.arange(a, b, device=q.device) for a, b in keys])
+            dq = dq.index_add(0, row_index, dq2)
+            dk = dk.index_copy(0, key_index, dk2)
+            dv = dv.index_copy(0, key_index, dv2)
+        return dq, dk, dv, None, None
+
+
+def shipment(group: Group, move: Move, slice_id: int) -> Shipment | None:
+    """What ``move`` ships of ``slice_id`` (None: nothing, e.g. a slice without a prefix)."""
+    segs = {j: d for sid, j, d in move.shipped(group) if sid == slice_id}
+    if not segs:
+        return None
+    sl = group.slice(slice_id)
+    return Shipment(segments=segs, q_lens=tuple(sl.segments[j].num_tokens for j in segs))
+
+
+def _stage_rank(group: Group, block: int) -> int:
+    """The rank running ``block`` of ``group`` (cp = tp = 1: one rank per stage)."""
+    return group.stage_ranks(block % group.pp)[0]
+
+
+@dataclass(kw_only=True)
+class RankRedistribution:
+    """This rank's side of every group's moves, and the links they use."""
+
+    rank: int
+    moves: dict[int, tuple[Move, ...]]
+    links: dict[tuple[int, int], Link]
+    """(heavy rank, light rank) -> link, for the pairs this rank is on."""
+    sent: list[int] = field(default_factory=lambda: [0])
+    served: list[int] = field(default_factory=lambda: [0])
+
+    @classmethod
+    def build(cls, moves: dict[int, tuple[Move, ...]], groups: dict[int, Group], *,
+              rank: int) -> RankRedistribution:
+        """Collective: every rank creates every pair's group in the same order."""
+        pairs = sorted({(_stage_rank(groups[gid], m.heavy_block),
+                         _stage_rank(groups[gid], m.light_block))
+                        for gid, ms in moves.items() for m in ms})
+        links = {}
+        for heavy, light in pairs:
+            pg = dist.new_group(sorted({heavy, light}))
+            if rank in (heavy, light):
+                links[(heavy, light)] = Link(group=pg, peer=light if rank == heavy else heavy)
+        return cls(rank=rank, moves=moves, links=links)
+
+    def splits(self, group: Group, block: int) -> dict[int, SliceSplit]:
+        """Slice id -> its split, for the slices this rank runs as heavy on ``block``."""
+        out: dict[int, SliceSplit] = {}
+        for m in self.moves.get(group.group_id, ()):
+            if m.heavy_block != block:
+                continue
+            units = group.backward_units if m.backward else group.forward_units
+            link = self.links[(self.rank, _stage_rank(group, m.light_block))]
+            for sid in units[m.heavy_unit].slice_ids:
+                ship = shipment(group, m, sid)
+                if ship is None:
+                    continue
+                split = out.setdefault(sid, SliceSplit(forward=None, backward=None,
+                                                       forward_link=None, backward_link=None,
+                                                       counter=self.sent))
+                if m.backward:
+                    split.backward, split.backward_link = ship, link
+                else:
+                    split.forward, split.forward_link = ship, link
+        return out
+
+    def server(self, group: Group, spec: ModelSpec, *, dtype: torch.dtype,
+               device: torch.device) -> Server | None:
+        """The thread answering this rank's light side of ``group``'s moves (None: none)."""
+        mine = sorted((m for m in self.moves.get(group.group_id, ())
+                       if _stage_rank(group, m.light_block) == self.rank),
+                      key=lambda m: m.tick)
+        if not mine:
+            return None
+        return Server(group=group, moves=mine, links=self.links, rank=self.rank, spec=spec,
+                      dtype=dtype, device=device, served=self.served)
+
+
+class Server(threading.Thread):
+    """Answers the heavy ranks' per-layer requests of one group's moves, in tick order."""
+
+    def __init__(self, *, group: Group, moves: list[Move], links: dict[tuple[int, int], Link],
+                 rank: int, spec: ModelSpec, dtype: torch.dtype, device: torch.device,
+                 served: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.group, self.moves, self.links, self.rank = group, moves, links, rank
+        self.spec, self.dtype, self.device, self.served = spec, dtype, device, served
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with torch.no_grad():
+                for m in self.moves:
+                    self._serve(m)
+        except BaseException as exc:  # re-raised in the main thread by finish()
+            self.error = exc
+
+    def finish(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise RuntimeError(f"rank {self.rank}: attention redistribution server failed"
+                               ) from self.error
+
+    def _serve(self, m: Move) -> None:
+        group, spec = self.group, self.spec
+        link = self.links[(_stage_rank(group, m.heavy_block), self.rank)]
+        units = group.backward_units if m.backward else group.forward_units
+        layers = spec.num_layers // (group.pp * group.vpp)
+        heads, kv_heads, dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        for sid in units[m.heavy_unit].slice_ids:
+            ship = shipment(group, m, sid)
+            if ship is None:
+                continue
+            n, nk = sum(ship.q_lens), sum(ship.k_lens)
+            q_like = ((n, heads, dim), self.dtype)
+            kv_like = ((nk, kv_heads, dim), self.dtype)
+            row_like = ((n, heads), accumulate_dtype(self.dtype))
+            for _ in range(layers):
+                if m.backward:
+                    q, k, v, d_out, lse, delta = link.take(
+                        [q_like, kv_like, kv_like, q_like, row_like, row_like], self.device)
+                    replies = block_backward(q, k, v, d_out, lse, delta, ship.q_lens,
+                                             ship.k_lens, causal=False)
+                else:
+                    q, k, v = link.take([q_like, kv_like, kv_like], self.device)
+                    replies = block_forward(q, k, v, ship.q_lens, ship.k_lens, causal=False)
+                for w, _ in link.post(list(replies)):
+                    w.wait()
+                self.served[0] += 1

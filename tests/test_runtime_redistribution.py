@@ -1,0 +1,114 @@
+"""SlimPipe's attention redistribution executed by the runtime (slimpack/runtime/
+redistribution.py): the moves are the simulator's (priced for llama3.2-1b on an H100, where
+long prefixes make them pay), executed on the tiny model over CPU gloo in fp32, gradient-exact
+against the unsliced single-process reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slimpack.batch import Batch
+from slimpack.compare import plan_method
+from slimpack.cost.kernel_model import default_cost_model
+from slimpack.runtime.block_attention import block_backward, block_forward, merge
+from slimpack.runtime.config import RuntimeConfig
+from slimpack.runtime.many import run_plans
+from slimpack.runtime.parity import parity
+from slimpack.runtime.reference import reference_step
+from slimpack.runtime.validate import Pricing, check_runtime_plan
+from slimpack.sim import simulate
+from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+TINY = model_preset("tiny")
+PRICED, H100 = model_preset("llama3.2-1b"), hardware_preset("h100")
+COST = default_cost_model(PRICED, H100)
+PRICING = Pricing(model=PRICED, cost=COST)
+LENGTHS = (8192, 200, 300, 100)
+"""One long document among short ones: its later slices carry long KV prefixes."""
+
+
+def _plan(pp: int, vpp: int, dp: int, context: int, slices: int):
+    return plan_method("slimpipe", Batch.from_lengths(LENGTHS), PRICED, H100,
+                       ParallelSpec(pp=pp, vpp=vpp, dp=dp), COST, context=context,
+                       num_slices=slices)
+
+
+def test_split_attention_equals_whole_attention():
+    """Local causal part plus a fully visible prefix block, merged by log-sum-exp, is the
+    whole attention; the two blocks' backwards (given the whole lse) add up to its gradient."""
+    gen = torch.Generator().manual_seed(0)
+    q_lens, prefix = (5, 7), (6, 9)
+    k_lens = tuple(p + n for p, n in zip(prefix, q_lens, strict=True))
+    q = torch.randn(sum(q_lens), 4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(sum(k_lens), 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(sum(k_lens), 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    whole, lse = block_forward(q, k, v, q_lens, k_lens, causal=True)
+    ship = (4, 9)  # the first keys of each segment's prefix
+    starts = (0, k_lens[0])
+    far = torch.cat([torch.arange(s, s + d) for s, d in zip(starts, ship, strict=True)])
+    near = torch.cat([torch.arange(s + d, s + n) for s, d, n
+                      in zip(starts, ship, k_lens, strict=True)])
+    local = block_forward(q, k[near], v[near], q_lens,
+                          [n - d for n, d in zip(k_lens, ship, strict=True)], causal=True)
+    remote = block_forward(q, k[far], v[far], q_lens, ship, causal=False)
+    out, merged_lse = merge([local, remote])
+    torch.testing.assert_close(out, whole)
+    torch.testing.assert_close(merged_lse, lse)
+    d_out = torch.randn(whole.shape, generator=gen, dtype=torch.float64)
+    want = torch.autograd.grad(whole, (q, k, v), d_out)
+    delta = (d_out * whole).sum(-1)
+    with torch.no_grad():
+        dq1, dk1, dv1 = block_backward(q, k[near], v[near], d_out, lse, delta, q_lens,
+                                       [n - d for n, d in zip(k_lens, ship, strict=True)],
+                                       causal=True)
+        dq2, dk2, dv2 = block_backward(q, k[far], v[far], d_out, lse, delta, q_lens, ship,
+                                       causal=False)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    dk[near], dk[far], dv[near], dv[far] = dk1, dk2, dv1, dv2
+    for got, exp in zip((dq1 + dq2, dk, dv), want, strict=True):
+        torch.testing.assert_close(got, exp)
+
+
+CASES = {"pp2 vpp2": (2, 2, 1, 8192, 4), "pp4": (4, 1, 1, 16384, 8)}
+"""(pp, vpp, dp, context, slices): forward and backward moves in each."""
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def executed(request):
+    plan = _plan(*CASES[request.param])
+    rplan = check_runtime_plan(plan, TINY, pricing=PRICING)
+    (result,) = run_plans([plan], TINY, RuntimeConfig(seed=3), return_grads=True,
+                          timeout_s=600, pricing=PRICING)
+    return request.param, plan, rplan, result
+
+
+@pytest.mark.slow
+def test_slimpipe_plan_with_redistribution_runs_gradient_exact(executed):
+    name, plan, _, result = executed
+    assert plan.attention_redistribution and plan.parallel.pp == CASES[name][0]
+    ref = reference_step(TINY, plan.sequence_lengths, seed=3)
+    got = parity(result.loss, result.grads(), ref.loss, ref.grads)
+    assert got.ok, f"{name}: {got.describe()}"
+
+
+@pytest.mark.slow
+def test_the_runtime_executes_the_simulators_moves(executed):
+    """The moves are the simulator's (its pair count), both directions where it pairs
+    backward ops too, and every layer of every shipping slice sent and answered one
+    request."""
+    name, plan, rplan, result = executed
+    groups = {g.group_id: g for g in plan.groups()}
+    moves = [(groups[gid], m) for gid, ms in rplan.moves.items() for m in ms]
+    stats = simulate(plan, model=PRICED, hardware=H100, cost=COST).record.extra
+    assert len(moves) == stats["attention_redistribution"]["pairs"] > 0
+    assert {m.backward for _, m in moves} == {False, True}
+    expected = 0
+    for group, m in moves:
+        layers = TINY.num_layers // (group.pp * group.vpp)
+        units = group.backward_units if m.backward else group.forward_units
+        ships = {sid for sid, _, _ in m.shipped(group)}
+        expected += layers * len(ships & set(units[m.heavy_unit].slice_ids))
+    sent = sum(r.redistribution_sent for r in result.ranks)
+    served = sum(r.redistribution_served for r in result.ranks)
+    assert sent == served == expected > 0
