@@ -151,3 +151,46 @@ def test_rotary_embedding_is_q_and_k_read_and_written_in_bf16():
     assert with_rope.forward_s - without.forward_s == pytest.approx(8192 * 16_384 / 2.68e12)
     assert with_rope.backward_s - without.backward_s == pytest.approx(8192 * 16_384 / 2.68e12)
     assert no_rope.rope_bytes_per_token(2) == 0.0
+
+
+LLAMA7_GEMM_PARAMS = 32 * (67_108_864 + 135_266_304)  # attention + SwiGLU matrices, 32 layers
+LLAMA7_PARAMS = 32 * (67_108_864 + 135_266_304 + 2 * 4096) + 525_336_576  # + norms, embedding
+
+
+def test_fp8_weight_cache_is_weight_and_transpose_of_the_gemm_weights_only():
+    """Transformer Engine caches the fp8 weight and its fp8 transpose (set_fp8_weights:
+    weight1_fp8, weight1_t_fp8): 2 B per GEMM weight, none on embedding and norms. llama-7b,
+    dp 4: 2 * 6,476,005,376 = 12,952,010,752 B more than bf16 (was 1 B on every parameter)."""
+    from slimpack.cost.memory import model_state_bytes
+    bf16 = model_state_bytes(LLAMA7, dp=4)
+    fp8 = model_state_bytes(LLAMA7, dp=4, fp8=True)
+    assert bf16 == pytest.approx(LLAMA7_PARAMS * (2 + 4 + 12 / 4), rel=1e-12)
+    assert fp8 - bf16 == pytest.approx(12_952_010_752, rel=1e-12)
+    # FP8 parameters (fp8_params): 1 B weight + 1 B transpose replace the bf16 weight + cache.
+    fp8_params = model_state_bytes(LLAMA7, dp=4, fp8=True, fp8_params=True)
+    assert fp8_params == pytest.approx(bf16, rel=1e-12)
+    with pytest.raises(ValueError, match="fp8_params"):
+        model_state_bytes(LLAMA7, fp8_params=True)
+
+
+def test_optimizer_state_bytes_follow_nemo_distributed_fused_adam():
+    """NeMo's setup_optimization for Apex distributed_fused_adam: fp32 optimizer over bf16
+    weights stores 16-bit master remainders (2 + 4 + 4 = 10 B); bf16 optimizer over bf16
+    weights stores no master (2 + 2 = 4 B); with fp8_params the master is stored in the
+    optimizer dtype (4 + 8 = 12 B, 2 + 4 = 6 B). Megatron-Core: fp32 master and moments, 12 B."""
+    from slimpack.cost.memory import model_state_bytes, optimizer_bytes_per_param
+    assert optimizer_bytes_per_param() == 12
+    assert optimizer_bytes_per_param(optimizer="apex") == 10
+    assert optimizer_bytes_per_param(optimizer="apex", optimizer_dtype="bf16") == 4
+    assert optimizer_bytes_per_param(optimizer="apex", fp8_params=True) == 12
+    assert optimizer_bytes_per_param(optimizer="apex", optimizer_dtype="bf16",
+                                     fp8_params=True) == 6
+    # DGX Cloud Llama recipe, bf16, dp 8 (bf16 gradients): 2 + 2 + 10/8 = 5.25 B per parameter.
+    got = model_state_bytes(LLAMA7, dp=8, grad_bytes=2, optimizer_bytes=10)
+    assert got == pytest.approx(LLAMA7_PARAMS * 5.25, rel=1e-12)
+    with pytest.raises(ValueError, match="optimizer_dtype"):
+        TrainingSpec(optimizer_dtype="bf16")
+    with pytest.raises(ValueError, match="optimizer"):
+        TrainingSpec(optimizer="zero")
+    with pytest.raises(ValueError, match="fp8_params"):
+        TrainingSpec(fp8_params=True)

@@ -113,13 +113,15 @@ def test_cli_hopper_set_prints_rows_and_the_breakdown(capsys, tmp_path, records)
 
 def test_a_run_that_ran_fits_the_simulated_memory(records):
     """DGX Cloud Benchmarking Llama 3.1 8B BF16 on 8 H100s (tp1 cp2 dp4, 4096 tokens per GPU,
-    no recompute) ran: 8.0B parameters x (2 + 2 bf16 grads + 12/8) B = 44 GB of states plus
-    ~18 GB of activations fit the 80 GiB part; with fp32 gradient buffers it would not."""
+    no recompute) ran: 8.0B parameters x (2 + 2 bf16 grads + 10/8 Apex state with bf16 master
+    remainders) B = 42 GB of states plus ~19 GiB of activations and logits fit the 80 GiB part;
+    with fp32 gradient buffers and Megatron-Core's fp32 master weights (2 + 4 + 12/8 B) it
+    would not."""
     rec = next(r for r in records if r["id"] == "dgxc-llama3.1-8b-bf16-8gpu")
     report = validate([rec], express_fn=express_hopper)
     assert report.rows[0].fits is True and report.summary()["predicted_not_to_fit"] == 0
     fp32 = json.loads(json.dumps(rec))
-    fp32["training"]["grad_dtype"] = "fp32"
+    fp32["training"].update(grad_dtype="fp32", optimizer="megatron")
     assert validate([fp32], express_fn=express_hopper).predicted_not_to_fit == [rec["id"]]
 
 

@@ -10,6 +10,10 @@ rows set which constant:
   DeepGEMM's published H800 FP8 sweep at M=4096, taken as the CUTLASS 3.6 baseline it states
   its speedup against (TFLOPS / speedup: the class of per-tensor cuBLASLt GEMMs Transformer
   Engine runs; DeepGEMM's own block-scaled numbers are held out).
+* GEMM ceiling per kernel family (bf16): the ``role=ceiling`` row of that family's GPU, its
+  throughput over its peak (A100 SXM: the brute-force maximum of stas00/ml-engineering; H100
+  SXM: the sustained 10240^3 GEMM of the torch sweep). ``gemm_layers.csv`` (Transformer
+  Engine's per-layer GEMM times on an H200 NVL, bf16 and fp8) holds the capped model out.
 * Network efficiency (NCCL bus bandwidth over link bandwidth, intra- and inter-node):
   ``nccl.csv`` all-reduce runs on A100 nodes (``ampere``); the NCCL maintainers' effective
   NVLink4 (370 of 450 GB/s) and NDR (46-48 of 50 GB/s per NIC) figures (``hopper``).
@@ -56,6 +60,8 @@ BENCH_GPUS: dict[str, HardwareSpec] = {
                          kernel_family="hopper"),
 }
 GEMM_FAMILY_GPU = {"ampere": "a100-pcie-40g", "hopper": "h100-sxm-80g"}
+CEILING_FAMILY_GPU = {"ampere": "a100-sxm-80g", "hopper": "h100-sxm-80g"}
+"""Whose ``role=ceiling`` row sets each family's GEMM ceiling (the training parts: SXM)."""
 
 
 def read_rows(name: str, directory: Path | None = None) -> list[dict[str, str]]:
@@ -71,6 +77,7 @@ class FitResult:
     gemm: dict[tuple[str, str], K.GemmConstants]
     attention: dict[str, K.AttentionConstants]
     network: dict[str, tuple[float, float]]
+    ceiling: dict[tuple[str, str], float]
 
 
 def fit_network(rows: Iterable[dict[str, str]]) -> dict[str, tuple[float, float]]:
@@ -116,6 +123,20 @@ def fit_gemm(rows: Iterable[dict[str, str]]) -> dict[tuple[str, str], K.GemmCons
     fp8 = [r for r in rows if r["dtype"] == "fp8" and int(r["m"]) > 0]
     if fp8:
         out[("hopper", "fp8")] = _grid_fit(BENCH_GPUS[fp8[0]["gpu"]], fp8, "fp8")
+    return out
+
+
+def fit_ceiling(rows: Iterable[dict[str, str]]) -> dict[tuple[str, str], float]:
+    """(family, dtype) -> the one ``role=ceiling`` row's throughput over its peak, per family's
+    training GPU (:data:`CEILING_FAMILY_GPU`)."""
+    rows = [r for r in rows if r["role"] == "ceiling"]
+    out: dict[tuple[str, str], float] = {}
+    for family, gpu in CEILING_FAMILY_GPU.items():
+        sel = [r for r in rows if r["gpu"] == gpu and r["dtype"] == "bf16"]
+        if len(sel) != 1:
+            raise ValueError(f"GEMM ceiling of {family!r}: want one bf16 role=ceiling row of "
+                             f"{gpu!r}, found {len(sel)}")
+        out[(family, "bf16")] = float(sel[0]["tflops"]) / float(sel[0]["peak_tflops"])
     return out
 
 
@@ -179,9 +200,45 @@ def fit_attention(rows: Iterable[dict[str, str]]) -> dict[str, K.AttentionConsta
 
 
 def fit_all(directory: Path | None = None) -> FitResult:
-    return FitResult(gemm=fit_gemm(read_rows("gemm.csv", directory)),
+    gemm_rows = read_rows("gemm.csv", directory)
+    return FitResult(gemm=fit_gemm(gemm_rows),
                      attention=fit_attention(read_rows("flash_attention.csv", directory)),
-                     network=fit_network(read_rows("nccl.csv", directory)))
+                     network=fit_network(read_rows("nccl.csv", directory)),
+                     ceiling=fit_ceiling(gemm_rows))
+
+
+def layer_gemm_shapes(row: dict[str, str]) -> list[tuple[int, int, int]]:
+    """(m, n, k) of the four GEMMs of one layer row of ``gemm_layers.csv`` in its pass, as
+    Transformer Engine's GEMM benchmark derives them (fprop: QKV, out-projection, up, down;
+    dgrad swaps n and k; wgrad is the ``k x n`` weight from ``m`` tokens)."""
+    m, h = int(row["tokens"]), int(row["hidden"])
+    fprop = [(m, int(row["qkv_out"]), h), (m, h, h), (m, int(row["ffn"]), h),
+             (m, h, int(row["ffn"]))]
+    if row["pass"] == "fprop":
+        return fprop
+    if row["pass"] == "dgrad":
+        return [(a, k, n) for a, n, k in fprop]
+    if row["pass"] == "wgrad":
+        return [(k, n, a) for a, n, k in fprop]
+    raise ValueError(f"gemm_layers.csv: pass must be fprop, dgrad or wgrad, got {row['pass']!r}")
+
+
+def layer_residuals(directory: Path | None = None) -> list[dict[str, object]]:
+    """Published vs modelled milliseconds of one layer's four GEMMs (``gemm_layers.csv``):
+    the shipped tile model capped at :data:`~slimpack.cost.kernels.GEMM_CEILING`, on a
+    HardwareSpec of the row's peak and SM count. FP8 rows price the GEMMs only (the autocast
+    rows' published times include Transformer Engine's input quantization)."""
+    out: list[dict[str, object]] = []
+    for r in read_rows("gemm_layers.csv", directory):
+        hw = HardwareSpec(name=r["gpu"], peak_tflops=float(r["peak_tflops"]), memory_gib=80,
+                          hbm_tbps=4.8, intra_node_gbps=1, inter_node_gbps=1,
+                          num_sms=int(r["num_sms"]), peak_fp8_tflops=float(r["peak_fp8_tflops"]),
+                          kernel_family="hopper")
+        seconds = sum(K.capped_gemm_seconds(hw, m, n, k, dtype=r["dtype"])
+                      for m, n, k in layer_gemm_shapes(r))
+        out.append({"gpu": r["gpu"], "recipe": r["recipe"], "pass": r["pass"], "role": r["role"],
+                    "published_ms": float(r["ms"]), "predicted_ms": seconds * 1e3})
+    return out
 
 
 def residuals(directory: Path | None = None) -> list[dict[str, object]]:

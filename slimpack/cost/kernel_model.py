@@ -87,12 +87,11 @@ class KernelCostModel:
     def _gemm(self, m: float, n: float, k: float, batch: int = 1,
               dtype: str | None = None) -> float:
         """A GEMM in the recipe's precision (``dtype`` overrides: the LM head stays bf16):
-        the tile/wave model, never faster than the measured maximum achievable matmul
-        throughput (:data:`~slimpack.cost.kernels.GEMM_CEILING`)."""
+        the tile/wave model, never faster than the measured sustained matmul throughput
+        (:func:`~slimpack.cost.kernels.capped_gemm_seconds`)."""
         dtype = self.training.dtype if dtype is None else dtype
-        m, n, k = int(m), int(n), int(k)
-        seconds = max(K.gemm_seconds(self.hardware, m, n, k, batch=batch, dtype=dtype),
-                      K.gemm_ceiling_seconds(self.hardware, m, n, k, batch=batch, dtype=dtype))
+        seconds = K.capped_gemm_seconds(self.hardware, int(m), int(n), int(k), batch=batch,
+                                        dtype=dtype)
         return seconds / self.gemm_scale
 
     def _linear_shapes(self, tokens: int, tp: int) -> list[tuple[int, int, int]]:

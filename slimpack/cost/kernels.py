@@ -93,14 +93,19 @@ NVLink4 370 of 450 GB/s; NDR 46-48 of 50 GB/s per NIC)."""
 
 GEMM_CEILING: dict[tuple[str, str], float] = {
     ("ampere", "bf16"): 267.9 / 312,
-    ("hopper", "bf16"): 792.1 / 989,
+    ("hopper", "bf16"): 719.72 / 989,
 }
-"""Maximum achievable matmul throughput as a fraction of the dtype's peak, per (kernel family,
-dtype): the best of a brute-force shape search (stas00/ml-engineering,
-compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table": A100 SXM
-267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989, bf16, CUDA 12.1). No GEMM of any shape ran
-faster, so the tile model's asymptote (``eta`` x peak: 281 and 831 TFLOP/s) is capped there;
-kernel families or dtypes without a measurement are not capped."""
+"""The most a GEMM of any shape sustains, as a fraction of the dtype's peak, per (kernel family,
+dtype); fitted by :func:`slimpack.cost.kernel_fit.fit_ceiling` from the ``role=ceiling`` rows
+of ``datasets/kernels/gemm.csv``. Ampere: the best of a brute-force shape search
+(stas00/ml-engineering, "Maximum Achievable Matmul FLOPS comparison table": A100 SXM 267.9 of
+312 TFLOP/s). Hopper: the largest, longest-running bf16 GEMM of an H100 SXM sweep (10240^3:
+719.72 of 989 TFLOP/s, zzc0721/torch-performance-test-data issue #79), the rate a 700 W part
+holds when GEMMs run back to back as in training; the brute-force table's 792.1 and the sweep's
+short 8192^3 797.5 are best cases it does not hold (the H200 NVL per-layer GEMM times of
+Transformer Engine's GEMM profiling tutorial, ``gemm_layers.csv``, hold out at this fraction).
+The tile model's asymptote (``eta`` x peak) is capped there; kernel families or dtypes without
+a measurement (FP8) are not capped."""
 
 
 def gemm_ceiling_seconds(hw: HardwareSpec, m: int, n: int, k: int, *, dtype: str = "bf16",
@@ -111,6 +116,14 @@ def gemm_ceiling_seconds(hw: HardwareSpec, m: int, n: int, k: int, *, dtype: str
     if frac is None or m <= 0 or n <= 0 or k <= 0 or batch <= 0:
         return 0.0
     return batch * 2.0 * m * n * k / (_peak(hw, dtype) * frac)
+
+
+def capped_gemm_seconds(hw: HardwareSpec, m: int, n: int, k: int, *, dtype: str = "bf16",
+                        batch: int = 1) -> float:
+    """Seconds of ``batch`` ``(m x k) @ (k x n)`` GEMMs: the tile/wave model, never faster than
+    the sustained ceiling (:data:`GEMM_CEILING`)."""
+    return max(gemm_seconds(hw, m, n, k, batch=batch, dtype=dtype),
+               gemm_ceiling_seconds(hw, m, n, k, batch=batch, dtype=dtype))
 
 
 def _peak(hw: HardwareSpec, dtype: str) -> float:

@@ -19,6 +19,21 @@ BF16 = 2
 FP32 = 4
 SCHEDULE_KINDS = ("1f1b", "interleaved", "slimpipe")
 SAVED_ACTIVATION_MODELS = ("megatron", "runtime")
+ADAM_FP32_BYTES = 12
+"""fp32 master weight, Adam first and second moment: bytes per parameter."""
+APEX_PARAM_REMAINDER_BYTES = 2
+"""Apex ``distributed_fused_adam`` with ``store_param_remainders``: the low 16 bits of each fp32
+master weight (the bf16 model weight holds the high 16)."""
+FP8_PARAM_BYTES = 2
+"""An FP8 parameter (1 B) and its cached fp8 transpose (1 B): Hopper's FP8 GEMMs take both
+orientations (*reconstructed* for ``fp8_params`` from the same need as
+:data:`FP8_WEIGHT_CACHE_BYTES`)."""
+FP8_WEIGHT_CACHE_BYTES = 2
+"""Bytes per GEMM weight Transformer Engine keeps in FP8 recipes besides the bf16 weight: the
+fp8 weight and its fp8 transpose, cached between micro-batches
+(``TransformerEngineBaseModule.set_fp8_weights``: ``weight1_fp8`` and ``weight1_t_fp8``;
+Megatron-Core's ``TELinear`` passes ``is_first_microbatch`` unless
+``disable_parameter_transpose_cache``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -335,43 +350,88 @@ class MemoryEstimate:
 def model_state_bytes(model: ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1,
                       ep: int = 1, distributed_optimizer: bool = True,
                       include_embedding: bool = True, zero_stage: int | None = None,
-                      fp8: bool = False, grad_bytes: int = FP32) -> float:
-    """Parameters, gradients and Adam states on the heaviest pipeline rank.
+                      fp8: bool = False, grad_bytes: int = FP32, fp8_params: bool = False,
+                      optimizer_bytes: float = ADAM_FP32_BYTES) -> float:
+    """Parameters, gradients and optimizer states on the heaviest pipeline rank.
 
-    Mixed precision: bf16 parameters (2 B) + fp32 main gradients (4 B) + fp32 master weights
-    and Adam moments (12 B); the distributed optimizer shards the 12 B over dp*cp (Megatron's
-    data-parallel-with-context group). The first stage also holds the embedding table.
+    Mixed precision: bf16 parameters (2 B) + fp32 main gradients (4 B) + the optimizer state
+    (``optimizer_bytes``, default 12: fp32 master weights and Adam moments; see
+    :func:`optimizer_bytes_per_param`); the distributed optimizer shards it over dp*cp
+    (Megatron's data-parallel-with-context group). The first stage also holds the embedding
+    table.
 
     ``zero_stage`` (overrides ``distributed_optimizer``): 0 replicates everything, 1 is the
     distributed optimizer, 3 shards parameters, gradients and optimizer states over dp*cp with
     16-bit gradients: ``(2 + 2 + K) * Psi / Nd`` with K = 12, the ZeRO paper's stage-3 formula
     (Rajbhandari et al. 2020, arXiv 1910.02054, section 5.3). ``fp8`` adds Transformer Engine's
-    fp8 weight copy (1 B per parameter; the bf16 weights stay). ``grad_bytes``: the
-    data-parallel gradient buffer per parameter (4 fp32, 2 with bf16 gradient reduction,
-    :attr:`~slimpack.specs.training.TrainingSpec.grad_dtype`), stages 0 and 1.
+    fp8 weight cache, :data:`FP8_WEIGHT_CACHE_BYTES` per weight of the layers' GEMMs (embedding,
+    LM head, norms and router are not fp8 GEMMs); with ``fp8_params`` those weights are fp8
+    parameters instead (1 B, plus their cached fp8 transpose, 1 B) and no bf16 copy exists.
+    ``grad_bytes``: the data-parallel gradient buffer per parameter (4 fp32, 2 with bf16
+    gradient reduction, :attr:`~slimpack.specs.training.TrainingSpec.grad_dtype`), stages 0
+    and 1.
     """
     if grad_bytes not in (BF16, FP32):
         raise ValueError(f"grad_bytes must be 2 (bf16) or 4 (fp32), got {grad_bytes!r}")
+    if fp8_params and not fp8:
+        raise ValueError("fp8_params needs fp8 (FP8 weights exist only in FP8 recipes)")
     layers = model.num_layers / pp
     dense = model.attention_params_per_layer + 2 * model.hidden
     if model.is_moe:
         router = model.hidden * model.num_experts
         experts = model.mlp_matrices * model.hidden * model.ffn_hidden * model.num_experts / ep
         per_layer = dense + router + experts
+        gemm_per_layer = model.attention_params_per_layer + experts
     else:
         per_layer = dense + model.mlp_params_per_layer
+        gemm_per_layer = model.attention_params_per_layer + model.mlp_params_per_layer
     params = layers * per_layer / tp
     if include_embedding:
         params += model.embedding_params / tp
-    extra = 1 if fp8 else 0
+    gemm = layers * gemm_per_layer / tp
+    weights = params * BF16
+    if fp8_params:
+        weights += gemm * (FP8_PARAM_BYTES - BF16)
+    elif fp8:
+        weights += gemm * FP8_WEIGHT_CACHE_BYTES
     if zero_stage is None:
         zero_stage = 1 if distributed_optimizer else 0
     if zero_stage not in (0, 1, 3):
         raise ValueError(f"zero_stage must be one of 0, 1, 3; got {zero_stage!r}")
     if zero_stage == 3:
-        return params * (BF16 + BF16 + 12 + extra) / (dp * cp)
+        return (weights + params * (BF16 + optimizer_bytes)) / (dp * cp)
     shard = dp * cp if zero_stage == 1 else 1
-    return params * (BF16 + grad_bytes + 12 / shard + extra)
+    return weights + params * (grad_bytes + optimizer_bytes / shard)
+
+
+def optimizer_bytes_per_param(*, optimizer: str = "megatron", optimizer_dtype: str = "fp32",
+                              fp8_params: bool = False) -> int:
+    """Sharded optimizer-state bytes per parameter of a bf16 (or fp8) model.
+
+    ``megatron``: Megatron-Core's distributed optimizer, fp32 master weight and Adam moments
+    (:data:`ADAM_FP32_BYTES`). ``apex``: NeMo's Apex ``distributed_fused_adam`` keeps its Adam
+    moments in ``optimizer_dtype`` and the master weights as NeMo's
+    ``MegatronGPTModel.setup_optimization`` sets them: with ``fp8_params`` stored in
+    ``optimizer_dtype`` (``store_params=True``); with an fp32 optimizer over bf16 weights only
+    the 16-bit remainders of the fp32 master weights (``store_param_remainders=True``: 2 B);
+    with a bf16 optimizer over bf16 weights none (``store_params=False``).
+    """
+    if optimizer == "megatron":
+        if optimizer_dtype != "fp32":
+            raise ValueError("optimizer_dtype='bf16' needs optimizer='apex'")
+        return ADAM_FP32_BYTES
+    if optimizer != "apex":
+        raise ValueError(f"optimizer must be 'megatron' or 'apex', got {optimizer!r}")
+    if optimizer_dtype not in ("fp32", "bf16"):
+        raise ValueError(f"optimizer_dtype must be 'fp32' or 'bf16', got {optimizer_dtype!r}")
+    element = FP32 if optimizer_dtype == "fp32" else BF16
+    if fp8_params:
+        master = element
+    elif optimizer_dtype == "fp32":
+        master = APEX_PARAM_REMAINDER_BYTES
+    else:
+        master = 0
+    return master + 2 * element
 
 
 def logits_bytes(model: ModelSpec, tokens: int, *, tp: int = 1, cp: int = 1,

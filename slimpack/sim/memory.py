@@ -33,6 +33,7 @@ from slimpack.cost.memory import (
     kv_bytes_per_token_per_layer,
     logits_bytes,
     model_state_bytes,
+    optimizer_bytes_per_param,
     runtime_chunk_bytes,
     runtime_first_block_bytes,
     runtime_head_bytes,
@@ -120,9 +121,13 @@ def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
     """Model-state bytes on one device of each pipeline stage: the layers' share, the input
     embedding on the first stage, an untied LM head on the last (or spread over every stage
     with ``vocab_parallel_pp``), under ``training``'s ZeRO stage and precision."""
-    zero = {} if training is None else {"zero_stage": training.zero_stage,
-                                        "fp8": training.dtype == "fp8",
-                                        "grad_bytes": 2 if training.grad_dtype == "bf16" else 4}
+    zero = {} if training is None else {
+        "zero_stage": training.zero_stage, "fp8": training.dtype == "fp8",
+        "grad_bytes": 2 if training.grad_dtype == "bf16" else 4,
+        "fp8_params": training.fp8_params,
+        "optimizer_bytes": optimizer_bytes_per_param(optimizer=training.optimizer,
+                                                     optimizer_dtype=training.optimizer_dtype,
+                                                     fp8_params=training.fp8_params)}
     states_no_embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp,
                                             include_embedding=False, **zero)
     embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, **zero) - states_no_embedding

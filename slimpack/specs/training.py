@@ -14,6 +14,8 @@ GRAD_DTYPES = ("fp32", "bf16")
 ZERO_STAGES = (0, 1, 3)
 ATTENTION_KERNELS = ("flash", "unfused")
 HOPPER_ATTENTION = ("fa3", "fa2")
+OPTIMIZERS = ("megatron", "apex")
+OPTIMIZER_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,7 +24,8 @@ class TrainingSpec:
 
     dtype: str = "bf16"
     """GEMM precision: ``bf16`` (fp16 prices the same) or ``fp8`` (Transformer Engine recipe:
-    GEMMs at the FP8 peak, weights kept in bf16 plus an fp8 copy, attention in bf16)."""
+    GEMMs at the FP8 peak, weights kept in bf16 plus their cached fp8 weight and transpose, or
+    as FP8 parameters with ``fp8_params``; attention in bf16)."""
     sequence_parallel: bool = True
     """Megatron sequence parallelism: norms/dropout split over TP ranks, all-gather +
     reduce-scatter instead of all-reduce (same bytes on a ring). Off: those elementwise ops
@@ -61,6 +64,19 @@ class TrainingSpec:
     dropout: bool = False
     """Hidden and attention-probability dropout (GPT-3 recipes): its masks and the extra
     elementwise passes are priced; the s x s attention mask only for ``unfused``."""
+    fp8_params: bool = False
+    """FP8 recipes only: the layers' GEMM weights are Transformer Engine FP8 parameters
+    (``fp8_model_init``; NeMo's ``model.fp8_params``), 1 B each plus their cached fp8
+    transpose, instead of bf16 weights plus the cached fp8 weight and transpose (2 + 2 B).
+    NVIDIA's DGX Cloud FP8 recipes set it (``configure.sh``: ``+model.fp8_params``)."""
+    optimizer: str = "megatron"
+    """Who keeps the sharded optimizer state (:func:`slimpack.cost.memory.optimizer_bytes_per_param`):
+    ``megatron`` (Megatron-Core's distributed optimizer: fp32 master weights and Adam moments,
+    12 B per parameter) or ``apex`` (NeMo's Apex ``distributed_fused_adam``, state in
+    ``optimizer_dtype``, master weights as NeMo's ``setup_optimization`` configures them)."""
+    optimizer_dtype: str = "fp32"
+    """Apex ``distributed_fused_adam``'s ``dtype`` (optimizer state): ``fp32`` (its default) or
+    ``bf16`` (the DGX Cloud Nemotron-4 340B recipe's ``optim.dtype``)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -75,6 +91,18 @@ class TrainingSpec:
         if self.hopper_attention not in HOPPER_ATTENTION:
             raise ValueError(f"TrainingSpec.hopper_attention must be one of "
                              f"{', '.join(HOPPER_ATTENTION)}, got {self.hopper_attention!r}")
+        if self.fp8_params and self.dtype != "fp8":
+            raise ValueError("TrainingSpec.fp8_params needs dtype='fp8' (FP8 weights are a "
+                             "Transformer Engine FP8 recipe)")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"TrainingSpec.optimizer must be one of {', '.join(OPTIMIZERS)}, "
+                             f"got {self.optimizer!r}")
+        if self.optimizer_dtype not in OPTIMIZER_DTYPES:
+            raise ValueError(f"TrainingSpec.optimizer_dtype must be one of "
+                             f"{', '.join(OPTIMIZER_DTYPES)}, got {self.optimizer_dtype!r}")
+        if self.optimizer == "megatron" and self.optimizer_dtype != "fp32":
+            raise ValueError("TrainingSpec.optimizer_dtype='bf16' needs optimizer='apex' "
+                             "(Megatron-Core's distributed optimizer keeps fp32 state)")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(f"TrainingSpec.attention_kernel must be one of "
                              f"{', '.join(ATTENTION_KERNELS)}, got {self.attention_kernel!r}")

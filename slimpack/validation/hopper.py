@@ -98,13 +98,20 @@ def express_hopper(record: dict[str, Any]) -> Case | Skipped:
         parallel.validate_for_model(model)
     except ValueError as exc:
         return Skipped(record_id=rid, reason=str(exc))
-    training = TrainingSpec(dtype=precision, sequence_parallel=bool(p.get("sequence_parallel")),
-                            tp_comm_overlap=bool(record.get("training", {}).get("tp_comm_overlap")),
-                            zero_stage=3 if "fsdp" in p.get("dp_sharding", "").lower() else 1,
-                            grad_dtype=record.get("training", {}).get("grad_dtype", "fp32"),
-                            attention_kernel="flash", dropout=False,
-                            hopper_attention=record.get("training", {}).get("hopper_attention",
-                                                                            "fa3"))
+    recipe = record.get("training", {})
+    try:
+        training = TrainingSpec(dtype=precision,
+                                sequence_parallel=bool(p.get("sequence_parallel")),
+                                tp_comm_overlap=bool(recipe.get("tp_comm_overlap")),
+                                zero_stage=3 if "fsdp" in p.get("dp_sharding", "").lower() else 1,
+                                grad_dtype=recipe.get("grad_dtype", "fp32"),
+                                attention_kernel="flash", dropout=False,
+                                hopper_attention=recipe.get("hopper_attention", "fa3"),
+                                fp8_params=bool(recipe.get("fp8_params", False)),
+                                optimizer=recipe.get("optimizer", "megatron"),
+                                optimizer_dtype=recipe.get("optimizer_dtype", "fp32"))
+    except ValueError as exc:
+        return Skipped(record_id=rid, reason=str(exc))
     return Case(record_id=rid, source=record["source"]["work"], params_b=float(m["params_b"]),
                 model=model, hardware=hardware, parallel=parallel, training=training,
                 recompute=record["recompute"], seq_len=m["seq_len"], mbs=p["mbs"], gbs=p["gbs"],
