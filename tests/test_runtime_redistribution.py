@@ -36,10 +36,10 @@ LENGTHS = (8192, 200, 300, 100)
 
 
 def _plan(pp: int, vpp: int, dp: int, context: int, slices: int, *, tp: int = 1, cp: int = 1,
-          **group_fields):
+          lengths: tuple[int, ...] = LENGTHS, **group_fields):
     """SlimPipe's plan; ``group_fields`` replaced on every group (the runtime prices the
     moves of the plan it is given, so they are the replaced plan's)."""
-    plan = plan_method("slimpipe", Batch.from_lengths(LENGTHS), PRICED, H100,
+    plan = plan_method("slimpipe", Batch.from_lengths(lengths), PRICED, H100,
                        ParallelSpec(pp=pp, vpp=vpp, dp=dp, tp=tp, cp=cp), COST, context=context,
                        num_slices=slices)
     return dataclasses.replace(plan, phases=tuple(
@@ -83,20 +83,32 @@ def test_split_attention_equals_whole_attention():
         torch.testing.assert_close(got, exp)
 
 
-CASES = {"pp2 vpp2": ((2, 2, 1, 8192, 4), {}), "pp4": ((4, 1, 1, 16384, 8), {}),
-         "pp2 vpp2 recompute full": ((2, 2, 1, 8192, 4), {"recompute": "full"}),
-         "pp2 vpp2 recompute selective": ((2, 2, 1, 8192, 4), {"recompute": "selective"}),
-         "pp2 vpp2 tp2": ((2, 2, 1, 8192, 4), {"tp": 2}),
-         "pp2 vpp2 cp2": ((2, 2, 1, 8192, 4), {"cp": 2}),
-         "pp2 vpp2 cp2 per-document": ((2, 2, 1, 8192, 4),
-                                       {"cp": 2, "cp_sharding": "per-document"})}
-"""(pp, vpp, dp, context, slices), then tp, cp and group fields. Forward and backward moves
-in each except the cp2 ones (forward only: the simulator keeps no backward pair there)."""
+TWO_LONG = (8192, 8192)
+"""Two long documents: at cp2 the simulator pairs backward ops too."""
+
+BOTH, FORWARD, BACKWARD = {False, True}, {False}, {True}
+CASES = {
+    "pp2 vpp2": ((2, 2, 1, 8192, 4), {}, BOTH),
+    "pp4": ((4, 1, 1, 16384, 8), {}, BOTH),
+    "pp2 vpp2 recompute full": ((2, 2, 1, 8192, 4), {"recompute": "full"}, BOTH),
+    "pp2 vpp2 recompute selective": ((2, 2, 1, 8192, 4), {"recompute": "selective"}, BOTH),
+    "pp2 vpp2 tp2": ((2, 2, 1, 8192, 4), {"tp": 2}, BOTH),
+    "pp2 vpp2 cp2": ((2, 2, 1, 8192, 4), {"cp": 2}, FORWARD),
+    "pp2 vpp2 cp2 two long": ((2, 2, 1, 16384, 4), {"cp": 2, "lengths": TWO_LONG}, BOTH),
+    "pp2 vpp2 cp2 per-document two long": (
+        (2, 2, 1, 16384, 4), {"cp": 2, "cp_sharding": "per-document", "lengths": TWO_LONG},
+        BOTH),
+    "pp2 vpp2 tp2 cp2 recompute full two long": (
+        (2, 2, 1, 16384, 4), {"tp": 2, "cp": 2, "recompute": "full", "lengths": TWO_LONG},
+        BACKWARD),
+}
+"""name -> ((pp, vpp, dp, context, slices), tp, cp, lengths and group fields, the move
+directions the simulator keeps there)."""
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def executed(request):
-    shape, fields = CASES[request.param]
+    shape, fields, _ = CASES[request.param]
     plan = _plan(*shape, **fields)
     rplan = check_runtime_plan(plan, TINY, pricing=PRICING)
     (result,) = run_plans([plan], TINY, RuntimeConfig(seed=3), return_grads=True,
@@ -107,7 +119,7 @@ def executed(request):
 @pytest.mark.slow
 def test_slimpipe_plan_with_redistribution_runs_gradient_exact(executed):
     name, plan, _, result = executed
-    shape, fields = CASES[name]
+    shape, fields, _ = CASES[name]
     assert plan.attention_redistribution and plan.parallel.pp == shape[0]
     for group in plan.groups():
         assert (group.tp, group.cp) == (fields.get("tp", 1), fields.get("cp", 1))
@@ -127,8 +139,7 @@ def test_the_runtime_executes_the_simulators_moves(executed):
     moves = [(groups[gid], m) for gid, ms in rplan.moves.items() for m in ms]
     stats = simulate(plan, model=PRICED, hardware=H100, cost=COST).record.extra
     assert len(moves) == stats["attention_redistribution"]["pairs"] > 0
-    directions = {False} if "cp2" in name else {False, True}
-    assert {m.backward for _, m in moves} == directions
+    assert {m.backward for _, m in moves} == CASES[name][2]
     expected = 0
     for group, m in moves:
         layers = TINY.num_layers // (group.pp * group.vpp)
