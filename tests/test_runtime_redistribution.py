@@ -93,6 +93,7 @@ CASES = {
     "pp2 vpp2 recompute full": ((2, 2, 1, 8192, 4), {"recompute": "full"}, BOTH),
     "pp2 vpp2 recompute selective": ((2, 2, 1, 8192, 4), {"recompute": "selective"}, BOTH),
     "pp2 vpp2 tp2": ((2, 2, 1, 8192, 4), {"tp": 2}, BOTH),
+    "pp2 vpp2 tp4 replicated kv heads": ((2, 2, 1, 8192, 4), {"tp": 4}, BACKWARD),
     "pp2 vpp2 cp2": ((2, 2, 1, 8192, 4), {"cp": 2}, FORWARD),
     "pp2 vpp2 cp2 two long": ((2, 2, 1, 16384, 4), {"cp": 2, "lengths": TWO_LONG}, BOTH),
     "pp2 vpp2 cp2 per-document two long": (
