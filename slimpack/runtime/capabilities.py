@@ -52,8 +52,9 @@ def check_plan_fields(plan: Plan) -> None:
     # SlimPipe's attention redistribution ships KV between paired pipeline ranks
     # (slimpack.runtime.redistribution); with one stage there is no pair, so the flag
     # describes the plain computation. Executed lane by lane (tp and ring-CP ranks pair by
-    # in-stage offset) under every recompute mode; Ulysses CP swaps heads for rows inside
-    # attention, so a lane's query rows are not the ones the simulator's pair ships.
+    # in-stage offset) under every recompute mode. Ulysses CP is refused: the simulator
+    # prices each cp rank's row pieces (the ring layout, sim/redistribution.py), while a
+    # Ulysses rank attends every row of the slice with heads/cp heads.
     if plan.attention_redistribution:
         for g in plan.groups():
             if g.pp > 1 and g.cp > 1 and g.cp_kind != "ring":

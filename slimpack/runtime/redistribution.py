@@ -42,7 +42,9 @@ recomputed local part: the same numbers as the first forward, so gradients stay 
 partials are not in the rank's saved-activation bytes (the simulator does not price them
 either; they are ``rows x heads x (head_dim + 1)`` per layer of a shipping slice).
 
-Ulysses CP (``cp_kind="ulysses"``) is refused (:mod:`slimpack.runtime.capabilities`).
+Ulysses CP (``cp_kind="ulysses"``) is refused (:mod:`slimpack.runtime.capabilities`): the
+simulator prices each cp rank's row pieces, while a Ulysses rank attends every row with
+``heads/cp`` heads.
 """
 
 from __future__ import annotations
