@@ -56,13 +56,13 @@ def test_a_row_lacking_schema_columns_is_refused_by_name():
 
 
 def test_records_say_whether_the_runtime_executes_the_plan():
-    # The same batch on one layout: Megatron-LM's plan runs; SlimPipe's states SlimPipe's
-    # attention redistribution between pipeline ranks, which the runtime refuses by name on
-    # this tp2 layout (it executes it at cp = tp = 1).
+    # The same batch on one layout: Megatron-LM's plan runs, and so does SlimPipe's, which
+    # states SlimPipe's attention redistribution between pipeline ranks (executed lane by
+    # lane at tp2). A refused plan's row names the field (next test).
     point = {**FIXED, "parallel": {"tp": 2, "pp": 4}}
     rows = {r["method"]: r for r in compare_rows(point, ("megatron", "slimpipe"), "test")}
     assert rows["megatron"]["runtime_refusal"] == ""
-    assert "attention_redistribution" in rows["slimpipe"]["runtime_refusal"]
+    assert rows["slimpipe"]["runtime_refusal"] == ""
 
 
 def test_runtime_refusal_names_the_field_for_a_model_it_does_not_run():

@@ -1,9 +1,13 @@
 """SlimPipe's attention redistribution executed by the runtime (slimpack/runtime/
 redistribution.py): the moves are the simulator's (priced for llama3.2-1b on an H100, where
 long prefixes make them pay), executed on the tiny model over CPU gloo in fp32, gradient-exact
-against the unsliced single-process reference."""
+against the unsliced single-process reference. Also under recompute (the rerun reuses the
+light rank's partials), with tp > 1 (each tp lane ships its heads) and ring CP (each cp lane
+ships its query pieces against the gathered prefix, both cp_sharding values)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -11,8 +15,11 @@ import torch
 from slimpack.batch import Batch
 from slimpack.compare import plan_method
 from slimpack.cost.kernel_model import default_cost_model
+from slimpack.plan import Phase
 from slimpack.runtime.block_attention import block_backward, block_forward, merge
 from slimpack.runtime.config import RuntimeConfig
+from slimpack.runtime.cp_layout import shard_slice
+from slimpack.runtime.layout import GroupLayout
 from slimpack.runtime.many import run_plans
 from slimpack.runtime.parity import parity
 from slimpack.runtime.reference import reference_step
@@ -28,10 +35,16 @@ LENGTHS = (8192, 200, 300, 100)
 """One long document among short ones: its later slices carry long KV prefixes."""
 
 
-def _plan(pp: int, vpp: int, dp: int, context: int, slices: int):
-    return plan_method("slimpipe", Batch.from_lengths(LENGTHS), PRICED, H100,
-                       ParallelSpec(pp=pp, vpp=vpp, dp=dp), COST, context=context,
+def _plan(pp: int, vpp: int, dp: int, context: int, slices: int, *, tp: int = 1, cp: int = 1,
+          lengths: tuple[int, ...] = LENGTHS, **group_fields):
+    """SlimPipe's plan; ``group_fields`` replaced on every group (the runtime prices the
+    moves of the plan it is given, so they are the replaced plan's)."""
+    plan = plan_method("slimpipe", Batch.from_lengths(lengths), PRICED, H100,
+                       ParallelSpec(pp=pp, vpp=vpp, dp=dp, tp=tp, cp=cp), COST, context=context,
                        num_slices=slices)
+    return dataclasses.replace(plan, phases=tuple(
+        Phase(groups=tuple(dataclasses.replace(g, **group_fields) for g in ph.groups))
+        for ph in plan.phases))
 
 
 def test_split_attention_equals_whole_attention():
@@ -70,13 +83,34 @@ def test_split_attention_equals_whole_attention():
         torch.testing.assert_close(got, exp)
 
 
-CASES = {"pp2 vpp2": (2, 2, 1, 8192, 4), "pp4": (4, 1, 1, 16384, 8)}
-"""(pp, vpp, dp, context, slices): forward and backward moves in each."""
+TWO_LONG = (8192, 8192)
+"""Two long documents: at cp2 the simulator pairs backward ops too."""
+
+BOTH, FORWARD, BACKWARD = {False, True}, {False}, {True}
+CASES = {
+    "pp2 vpp2": ((2, 2, 1, 8192, 4), {}, BOTH),
+    "pp4": ((4, 1, 1, 16384, 8), {}, BOTH),
+    "pp2 vpp2 recompute full": ((2, 2, 1, 8192, 4), {"recompute": "full"}, BOTH),
+    "pp2 vpp2 recompute selective": ((2, 2, 1, 8192, 4), {"recompute": "selective"}, BOTH),
+    "pp2 vpp2 tp2": ((2, 2, 1, 8192, 4), {"tp": 2}, BOTH),
+    "pp2 vpp2 tp4 replicated kv heads": ((2, 2, 1, 8192, 4), {"tp": 4}, BACKWARD),
+    "pp2 vpp2 cp2": ((2, 2, 1, 8192, 4), {"cp": 2}, FORWARD),
+    "pp2 vpp2 cp2 two long": ((2, 2, 1, 16384, 4), {"cp": 2, "lengths": TWO_LONG}, BOTH),
+    "pp2 vpp2 cp2 per-document two long": (
+        (2, 2, 1, 16384, 4), {"cp": 2, "cp_sharding": "per-document", "lengths": TWO_LONG},
+        BOTH),
+    "pp2 vpp2 tp2 cp2 recompute full two long": (
+        (2, 2, 1, 16384, 4), {"tp": 2, "cp": 2, "recompute": "full", "lengths": TWO_LONG},
+        BACKWARD),
+}
+"""name -> ((pp, vpp, dp, context, slices), tp, cp, lengths and group fields, the move
+directions the simulator keeps there)."""
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def executed(request):
-    plan = _plan(*CASES[request.param])
+    shape, fields, _ = CASES[request.param]
+    plan = _plan(*shape, **fields)
     rplan = check_runtime_plan(plan, TINY, pricing=PRICING)
     (result,) = run_plans([plan], TINY, RuntimeConfig(seed=3), return_grads=True,
                           timeout_s=600, pricing=PRICING)
@@ -86,7 +120,11 @@ def executed(request):
 @pytest.mark.slow
 def test_slimpipe_plan_with_redistribution_runs_gradient_exact(executed):
     name, plan, _, result = executed
-    assert plan.attention_redistribution and plan.parallel.pp == CASES[name][0]
+    shape, fields, _ = CASES[name]
+    assert plan.attention_redistribution and plan.parallel.pp == shape[0]
+    for group in plan.groups():
+        assert (group.tp, group.cp) == (fields.get("tp", 1), fields.get("cp", 1))
+        assert group.recompute == fields.get("recompute", "none")
     ref = reference_step(TINY, plan.sequence_lengths, seed=3)
     got = parity(result.loss, result.grads(), ref.loss, ref.grads)
     assert got.ok, f"{name}: {got.describe()}"
@@ -102,13 +140,30 @@ def test_the_runtime_executes_the_simulators_moves(executed):
     moves = [(groups[gid], m) for gid, ms in rplan.moves.items() for m in ms]
     stats = simulate(plan, model=PRICED, hardware=H100, cost=COST).record.extra
     assert len(moves) == stats["attention_redistribution"]["pairs"] > 0
-    assert {m.backward for _, m in moves} == {False, True}
+    assert {m.backward for _, m in moves} == CASES[name][2]
     expected = 0
     for group, m in moves:
         layers = TINY.num_layers // (group.pp * group.vpp)
         units = group.backward_units if m.backward else group.forward_units
         ships = {sid for sid, _, _ in m.shipped(group)}
-        expected += layers * len(ships & set(units[m.heavy_unit].slice_ids))
+        # One request per layer per lane (tp*cp of them) whose rows hold a shipped segment.
+        lanes = group.tp * sum(_cp_ranks_shipping(group, m, sid) for sid in
+                               ships & set(units[m.heavy_unit].slice_ids))
+        expected += layers * lanes
     sent = sum(r.redistribution_sent for r in result.ranks)
     served = sum(r.redistribution_served for r in result.ranks)
     assert sent == served == expected > 0
+
+
+def _cp_ranks_shipping(group, move, slice_id) -> int:
+    """cp ranks holding query rows of a segment ``move`` ships of ``slice_id`` (the
+    simulator's sharding rule; 1 at cp = 1)."""
+    if group.cp == 1:
+        return 1
+    lay = GroupLayout(group)[slice_id]
+    segs = {j for sid, j, _ in move.shipped(group) if sid == slice_id}
+    count = 0
+    for index in range(group.cp):
+        shard = shard_slice(lay, cp=group.cp, cp_index=index, sharding=group.cp_sharding)
+        count += any(p.segment in segs for p in shard.pieces)
+    return count

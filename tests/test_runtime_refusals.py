@@ -95,20 +95,21 @@ def test_old_plan_with_zero_stage_in_metadata_reaches_the_runtime_as_the_field()
                    r"tiny-mha", model=model_preset("tiny-mha"))
 
 
-def test_attention_redistribution_is_refused_with_tp_cp_or_recompute_at_pp_above_one():
-    """Executed at pp > 1 with one rank per stage and no recompute (and at pp = 1, where
-    there is no pair); tp > 1, cp > 1 or a recompute mode at pp > 1 are refused by name."""
+def test_attention_redistribution_is_refused_only_with_ulysses_cp_at_pp_above_one():
+    """Executed at pp > 1 lane by lane with tp > 1, ring CP and every recompute mode (and at
+    pp = 1, where there is no pair); Ulysses CP at pp > 1 is refused by name."""
     on = {"attention_redistribution": True}
-    check_runtime_plan(dataclasses.replace(slimpipe_plan(pp=2, dp=1), **on), TINY)
-    check_runtime_plan(dataclasses.replace(slimpipe_plan(pp=1, dp=1), **on), TINY)
-    allowed = r"allowed: false when a group at pp > 1 has cp > 1, tp > 1 or recompute"
-    for plan, why in ((slimpipe_plan(pp=2, dp=1, tp=2), "cp=1, tp=2, recompute='none'"),
-                      (slimpipe_plan(pp=2, dp=1, cp=2), "cp=2, tp=1, recompute='none'"),
-                      (_with_group_fields(slimpipe_plan(pp=2, dp=1), recompute="selective"),
-                       "cp=1, tp=1, recompute='selective'")):
-        _refused(dataclasses.replace(plan, **on),
-                 rf"^plan: attention_redistribution=True is not executed by the runtime; "
-                 rf"{allowed} \(group 0: {why}\)")
+    for plan in (slimpipe_plan(pp=2, dp=1), slimpipe_plan(pp=1, dp=1),
+                 slimpipe_plan(pp=2, dp=1, tp=2), slimpipe_plan(pp=2, dp=1, cp=2),
+                 _with_group_fields(slimpipe_plan(pp=2, dp=1, cp=2), cp_sharding="per-document"),
+                 _with_group_fields(slimpipe_plan(pp=2, dp=1), recompute="selective"),
+                 _with_group_fields(slimpipe_plan(pp=2, dp=1, tp=2), recompute="full")):
+        check_runtime_plan(dataclasses.replace(plan, **on), TINY)
+    ulysses = _with_group_fields(slimpipe_plan(pp=2, dp=1, cp=2), cp_kind="ulysses")
+    _refused(dataclasses.replace(ulysses, **on),
+             r"^plan: attention_redistribution=True is not executed by the runtime; allowed: "
+             r"false when a group at pp > 1 has cp > 1 with cp_kind other than 'ring' "
+             r"\(group 0: cp=2, cp_kind='ulysses'\); true otherwise")
 
 
 def test_moe_and_gelu_models_are_refused_naming_the_field():

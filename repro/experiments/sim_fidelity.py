@@ -31,7 +31,7 @@ MODEL, DATASET, CONTEXT = "small", "commoncrawl", 4096
 METHODS = ("megatron", "wlb-llm", "slimpack")
 RUNTIME_OPTIONS = {"slimpack": {"attention_redistribution": False}}
 """Chosen when the runtime refused ``attention_redistribution`` at pp > 1 (it now executes it
-at cp = tp = 1 without recompute, docs/architecture.md, the runtime), kept so the records stay
+on every layout but Ulysses CP, docs/architecture.md, the runtime), kept so the records stay
 comparable: SlimPack keeps its attention where its slice is here, and the simulator prices the
 same plan. Its LM head is spread over the pipeline ranks as SlimPack plans it by default
 (``vocab_parallel_pp``, executed by the runtime)."""

@@ -51,17 +51,17 @@ def check_plan_fields(plan: Plan) -> None:
                      f"optimizer step; 3: parameters sharded over data parallelism)")
     # SlimPipe's attention redistribution ships KV between paired pipeline ranks
     # (slimpack.runtime.redistribution); with one stage there is no pair, so the flag
-    # describes the plain computation. Executed where a stage is one rank (cp = tp = 1: a
-    # segment is one piece of the simulator's pricing) and a layer's attention runs once
-    # (no recompute, whose rerun would repeat the exchange).
+    # describes the plain computation. Executed lane by lane (tp and ring-CP ranks pair by
+    # in-stage offset) under every recompute mode. Ulysses CP is refused: the simulator
+    # prices each cp rank's row pieces (the ring layout, sim/redistribution.py), while a
+    # Ulysses rank attends every row of the slice with heads/cp heads.
     if plan.attention_redistribution:
         for g in plan.groups():
-            if g.pp > 1 and (g.cp > 1 or g.tp > 1 or g.recompute != "none"):
+            if g.pp > 1 and g.cp > 1 and g.cp_kind != "ring":
                 raise refuse(None, "attention_redistribution", True,
-                             f"false when a group at pp > 1 has cp > 1, tp > 1 or recompute "
-                             f"(group {g.group_id}: cp={g.cp}, tp={g.tp}, "
-                             f"recompute={g.recompute!r}); true at cp = tp = 1 without "
-                             f"recompute")
+                             f"false when a group at pp > 1 has cp > 1 with cp_kind other "
+                             f"than 'ring' (group {g.group_id}: cp={g.cp}, "
+                             f"cp_kind={g.cp_kind!r}); true otherwise")
 
 
 def check_zero_stage(plan: Plan, model: ModelSpec) -> None:

@@ -49,7 +49,7 @@ from slimpack.runtime.attention import choose_backend
 from slimpack.runtime.comm import PlanGroups, all_reduce_flat, message_tag, stage_peer
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.context_parallel import CpGroups, make_exchange
-from slimpack.runtime.cp_layout import local_inputs
+from slimpack.runtime.cp_layout import QueryPiece, local_inputs, whole_segments
 from slimpack.runtime.data import make_tokens, num_label_tokens
 from slimpack.runtime.layout import GroupLayout, slice_inputs
 from slimpack.runtime.redistribution import RankRedistribution
@@ -335,14 +335,21 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
     busy, peak = 0.0, float(held_bytes)
     layout = GroupLayout(group)
     exchange = make_exchange(group, layout, cp=su.cp_groups.of(group.group_id))
+
+    def pieces_of(slice_id: int) -> tuple[QueryPiece, ...]:
+        # This rank's query pieces of the slice, in its attention's varlen order.
+        shard = exchange.shard(slice_id)
+        return whole_segments(layout[slice_id]) if shard is None else shard.pieces
     policy = ActivationPolicy(recompute=group.recompute, offload=group.offload)
     head_comm = su.head_comms.get(group.group_id)
     runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
                            loss_scale=1.0 / denom, policy=policy, exchange=exchange,
                            head_comm=head_comm,
-                           splits=su.redistribution.splits(group, c.block))
+                           splits=su.redistribution.splits(
+                               group, c.block, pieces_of,
+                               keep_remote=policy.recompute != "none"))
                for c in su.chunks]
-    server = su.redistribution.server(group, spec, dtype=dtype, device=device)
+    server = su.redistribution.server(group, spec, pieces_of, dtype=dtype, device=device)
     if server is not None:  # answers paired heavy ranks beside this rank's own ops
         server.start()
     pipe = _Pipe(su.groups, rplan.num_blocks, device)

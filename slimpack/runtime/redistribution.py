@@ -21,14 +21,36 @@ server, which serves moves in tick order and never waits for its own rank's main
 CPU the goal is exactness and no deadlock, not overlap: the server runs beside the light
 rank's own ops (threads of one process), and its time is not in the rank's busy seconds.
 
-Executed at cp = tp = 1 without recompute (:mod:`slimpack.runtime.capabilities` refuses the
-rest by field name): one segment is then one piece of the simulator's pricing, and a layer's
-attention runs once per op.
+Lanes. A stage is ``tp*cp`` ranks; the simulator pairs the rank at in-stage offset ``i`` of
+one stage with the rank at offset ``i`` of the other (the same tp and cp index), so every such
+*lane pair* has its own link (one process group per (heavy rank, light rank), built by every
+rank in the same order and passed in). With tp > 1 a lane holds ``heads/tp`` query heads (and
+its kv heads) and ships only those. With ring CP (cp > 1) a lane holds its query pieces of the
+slice (:mod:`slimpack.runtime.cp_layout`) and, after the exchange's all-gather, the whole KV
+prefix of their sequences: the shipped block of a piece is the first ``d`` keys of its
+segment's prefix (the move's ``d`` for that segment, the same on every cp rank), the light
+lane computes it for that piece's query rows, and its dK/dV flow back through the all-gather
+into the reduce-scatter like locally computed ones. A piece is a row of the varlen layout, so
+a shipment is keyed by piece; at cp = 1 a piece is a whole segment. Both ends of a lane pair
+have the same cp index, so the light lane knows the pieces (shapes) from its own shards.
+
+Recompute. Under ``selective`` or ``full`` the layer's attention runs again in backward. The
+rerun must not ship again (the light rank serves each forward move once, at its tick), so the
+split keeps the light rank's partial result (output rows and log-sum-exp of the shipped
+pieces, per layer) from the forward until that layer's backward and merges it with the
+recomputed local part: the same numbers as the first forward, so gradients stay exact. Those
+partials are not in the rank's saved-activation bytes (the simulator does not price them
+either; they are ``rows x heads x (head_dim + 1)`` per layer of a shipping slice).
+
+Ulysses CP (``cp_kind="ulysses"``) is refused (:mod:`slimpack.runtime.capabilities`): the
+simulator prices each cp rank's row pieces, while a Ulysses rank attends every row with
+``heads/cp`` heads.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -42,6 +64,7 @@ from slimpack.runtime.block_attention import (
     block_forward,
     merge,
 )
+from slimpack.runtime.cp_layout import QueryPiece
 from slimpack.sim.redistribution import Move
 from slimpack.specs.model import ModelSpec
 
@@ -51,9 +74,10 @@ class Shipment:
     """What one slice's attention ships per layer in one direction."""
 
     segments: dict[int, int]
-    """Segment index -> KV tokens shipped (the first ones of its prefix)."""
+    """Query piece index (a row of the slice's varlen layout on this lane) -> KV tokens
+    shipped (the first ones of its segment's prefix)."""
     q_lens: tuple[int, ...]
-    """Query rows of the shipped segments, in segment order."""
+    """Query rows of the shipped pieces, in piece order."""
 
     @property
     def k_lens(self) -> tuple[int, ...]:
@@ -100,10 +124,35 @@ class SliceSplit:
     backward_link: Link | None
     counter: list[int]
     """Requests this rank sent (one per layer per direction), shared by its splits."""
+    keep_remote: bool = False
+    """Recompute: keep the light rank's forward partials for the backward's rerun."""
+    remote: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """Layer -> the light rank's (output rows, log-sum-exp) of the forward shipment, kept
+    from the forward until that layer's backward (``keep_remote``)."""
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  varlen: VarlenLayout) -> torch.Tensor:
-        return _SplitAttention.apply(q, k, v, self, varlen)
+                  varlen: VarlenLayout, layer: int) -> torch.Tensor:
+        return _SplitAttention.apply(q, k, v, self, varlen, layer)
+
+    def _remote_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        rows: list[tuple[int, int]], keys: list[tuple[int, int]],
+                        lse_dtype: torch.dtype, layer: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The light rank's partials of this layer: asked for once; a recompute rerun reuses
+        the ones the forward received."""
+        if layer in self.remote:
+            return self.remote[layer]
+        link = self.forward_link
+        works = link.post([_gather(q, rows), _gather(k, keys), _gather(v, keys)])
+        n = sum(b - a for a, b in rows)
+        o2, lse2 = link.take([((n, *q.shape[1:]), q.dtype), ((n, q.shape[1]), lse_dtype)],
+                             q.device)
+        for w, _ in works:
+            w.wait()
+        self.counter[0] += 1
+        if self.keep_remote:
+            self.remote[layer] = (o2, lse2)
+        return o2, lse2
 
 
 def _ship_rows(varlen: VarlenLayout, ship: Shipment
@@ -136,33 +185,27 @@ class _SplitAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # noqa: ANN001, ANN205
-                split: SliceSplit, varlen: VarlenLayout):
+                split: SliceSplit, varlen: VarlenLayout, layer: int):
         ship = split.forward
         keep, keep_lens = _local_keys(varlen, ship)
         idx = torch.tensor(keep, dtype=torch.long, device=q.device)
         out, lse = block_forward(q, k[idx], v[idx], varlen.q_lens, keep_lens, causal=True)
         if ship is not None:
             rows, keys = _ship_rows(varlen, ship)
-            link = split.forward_link
-            works = link.post([_gather(q, rows), _gather(k, keys), _gather(v, keys)])
-            n = sum(b - a for a, b in rows)
-            o2, lse2 = link.take([((n, *q.shape[1:]), q.dtype), ((n, q.shape[1]), lse.dtype)],
-                                 q.device)
-            for w, _ in works:
-                w.wait()
-            split.counter[0] += 1
+            o2, lse2 = split._remote_forward(q, k, v, rows, keys, lse.dtype, layer)
             row_index = torch.cat([torch.arange(a, b, device=q.device) for a, b in rows])
             merged, merged_lse = merge([(out[row_index], lse[row_index]), (o2, lse2)])
             out = out.index_copy(0, row_index, merged)
             lse = lse.index_copy(0, row_index, merged_lse)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.split, ctx.varlen = split, varlen
+        ctx.split, ctx.varlen, ctx.layer = split, varlen, layer
         return out
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):  # noqa: ANN001, ANN205
         q, k, v, out, lse = ctx.saved_tensors
         split, varlen = ctx.split, ctx.varlen
+        split.remote.pop(ctx.layer, None)  # the rerun (if any) has used it
         ship = split.backward
         delta = (d_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
         keep, keep_lens = _local_keys(varlen, ship)
@@ -187,21 +230,38 @@ class _SplitAttention(torch.autograd.Function):
             dq = dq.index_add(0, row_index, dq2)
             dk = dk.index_copy(0, key_index, dk2)
             dv = dv.index_copy(0, key_index, dv2)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
-def shipment(group: Group, move: Move, slice_id: int) -> Shipment | None:
-    """What ``move`` ships of ``slice_id`` (None: nothing, e.g. a slice without a prefix)."""
-    segs = {j: d for sid, j, d in move.shipped(group) if sid == slice_id}
+PiecesOf = Callable[[int], tuple[QueryPiece, ...]]
+"""Slice id -> this lane's query pieces of it, in its varlen order (the exchange's)."""
+
+
+def shipment(group: Group, move: Move, slice_id: int, pieces: tuple[QueryPiece, ...]
+             ) -> Shipment | None:
+    """What ``move`` ships of ``slice_id`` from a lane holding ``pieces`` of it (None:
+    nothing, e.g. a slice without a prefix or a cp rank without rows of shipped segments)."""
+    by_segment = {j: d for sid, j, d in move.shipped(group) if sid == slice_id}
+    segs = {i: by_segment[p.segment] for i, p in enumerate(pieces) if p.segment in by_segment}
     if not segs:
         return None
-    sl = group.slice(slice_id)
-    return Shipment(segments=segs, q_lens=tuple(sl.segments[j].num_tokens for j in segs))
+    return Shipment(segments=segs, q_lens=tuple(pieces[i].hi - pieces[i].lo for i in segs))
 
 
-def _stage_rank(group: Group, block: int) -> int:
-    """The rank running ``block`` of ``group`` (cp = tp = 1: one rank per stage)."""
-    return group.stage_ranks(block % group.pp)[0]
+def _lane_rank(group: Group, block: int, lane: int) -> int:
+    """The rank at in-stage offset ``lane`` of the stage running ``block`` of ``group``."""
+    return group.stage_ranks(block % group.pp)[lane]
+
+
+def _lane(group: Group, block: int, rank: int) -> int | None:
+    """``rank``'s in-stage offset on the stage running ``block`` (None: not on it)."""
+    ranks = group.stage_ranks(block % group.pp)
+    return ranks.index(rank) if rank in ranks else None
+
+
+def local_heads(spec: ModelSpec, tp: int) -> tuple[int, int]:
+    """(query heads, kv heads) one tp rank attends with (a replicated kv head if tp > kv)."""
+    return spec.num_heads // tp, max(1, spec.num_kv_heads // tp)
 
 
 @dataclass(kw_only=True)
@@ -218,10 +278,11 @@ class RankRedistribution:
     @classmethod
     def build(cls, moves: dict[int, tuple[Move, ...]], groups: dict[int, Group], *,
               rank: int) -> RankRedistribution:
-        """Collective: every rank creates every pair's group in the same order."""
-        pairs = sorted({(_stage_rank(groups[gid], m.heavy_block),
-                         _stage_rank(groups[gid], m.light_block))
-                        for gid, ms in moves.items() for m in ms})
+        """Collective: every rank creates every lane pair's group in the same order."""
+        pairs = sorted({(_lane_rank(groups[gid], m.heavy_block, lane),
+                         _lane_rank(groups[gid], m.light_block, lane))
+                        for gid, ms in moves.items() for m in ms
+                        for lane in range(groups[gid].tp * groups[gid].cp)})
         links = {}
         for heavy, light in pairs:
             pg = dist.new_group(sorted({heavy, light}))
@@ -229,47 +290,53 @@ class RankRedistribution:
                 links[(heavy, light)] = Link(group=pg, peer=light if rank == heavy else heavy)
         return cls(rank=rank, moves=moves, links=links)
 
-    def splits(self, group: Group, block: int) -> dict[int, SliceSplit]:
-        """Slice id -> its split, for the slices this rank runs as heavy on ``block``."""
+    def splits(self, group: Group, block: int, pieces_of: PiecesOf, *, keep_remote: bool
+               ) -> dict[int, SliceSplit]:
+        """Slice id -> its split, for the slices this rank runs as heavy on ``block``
+        (``keep_remote``: the group recomputes attention in backward)."""
         out: dict[int, SliceSplit] = {}
+        lane = _lane(group, block, self.rank)
         for m in self.moves.get(group.group_id, ()):
-            if m.heavy_block != block:
+            if m.heavy_block != block or lane is None:
                 continue
             units = group.backward_units if m.backward else group.forward_units
-            link = self.links[(self.rank, _stage_rank(group, m.light_block))]
+            link = self.links[(self.rank, _lane_rank(group, m.light_block, lane))]
             for sid in units[m.heavy_unit].slice_ids:
-                ship = shipment(group, m, sid)
+                ship = shipment(group, m, sid, pieces_of(sid))
                 if ship is None:
                     continue
                 split = out.setdefault(sid, SliceSplit(forward=None, backward=None,
                                                        forward_link=None, backward_link=None,
-                                                       counter=self.sent))
+                                                       counter=self.sent,
+                                                       keep_remote=keep_remote))
                 if m.backward:
                     split.backward, split.backward_link = ship, link
                 else:
                     split.forward, split.forward_link = ship, link
         return out
 
-    def server(self, group: Group, spec: ModelSpec, *, dtype: torch.dtype,
-               device: torch.device) -> Server | None:
-        """The thread answering this rank's light side of ``group``'s moves (None: none)."""
+    def server(self, group: Group, spec: ModelSpec, pieces_of: PiecesOf, *,
+               dtype: torch.dtype, device: torch.device) -> Server | None:
+        """The thread answering this rank's light side of ``group``'s moves (None: none).
+        ``pieces_of`` is this rank's: its heavy counterpart has the same cp index."""
         mine = sorted((m for m in self.moves.get(group.group_id, ())
-                       if _stage_rank(group, m.light_block) == self.rank),
+                       if _lane(group, m.light_block, self.rank) is not None),
                       key=lambda m: m.tick)
         if not mine:
             return None
         return Server(group=group, moves=mine, links=self.links, rank=self.rank, spec=spec,
-                      dtype=dtype, device=device, served=self.served)
+                      pieces_of=pieces_of, dtype=dtype, device=device, served=self.served)
 
 
 class Server(threading.Thread):
     """Answers the heavy ranks' per-layer requests of one group's moves, in tick order."""
 
     def __init__(self, *, group: Group, moves: list[Move], links: dict[tuple[int, int], Link],
-                 rank: int, spec: ModelSpec, dtype: torch.dtype, device: torch.device,
-                 served: list[int]) -> None:
+                 rank: int, spec: ModelSpec, pieces_of: PiecesOf, dtype: torch.dtype,
+                 device: torch.device, served: list[int]) -> None:
         super().__init__(daemon=True)
         self.group, self.moves, self.links, self.rank = group, moves, links, rank
+        self.pieces_of = pieces_of
         self.spec, self.dtype, self.device, self.served = spec, dtype, device, served
         self.error: BaseException | None = None
 
@@ -289,12 +356,13 @@ class Server(threading.Thread):
 
     def _serve(self, m: Move) -> None:
         group, spec = self.group, self.spec
-        link = self.links[(_stage_rank(group, m.heavy_block), self.rank)]
+        lane = _lane(group, m.light_block, self.rank)
+        link = self.links[(_lane_rank(group, m.heavy_block, lane), self.rank)]
         units = group.backward_units if m.backward else group.forward_units
         layers = spec.num_layers // (group.pp * group.vpp)
-        heads, kv_heads, dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        (heads, kv_heads), dim = local_heads(spec, group.tp), spec.head_dim
         for sid in units[m.heavy_unit].slice_ids:
-            ship = shipment(group, m, sid)
+            ship = shipment(group, m, sid, self.pieces_of(sid))
             if ship is None:
                 continue
             n, nk = sum(ship.q_lens), sum(ship.k_lens)

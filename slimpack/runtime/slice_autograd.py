@@ -146,13 +146,14 @@ class SliceRunner:
                     kk = torch.cat(ks) if len(ks) > 1 else ks[0]
                     vv = torch.cat(vs) if len(vs) > 1 else vs[0]
                     split = self.splits.get(sl.slice_id)
-                    if split is not None:  # capabilities: no recompute to wrap it in
-                        o = split.attention(ex.q, kk, vv, ex.varlen)
+                    if split is not None:  # a recompute rerun reuses the light rank's part
+                        core = self.policy.wrap_attention(
+                            lambda qq, kx, vx: split.attention(qq, kx, vx, ex.varlen, layer))
                     else:
                         core = self.policy.wrap_attention(
                             lambda qq, kx, vx: varlen_causal_attention(qq, kx, vx, ex.varlen,
                                                                        backend=self.backend))
-                        o = core(ex.q, kk, vv)
+                    o = core(ex.q, kk, vv)
                 # Collective outputs reach backward through the output even where this
                 # rank's queries do not use them (also in a full-recompute rerun).
                 return self.exchange.finish(sl.slice_id, _anchor(o, ex.roots))
