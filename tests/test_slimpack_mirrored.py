@@ -42,14 +42,18 @@ def test_every_simulated_slice_length_is_tried_both_ways_and_the_fastest_is_kept
     assert record.step_time_s == pytest.approx(fastest, rel=1e-9)
 
 
-def test_mirrored_backward_wins_where_the_asymmetric_redeal_stalls_the_pipeline(searched):
+def test_searching_the_mirrored_grouping_never_loses_to_asymmetric_alone(searched):
     plan, record = searched
     asymmetric, asymmetric_record = _plan(search_mirrored=False)
-    assert plan.metadata["slimpack"]["backward"] == "mirrored"
     assert asymmetric.metadata["slimpack"]["backward"] == "asymmetric"
-    # Measured 3.296 s against 3.372 s (S = 12288 both): bubble 0.128 against 0.157.
-    assert record.step_time_s < 0.99 * asymmetric_record.step_time_s
-    assert record.bubble_fraction < asymmetric_record.bubble_fraction
+    assert plan.metadata["slimpack"]["backward"] in ("asymmetric", "mirrored")
+    # Under the 792.1 TFLOP/s Hopper GEMM cap the mirrored grouping won here (3.296 s against
+    # 3.372 s, S = 12288, bubble 0.128 against 0.157); under the kernel-sourced 719.7 cap the
+    # asymmetric one does. Whichever wins, the search holds both.
+    assert record.step_time_s <= asymmetric_record.step_time_s * (1 + 1e-9)
+    mirrored_steps = [t["step_time_s"] for t in plan.metadata["search"]
+                      if t.get("mirrored") and "step_time_s" in t and not t["oom"]]
+    assert mirrored_steps  # the mirrored grouping was simulated, not skipped
 
 
 def test_no_asymmetric_searches_only_mirrored_plans():

