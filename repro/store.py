@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 LEAD_COLUMNS = ("experiment", "point_key", "point_rows", "repro_version", "backend")
+KEPT_WHEN_EMPTY = ("runtime_refusal",)
+"""Columns a finished file keeps although every row leaves them empty (others are dropped):
+an empty ``runtime_refusal`` says the runtime executes the plan, and a missing column would
+read as "records written before the check existed" (``repro.executability``)."""
 
 # Per-unit and per-stage lists are JSON in one cell and can exceed the csv module's 128 KiB.
 csv.field_size_limit(2**31 - 1)
@@ -130,7 +134,7 @@ class RecordStore:
         rank = {key: i for i, key in enumerate(order)}
         rows.sort(key=lambda r: rank.get(r["point_key"], len(rank)))  # stable sort
         # Header order during a run follows completion order; the final one must not.
-        columns = sorted(c for c in header if any(r.get(c) for r in rows))
+        columns = sorted(c for c in header if c in KEPT_WHEN_EMPTY or any(r.get(c) for r in rows))
         ordered = [c for c in LEAD_COLUMNS if c in columns]
         header = ordered + [c for c in columns if c not in LEAD_COLUMNS]
         self._replace(header, [{c: row.get(c, "") for c in header} for row in rows])

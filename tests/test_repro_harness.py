@@ -365,3 +365,18 @@ def test_harness_self_test_fixtures_are_not_shipped_in_repro():
     for module in ("repro.selftest", "repro.selftest_b"):
         assert importlib.util.find_spec(module) is None, module
     assert resolve_experiment("selftest-b", REGISTRY).name == "selftest-b"
+
+
+def test_finalize_keeps_an_all_empty_runtime_refusal_column(tmp_path):
+    """Empty columns are dropped, except ``runtime_refusal``: empty everywhere means every plan
+    runs, which the report must not read as "records from before the check"."""
+    from repro.store import RecordStore
+
+    store = RecordStore(tmp_path / "records.csv")
+    store.append_block([{"experiment": "x", "point_key": "p", "point_rows": 1,
+                         "repro_version": "v", "backend": "sim", "method": "m",
+                         "runtime_refusal": "", "note": ""}])
+    store.finalize(["p"], "v")
+    header, rows = RecordStore(tmp_path / "records.csv").read()
+    assert "runtime_refusal" in header and "note" not in header
+    assert rows[0]["runtime_refusal"] == ""
