@@ -154,9 +154,10 @@ def _search_recompute(ctx: BuildContext, best: Plan, tried: list[dict], record,
     for mode in RECOMPUTE_LADDER:
         if not _memory_bound(last_plan, last_record):
             break
-        rctx = dataclasses.replace(ctx, options=dataclasses.replace(ctx.options, recompute=mode),
-                                   estimators={}, whole_segments={}, cuts_cache={}, work_of={},
-                                   doc_forward={}, doc_backward={}, schedules={})
+        # A fresh context: every memo (estimators, prices, cuts) depends on the recompute mode.
+        rctx = BuildContext(batch=ctx.batch, model=ctx.model, hardware=ctx.hardware,
+                            parallel=ctx.parallel, cost=ctx.cost,
+                            options=dataclasses.replace(ctx.options, recompute=mode))
         cands = _slice_candidates(ctx.batch, ctx.parallel, rctx.options,
                                   fit_tokens=max_tokens_in_flight(rctx, ctx.parallel.cp))
         plan, more, cut, rec = _search(rctx, cands, merge_choices, deadline)

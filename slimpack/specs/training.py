@@ -79,30 +79,20 @@ class TrainingSpec:
     ``bf16`` (the DGX Cloud Nemotron-4 340B recipe's ``optim.dtype``)."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"TrainingSpec.dtype must be one of {', '.join(DTYPES)}, "
-                             f"got {self.dtype!r}")
-        if self.grad_dtype not in GRAD_DTYPES:
-            raise ValueError(f"TrainingSpec.grad_dtype must be one of {', '.join(GRAD_DTYPES)}, "
-                             f"got {self.grad_dtype!r}")
+        for name, allowed in (("dtype", DTYPES), ("grad_dtype", GRAD_DTYPES),
+                              ("hopper_attention", HOPPER_ATTENTION), ("optimizer", OPTIMIZERS),
+                              ("optimizer_dtype", OPTIMIZER_DTYPES),
+                              ("attention_kernel", ATTENTION_KERNELS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"TrainingSpec.{name} must be one of {', '.join(allowed)}, "
+                                 f"got {value!r}")
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"TrainingSpec.zero_stage must be one of {ZERO_STAGES}, "
                              f"got {self.zero_stage!r}")
-        if self.hopper_attention not in HOPPER_ATTENTION:
-            raise ValueError(f"TrainingSpec.hopper_attention must be one of "
-                             f"{', '.join(HOPPER_ATTENTION)}, got {self.hopper_attention!r}")
         if self.fp8_params and self.dtype != "fp8":
             raise ValueError("TrainingSpec.fp8_params needs dtype='fp8' (FP8 weights are a "
                              "Transformer Engine FP8 recipe)")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"TrainingSpec.optimizer must be one of {', '.join(OPTIMIZERS)}, "
-                             f"got {self.optimizer!r}")
-        if self.optimizer_dtype not in OPTIMIZER_DTYPES:
-            raise ValueError(f"TrainingSpec.optimizer_dtype must be one of "
-                             f"{', '.join(OPTIMIZER_DTYPES)}, got {self.optimizer_dtype!r}")
         if self.optimizer == "megatron" and self.optimizer_dtype != "fp32":
             raise ValueError("TrainingSpec.optimizer_dtype='bf16' needs optimizer='apex' "
                              "(Megatron-Core's distributed optimizer keeps fp32 state)")
-        if self.attention_kernel not in ATTENTION_KERNELS:
-            raise ValueError(f"TrainingSpec.attention_kernel must be one of "
-                             f"{', '.join(ATTENTION_KERNELS)}, got {self.attention_kernel!r}")
