@@ -4,9 +4,8 @@ Megatron-style data parallelism reduces gradients during the backward of the *la
 micro-batch only (the earlier ones accumulate without communication), so the sync overlaps
 that one backward and what it does not cover is exposed after compute
 (``slimpack.sim.dp_sync``: it starts at a stage's last backward). Finer MicroPacks make that
-last backward short: on llama-13b, 128 H800, 1M Common Crawl tokens at tp4 cp4 dp8, SlimPack's
-six MicroPacks a replica left 0.29 s of a 0.43 s sync exposed (step 2.04 s) where WLB-LLM's
-two left none (1.75 s), at the same compute.
+last backward short, and the sync exposed where a method with fewer, longer micro-batches
+hides it (an example with numbers: docs/slimpack-planner.md, step 6).
 
 :func:`with_sync_tail` merges a group's last backward MicroPacks (*reconstructed*: SlimPack's
 own answer is not public) until, on every stage, the merged one's backward lasts at least the
