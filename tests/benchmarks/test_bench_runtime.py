@@ -12,8 +12,7 @@ included) and is not the number to compare.
 
 On 2 CPU cores the ratio measures collective overhead on a tiny model, not a GPU's: 4
 processes share 2 cores, and every tp/cp collective is a blocking gloo round trip (the
-runtime overlaps no tp or cp collective with compute; docs/architecture.md, "Runtime step
-benchmark").
+runtime overlaps no tp or cp collective with compute; docs/harness.md, "make bench").
 """
 
 from __future__ import annotations
