@@ -216,3 +216,69 @@ def _interleave_reference(fwd, bwd, counts):
         done = max(done, count)
         out.append(op)
     return out + fwd[done:]
+
+
+def _rounds_group(round_sizes: list[int], *, pp: int, vpp: int) -> Group:
+    """SlimPack's layout in miniature: rounds of MicroPacks, one short document each, every
+    round backwarded as one block in reverse (its mirrored partition)."""
+    slices: list[Slice] = []
+    forward: list[Unit] = []
+    backward: list[Unit] = []
+    for size in round_sizes:
+        first = len(slices)
+        for _ in range(size):
+            slices.append(Slice(slice_id=len(slices),
+                                segments=(Segment(seq_id=len(slices), start=0, end=4),)))
+        ids = range(first, len(slices))
+        forward += [Unit(slice_ids=(i,)) for i in ids]
+        backward += [Unit(slice_ids=(i,)) for i in reversed(ids)]
+    group = Group(group_id=0, ranks=tuple(range(pp)), pp=pp, vpp=vpp, slices=tuple(slices),
+                  forward_units=tuple(forward), backward_units=tuple(backward),
+                  schedule="asymmetric")
+    group.validate()
+    return group
+
+
+def _rule_runs_without_repair(group: Group) -> bool:
+    """Whether the warm-up rule's own orders (no repair) run every op."""
+    from slimpack.schedules.orders import backward_order, forward_order
+    from slimpack.schedules.pipeline import (
+        _backward_needs,
+        _OpCodes,
+        _stage_order,
+        forward_counts,
+        warmup_offset,
+    )
+
+    fwd, bwd = forward_order(group), backward_order(group)
+    needs = _backward_needs(group, fwd, bwd)
+    orders = [_stage_order(len(fwd), forward_counts(
+                  needs, warmup_offset(group.schedule, group.pp, group.vpp, r), len(fwd), False))
+              for r in range(group.pp)]
+    pos = _OpCodes.of(fwd, bwd, group.pp, group.vpp).progress(orders)
+    return all(p == len(o) for p, o in zip(pos, orders, strict=True))
+
+
+def test_interleaved_groups_keep_a_backward_block_whole():
+    # Rounds of 1, 2, 3 and 6 MicroPacks at pp 4: grouping single units four at a time cut
+    # the 3- and 6-unit rounds, put the later group's backwards first and deadlocked the
+    # rule (the repair then ran ~every forward before any backward). Whole rounds do not.
+    from slimpack.schedules.orders import forward_groups
+
+    group = _rounds_group([1, 2, 3, 6], pp=4, vpp=2)
+    assert forward_groups(group, 4) == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    assert _rule_runs_without_repair(group)
+    validate_schedule(group, build_schedule(group))
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 8), min_size=1, max_size=6), pp=st.integers(2, 4),
+       vpp=st.integers(2, 3))
+def test_rounds_never_split_and_the_rule_never_deadlocks(sizes, pp, vpp):
+    from slimpack.schedules.orders import forward_groups
+
+    group = _rounds_group(sizes, pp=pp, vpp=vpp)
+    bounds = {sum(sizes[:k]) for k in range(len(sizes) + 1)}
+    for members in forward_groups(group, pp):
+        assert members[0] in bounds and members[-1] + 1 in bounds
+    assert _rule_runs_without_repair(group)

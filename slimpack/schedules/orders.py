@@ -10,6 +10,15 @@ hold at least ``pp`` units, so by the time chunk 0 of stage 0 needs a group's fi
 at chunk 1, the last stage has already produced it. Groups never split a sequence (a *run* of
 units connected by shared sequences stays whole), which is how SlimPipe's "all slices of a
 sequence per chunk" order falls out: each sequence is a run of n slice units.
+
+Nor do groups split a stretch of units whose backwards the plan orders other than their
+forwards: a run ends only where every backward unit holding a slice of an earlier forward
+unit precedes every one holding a slice of a later unit. SlimPack backwards a round of
+MicroPacks as one block (in reverse, or re-dealt); a group boundary inside a round would put
+the later group's backwards before the earlier group's, and the interleaved rule then
+deadlocks at the next smaller group (stage 0 runs a chunk-c+1 forward of a group whose
+chunk-c forward the last stage holds back behind a backward that waits on stage 0). The
+deadlock repair's longer warm-up then held ~all forwards in flight.
 """
 
 from __future__ import annotations
@@ -24,12 +33,14 @@ def unit_sequences(group: Group, units: tuple[Unit, ...]) -> list[frozenset[int]
 
 
 def sequence_runs(group: Group) -> list[list[int]]:
-    """Maximal runs of consecutive forward units that share no sequence with other runs."""
+    """Maximal runs of consecutive forward units that share no sequence with other runs and
+    whose backwards all precede those of every later run (module docstring)."""
     seqs = unit_sequences(group, group.forward_units)
     last_unit: dict[int, int] = {}
     for i, ss in enumerate(seqs):
         for s in ss:
             last_unit[s] = i
+    closes = _backward_closes(group)
     runs: list[list[int]] = []
     current: list[int] = []
     reach = -1
@@ -37,12 +48,39 @@ def sequence_runs(group: Group) -> list[list[int]]:
         current.append(i)
         for s in ss:
             reach = max(reach, last_unit[s])
-        if reach <= i:
+        if reach <= i and closes[i]:
             runs.append(current)
             current = []
     if current:
         runs.append(current)
     return runs
+
+
+def _backward_closes(group: Group) -> list[bool]:
+    """For each forward unit i: whether every backward unit holding a slice of forward units
+    0..i comes before every backward unit holding a slice of a unit after i."""
+    nf = len(group.forward_units)
+    unit_of_slice = {sid: u for u, unit in enumerate(group.forward_units)
+                     for sid in unit.slice_ids}
+    first_b = [len(group.backward_units)] * nf
+    last_b = [-1] * nf
+    for b, unit in enumerate(group.backward_units):
+        for sid in unit.slice_ids:
+            u = unit_of_slice[sid]
+            if b < first_b[u]:
+                first_b[u] = b
+            if b > last_b[u]:
+                last_b[u] = b
+    # first_after[u]: the earliest backward holding a slice of any forward unit after u.
+    first_after = [len(group.backward_units)] * nf
+    for u in range(nf - 2, -1, -1):
+        first_after[u] = min(first_after[u + 1], first_b[u + 1])
+    closes = []
+    latest = -1
+    for u in range(nf):
+        latest = max(latest, last_b[u])
+        closes.append(latest < first_after[u])
+    return closes
 
 
 def forward_groups(group: Group, min_size: int) -> list[list[int]]:
