@@ -29,6 +29,12 @@ SlimPack, which keeps documents whole. (``megatron-causal`` cuts too but attends
 documents: more work, not less.) tests/test_diagnosis.py checks the set against the planners."""
 
 
+DOCUMENTS_WORKLOAD = "documents"
+"""A record's ``workload`` when every method got the batch's documents (each cutting them its
+own way); rows without the column are that too. Under any other workload (the same sample
+pieces for every method) no method cuts what another keeps, so rule 5 does not apply."""
+
+
 def _layout(cell: object) -> str:
     try:
         p = json.loads(str(cell))
@@ -56,7 +62,8 @@ def cause(ours: pd.Series, winner: pd.Series) -> str:
     2. ``bubble``: SlimPack's bubble fraction exceeds the winner's by more than 2 points.
     3. ``balance``: SlimPack's step over its ideal exceeds the winner's by more than 2%.
     4. ``recompute`` / ``offload``: SlimPack recomputes or offloads where the winner does not.
-    5. ``documents``: none of the above, the layouts are the same, the winner cuts documents
+    5. ``documents``: none of the above, the layouts are the same, every method got the
+       batch's documents (:data:`DOCUMENTS_WORKLOAD`), the winner cuts documents
        at sample boundaries (:data:`CUTS_DOCUMENTS`) and SlimPack's balanced ideal step
        (``ideal_step_time_s``) is longer: the difference is the attention the cut removes, a
        semantic difference of the methods, not SlimPack's planning (measured,
@@ -111,7 +118,9 @@ def _mechanism_cause(ours: pd.Series, winner: pd.Series) -> str:
     same_layout = _layout(ours.get("parallel")) == _layout(winner.get("parallel"))
     # Only on one layout is the ideal-step gap the work of the same kernels on the same
     # shards: across layouts it also holds the layouts' own costs.
-    if same_layout and str(winner.get("method")) in CUTS_DOCUMENTS and work > 1.0:
+    workload = ours.get("workload", DOCUMENTS_WORKLOAD)
+    own_cuts = not isinstance(workload, str) or workload == DOCUMENTS_WORKLOAD
+    if same_layout and own_cuts and str(winner.get("method")) in CUTS_DOCUMENTS and work > 1.0:
         return (f"documents: same bubble and balance; {winner.get('method')} cuts documents at "
                 f"its fixed-length sample boundaries (a cut tail no longer attends to its "
                 f"head) where SlimPack keeps them whole, and SlimPack's balanced ideal step is "
@@ -164,7 +173,7 @@ method), and what makes a setting: a point, or for ``paper-scale`` (one method p
 workload columns. Left out: sensitivity corners (``robustness``), ablations, FlexSP's own
 protocol (no SlimPack)."""
 DESCRIBE = ("model", "dataset", "context", "num_gpus", "global_batch", "token_budget", "seed",
-            "protocol")
+            "protocol", "workload")
 
 
 def _settings(frame: pd.DataFrame, keys: list[str]) -> int:

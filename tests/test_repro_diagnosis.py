@@ -104,3 +104,57 @@ def test_cuts_documents_is_the_set_of_planners_that_cut_documents_into_pieces():
         if plan.documents.pieces:
             cutting.add(method)
     assert cutting == set(CUTS_DOCUMENTS)
+
+
+def test_on_the_same_sample_pieces_the_documents_cause_does_not_apply():
+    # Every method got the same pieces: a winner's smaller ideal step is no longer attention
+    # it skipped by cutting, so the gap is the work of the kernels.
+    ours = pd.Series({**_row("slimpack", 100.0), "ideal_step_time_s": 41.43,
+                      "workload": "sample pieces"})
+    winner = pd.Series({**_row("slimpipe", 103.6), "ideal_step_time_s": 38.41,
+                        "workload": "sample pieces"})
+    assert cause(ours, winner).startswith("kernel work")
+    assert cause(ours.drop("workload"), winner).startswith("documents")
+
+
+def test_sample_pieces_leave_nothing_to_cut_and_megatron_runs_the_same_samples():
+    # The batch cut as Megatron-LM's GPTDataset cuts it: no compared planner cuts the pieces
+    # again, and Megatron-LM (which cuts the documents itself) plans the same step on both.
+    from slimpack.batch import Batch
+    from slimpack.compare import _simulate, plan_method
+    from slimpack.cost import AnalyticCostModel
+    from slimpack.methods import DEFAULT_METHODS
+    from slimpack.planning.packing import sample_pieces
+    from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+
+    model, hardware = model_preset("llama-7b"), hardware_preset("h800")
+    cost = AnalyticCostModel(model=model, hardware=hardware)
+    parallel = ParallelSpec(tp=8, cp=1, pp=2, dp=2)
+    context = 16384
+    batch = Batch.from_lengths([12000, 9000, 7000, 16000, 5000, 11000, 3000, 2500] * 2, seed=0)
+    pieces = sample_pieces(batch, context)
+    assert pieces.num_tokens == batch.num_tokens and max(pieces.lengths) <= context
+    assert len(pieces.lengths) > len(batch.lengths)  # documents crossed the boundaries
+    for method in DEFAULT_METHODS.compared_names():
+        plan = plan_method(method, pieces, model, hardware, parallel, cost, context=context)
+        assert not plan.documents.pieces, method
+    steps = [_simulate(plan_method("megatron", b, model, hardware, parallel, cost,
+                                   context=context), model, hardware, cost).step_time_s
+             for b in (batch, pieces)]
+    assert steps[0] == steps[1]
+
+
+def test_sample_pieces_of_real_lengths_end_on_every_sample_boundary():
+    from slimpack import data
+    from slimpack.planning.packing import sample_pieces
+
+    context = 8192
+    batch = data.sample_batch("commoncrawl", token_budget=64 * context, context=context, seed=3)
+    pieces = sample_pieces(batch, context)
+    ends = set()
+    total = 0
+    for n in pieces.lengths:
+        total += n
+        ends.add(total)
+    assert {k * context for k in range(1, 65)} <= ends
+    assert sorted(pieces.lengths) != sorted(batch.lengths)

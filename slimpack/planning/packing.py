@@ -10,6 +10,8 @@ import heapq
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 
+from slimpack.batch import Batch
+
 
 def _check_capacity(lengths: Sequence[int], capacity: int) -> None:
     if capacity < 1:
@@ -104,6 +106,21 @@ def concat_and_chunk(lengths: Sequence[int], capacity: int) -> list[list[tuple[i
             start += take
             room -= take
     return [c for c in chunks if c]
+
+
+def sample_pieces(batch: Batch, context: int) -> Batch:
+    """The batch as Megatron-LM's GPTDataset trains it under document masks: its documents
+    concatenated in order and cut every ``context`` tokens (:func:`concat_and_chunk`), each
+    piece one sequence of its own (a cut tail never attends to its head). Every method given
+    this batch computes the same attention, which the whole documents do not give: Megatron-LM
+    and SlimPipe cut them, SlimPack and WLB-LLM keep them. The pieces fill samples exactly, so
+    Megatron-LM's own packing of them cuts nothing more. Sequence ids number the pieces in
+    order; ``seed`` and ``source`` are the batch's."""
+    if context < 1:
+        raise ValueError(f"context must be >= 1 token, got {context}")
+    lengths = [end - start for chunk in concat_and_chunk(batch.lengths, context)
+               for _, start, end in chunk]
+    return Batch.from_lengths(lengths, seed=batch.seed, source=batch.source)
 
 
 def sorted_batching(lengths: Sequence[int], group_size: int, *, seed: int = 0) -> list[list[int]]:
