@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from slimpack.plan import Group
+from slimpack.plan import Group, Move
 from slimpack.runtime.attention import VarlenLayout
 from slimpack.runtime.block_attention import (
     accumulate_dtype,
@@ -65,7 +65,6 @@ from slimpack.runtime.block_attention import (
     merge,
 )
 from slimpack.runtime.cp_layout import QueryPiece
-from slimpack.sim.redistribution import Move
 from slimpack.specs.model import ModelSpec
 
 
