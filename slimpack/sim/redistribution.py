@@ -36,8 +36,13 @@ needed before the output projection, so both are exposed and charged to both ops
 one waits for the partials). Backward sends query, output gradient and log-sum-exp plus the
 KV block, and returns dQ and the block's dK, dV.
 
+Which pairs move is chosen here (:func:`group_moves`, at plan time through
+:func:`with_attention_moves`) and written in the plan (``Group.attention_moves``); a plan's
+moves are priced as they are (:func:`apply_moves`), whatever this cost model would choose.
+
 Memory: the light rank holds one layer's shipped KV block (and in backward its gradient) at
-a time, freed after that layer's attention. It is not added to the memory walk; the stats
+a time, freed after that layer's attention. It is not added to the memory walk (what the
+runtime holds: docs/architecture.md, simulator); the stats
 report the largest block (``block_bytes``). Measured on the slimpipe-mfu points (llama-70b,
 H800): 0.75 GiB at 512K (tp2 cp8 pp4 vpp5; peak 70.9 GiB, so block plus its gradient still
 fit the 73.6 GiB usable) and 0.50 GiB at 2048K (peak 50.1 GiB).
