@@ -139,7 +139,7 @@ def simulated_rank_activation_bytes(plan: Plan, spec: ModelSpec,
 def compare_ranks(plan: Plan, spec: ModelSpec, record: StepRecord,
                   config: RuntimeConfig) -> list[RankActivation]:
     """Every rank holding a stage: simulated beside executed activation peak bytes."""
-    rplan = check_runtime_plan(plan, spec, world_size=plan.world_size, with_moves=False)
+    rplan = check_runtime_plan(plan, spec, world_size=plan.world_size)
     accounting = accounting_for(config, record.extra["attention_backend"])
     simulated = simulated_rank_activation_bytes(plan, spec, accounting, rplan.head_joins)
     executed = record.extra["rank_peak_activation_bytes"]
