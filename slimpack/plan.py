@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain, compress, repeat
 from operator import attrgetter
 from pathlib import Path
@@ -125,6 +125,60 @@ class Unit:
         _set(self, "slice_ids", slice_ids)
 
 
+TILE = 128
+"""SlimPipe's redistribution ships KV in whole FlashAttention tiles of this many tokens."""
+
+
+def shipped_tokens(prefix: int, fraction: float) -> int:
+    """KV tokens of a ``prefix``-token KV prefix that ship when ``fraction`` of it moves: whole
+    tiles, at most the prefix (the one rule the simulator's pricing and the runtime share)."""
+    return min(prefix, round(fraction * prefix / TILE) * TILE)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Move:
+    """One pair of concurrent ops of a group that exchange attention (SlimPipe's
+    redistribution, arXiv 2504.14519), as plain data: the planner chooses it
+    (``slimpack.sim.redistribution.priced_moves``), the simulator prices it, the runtime
+    executes it (``slimpack.runtime.redistribution``)."""
+
+    backward: bool
+    """A pair of backward ops (else forward ops)."""
+    tick: int
+    """The two ops' start tick (``slimpack.sim.redistribution.schedule_ticks``)."""
+    heavy_block: int
+    """Virtual stage (``chunk * pp + stage``) of the op that ships work."""
+    heavy_unit: int
+    """Its unit (an index of the group's forward or backward units, as ``backward`` says)."""
+    light_block: int
+    light_unit: int
+    fraction: float
+    """Share of each segment's KV prefix shipped (:func:`shipped_tokens` per segment)."""
+
+    def shipped(self, group: Group) -> tuple[tuple[int, int, int], ...]:
+        """(slice id, segment index, KV tokens shipped: the first ones of its prefix) of every
+        segment of the heavy unit that ships some (cp = 1: a segment is one piece)."""
+        units = group.backward_units if self.backward else group.forward_units
+        out = []
+        for sid in units[self.heavy_unit].slice_ids:
+            for j, seg in enumerate(group.slice(sid).segments):
+                d = shipped_tokens(seg.start, self.fraction)
+                if d > 0:
+                    out.append((sid, j, d))
+        return tuple(out)
+
+    def to_list(self) -> list[Any]:
+        """``[backward, tick, heavy_block, heavy_unit, light_block, light_unit, fraction]``:
+        plans hold hundreds of moves, so they are written as compact lists."""
+        return [self.backward, self.tick, self.heavy_block, self.heavy_unit, self.light_block,
+                self.light_unit, self.fraction]
+
+
+MOVE_FIELDS = ("backward", "tick", "heavy_block", "heavy_unit", "light_block", "light_unit",
+               "fraction")
+"""The order of a move's entries in the plan JSON (:meth:`Move.to_list`)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Group:
     """One pipeline over ``ranks`` (tp*cp*pp devices) and the slices it trains."""
@@ -148,6 +202,12 @@ class Group:
     to host memory after its forward and back before its backward, over the host link."""
     vocab_parallel_pp: bool = False
     """LM head and loss spread over pipeline ranks (SlimPipe) instead of on the last stage."""
+    attention_moves: tuple[Move, ...] | None = None
+    """SlimPipe's attention redistribution: the pairs of concurrent ops that exchange attention
+    and the share of KV prefix each ships, chosen at plan time under the planner's cost model
+    (only with ``Plan.attention_redistribution``, at pp > 1). ``()``: chosen, none pays off;
+    None: not chosen (a format-3 plan): the simulator chooses them under the cost model it is
+    given, the runtime refuses the plan."""
     _slice_index: dict[int, Slice] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -237,6 +297,42 @@ class Group:
                 )
         self._check_order(orders["forward"], increasing=True, kind="forward")
         self._check_order(orders["backward"], increasing=False, kind="backward")
+        if self.attention_moves is not None:
+            self._check_moves(self.attention_moves)
+
+    def _check_moves(self, moves: tuple[Move, ...]) -> None:
+        """Every move names two distinct ops of this group, ships a share in (0, 1], and no op
+        takes part in two moves (an op runs at one tick, so a unit at most once per tick)."""
+        where = f"Group {self.group_id}: attention_moves"
+        if self.pp < 2:
+            raise PlanError(f"{where} needs pp > 1 (ops of one stage never run side by side); "
+                            f"group has pp={self.pp}")
+        blocks = self.pp * self.vpp
+        used: set[tuple[bool, int, int]] = set()
+        for i, m in enumerate(moves):
+            if not isinstance(m, Move):
+                raise PlanError(f"{where}[{i}] must be a Move, got {type(m).__name__}")
+            units = len(self.backward_units if m.backward else self.forward_units)
+            for name, value, bound in (("heavy_block", m.heavy_block, blocks),
+                                       ("light_block", m.light_block, blocks),
+                                       ("heavy_unit", m.heavy_unit, units),
+                                       ("light_unit", m.light_unit, units)):
+                if not 0 <= value < bound:
+                    raise PlanError(f"{where}[{i}].{name} = {value} is outside [0, {bound})")
+            if m.tick < 0:
+                raise PlanError(f"{where}[{i}].tick must be >= 0, got {m.tick}")
+            if not 0.0 < m.fraction <= 1.0:
+                raise PlanError(f"{where}[{i}].fraction must be in (0, 1], got {m.fraction!r}")
+            if m.heavy_block % self.pp == m.light_block % self.pp:
+                raise PlanError(f"{where}[{i}] pairs two ops of pipeline stage "
+                                f"{m.heavy_block % self.pp}; a move pairs two stages")
+            for block, unit in ((m.heavy_block, m.heavy_unit), (m.light_block, m.light_unit)):
+                op = (m.backward, block, unit)
+                if op in used:
+                    kind = "backward" if m.backward else "forward"
+                    raise PlanError(f"{where}[{i}]: the {kind} op of unit {unit} on block "
+                                    f"{block} is already in another move")
+                used.add(op)
 
     def _check_order(self, order: list[int], *, increasing: bool, kind: str) -> None:
         index = self._slice_index  # every id was checked by validate() before this runs
@@ -320,10 +416,11 @@ class DocumentMap:
         return cls(pieces=pieces, samples=samples)
 
 
-PLAN_FORMATS = ("slimpack-plan/1", "slimpack-plan/2", "slimpack-plan/3")
+PLAN_FORMATS = ("slimpack-plan/1", "slimpack-plan/2", "slimpack-plan/3", "slimpack-plan/4")
 """Formats :meth:`Plan.from_dict` reads; plans are written in the last. Format 1 plans (no
 typed ``documents``, ``memory_fits``, ``attention_redistribution``) and format 2 plans (no
-typed ``zero_stage``) read with those fields lifted from ``metadata``, or their defaults."""
+typed ``zero_stage``) read with those fields lifted from ``metadata``, or their defaults.
+Plans before format 4 carry no ``Group.attention_moves`` (read as None: not chosen)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -348,8 +445,9 @@ class Plan:
     training recipe it was planned for (``slimpack plan --strict`` exits 1 on False); None
     when the planner did not check."""
     attention_redistribution: bool = False
-    """SlimPipe's attention redistribution (arXiv 2504.14519): the simulator moves attention
-    work of a pipeline's slices between its ranks to even out the causal imbalance."""
+    """SlimPipe's attention redistribution (arXiv 2504.14519): attention work of a pipeline's
+    slices moves between its ranks to even out the causal imbalance; which ops pair and how
+    much KV ships is each group's ``attention_moves``."""
     zero_stage: int | None = None
     """The ZeRO stage of the training recipe the plan was made for (``TrainingSpec.zero_stage``:
     0, 1 or 3): the simulator refuses a cost model of another stage, the runtime executes it
@@ -380,6 +478,15 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.parallel.world
+
+    def with_attention_redistribution(self, on: bool) -> Plan:
+        """This plan with redistribution switched ``on`` or off, every group's
+        ``attention_moves`` cleared (None): moves are chosen for one setting, so a plan that
+        turns it on has them chosen again (``slimpack.sim.redistribution``), one that turns it
+        off holds none."""
+        phases = tuple(Phase(groups=tuple(replace(g, attention_moves=None) for g in ph.groups))
+                       for ph in self.phases)
+        return replace(self, attention_redistribution=on, phases=phases)
 
     def groups(self) -> Iterator[Group]:
         for phase in self.phases:
@@ -436,6 +543,9 @@ class Plan:
                     raise PlanError(f"Plan: group id {group.group_id} used twice")
                 group_ids.add(group.group_id)
                 group.validate()
+                if group.attention_moves and not self.attention_redistribution:
+                    raise PlanError(f"Group {group.group_id}: attention_moves given but "
+                                    f"Plan.attention_redistribution is false")
                 bad = [r for r in group.ranks if not 0 <= r < world]
                 if bad:
                     raise PlanError(
@@ -665,6 +775,8 @@ def _group_to_dict(g: Group) -> dict[str, Any]:
                    for s in g.slices],
         "forward_units": [list(u.slice_ids) for u in g.forward_units],
         "backward_units": [list(u.slice_ids) for u in g.backward_units],
+        "attention_moves": (None if g.attention_moves is None
+                            else [m.to_list() for m in g.attention_moves]),
     }
 
 
@@ -766,4 +878,24 @@ def _group_from_dict(d: dict[str, Any], where: str = "group") -> Group:
                      for i, s in enumerate(_get(d, "slices", list, where))),
         forward_units=units("forward_units"),
         backward_units=units("backward_units"),
+        attention_moves=_moves_from_list(d.get("attention_moves"), f"{where}.attention_moves"),
     )
+
+
+def _moves_from_list(value: Any, where: str) -> tuple[Move, ...] | None:
+    """``[[backward, tick, heavy_block, heavy_unit, light_block, light_unit, fraction], ...]``
+    (:data:`MOVE_FIELDS`) or null; ranges are checked by :meth:`Group.validate`."""
+    if value is None:
+        return None
+    moves = []
+    for i, item in enumerate(_expect(value, list, where)):
+        at = f"{where}[{i}]"
+        entries = _expect(item, list, at)
+        if len(entries) != len(MOVE_FIELDS):
+            raise PlanError(f"Plan JSON: {at} must be [{', '.join(MOVE_FIELDS)}], got {entries!r}")
+        kinds = (bool, int, int, int, int, int, (int, float))
+        fields = {name: _expect(x, kind, f"{at}.{name}")
+                  for name, x, kind in zip(MOVE_FIELDS, entries, kinds, strict=True)}
+        fields["fraction"] = float(fields["fraction"])
+        moves.append(Move(**fields))
+    return tuple(moves)

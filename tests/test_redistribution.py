@@ -12,11 +12,11 @@ from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
+from slimpack.plan import TILE
 from slimpack.schedules import build_schedule
 from slimpack.sim import simulate
 from slimpack.sim.costs import group_costs
 from slimpack.sim.redistribution import (
-    TILE,
     group_moves,
     priced_moves,
     redistribute_group,
@@ -182,7 +182,7 @@ def test_moves_are_the_priced_pairs_as_plain_data():
 
 def test_off_when_the_flag_is_off():
     plan_on, _ = _one_sample(4, 8)
-    plan_off = dataclasses.replace(plan_on, attention_redistribution=False)
+    plan_off = plan_on.with_attention_redistribution(False)
     on = simulate(plan_on, model=MODEL, hardware=HW, cost=COST).record
     off = simulate(plan_off, model=MODEL, hardware=HW, cost=COST).record
     assert "attention_redistribution" not in off.extra

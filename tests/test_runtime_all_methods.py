@@ -23,11 +23,6 @@ from slimpack.validation.activation_memory import SETTING, compare_ranks, defaul
 TINY = model_preset(SETTING.model)
 CONFIG = RuntimeConfig(seed=1)
 
-PRICING = SETTING.pricing()
-"""What the plans are priced with (``slimpack plan`` at the setting): SlimPipe's
-attention redistribution executes the simulator's moves under it (at this setting it keeps
-none: tests/test_runtime_redistribution.py runs plans that move work)."""
-
 REFUSED: dict[str, str] = {}
 """Methods whose plan at this setting the runtime refuses, and the field it names (none: the
 last, SlimPipe's attention_redistribution at pp > 1, is executed since issue 23)."""
@@ -49,13 +44,12 @@ def runs(tmp_path_factory):
         plan = Plan.load(path)
         assert plan.world_size == SETTING.gpus
         try:
-            check_runtime_plan(plan, TINY, world_size=SETTING.gpus, pricing=PRICING)
+            check_runtime_plan(plan, TINY, world_size=SETTING.gpus)
         except ValueError as err:
             refusals[method] = str(err)
             continue
         plans[method] = plan
-    results = run_plans(list(plans.values()), TINY, CONFIG, return_grads=True, timeout_s=900,
-                        pricing=PRICING)
+    results = run_plans(list(plans.values()), TINY, CONFIG, return_grads=True, timeout_s=900)
     return plans, refusals, dict(zip(plans, results, strict=True))
 
 

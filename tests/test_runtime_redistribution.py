@@ -1,9 +1,10 @@
 """SlimPipe's attention redistribution executed by the runtime (slimpack/runtime/
-redistribution.py): the moves are the simulator's (priced for llama3.2-1b on an H100, where
-long prefixes make them pay), executed on the tiny model over CPU gloo in fp32, gradient-exact
-against the unsliced single-process reference. Also under recompute (the rerun reuses the
-light rank's partials), with tp > 1 (each tp lane ships its heads) and ring CP (each cp lane
-ships its query pieces against the gathered prefix, both cp_sharding values)."""
+redistribution.py): the moves are the plan's (``Group.attention_moves``, chosen at plan time
+for llama3.2-1b on an H100, where long prefixes make them pay), executed on the tiny model
+over CPU gloo in fp32, gradient-exact against the unsliced single-process reference. Also
+under recompute (the rerun reuses the light rank's partials), with tp > 1 (each tp lane ships
+its heads) and ring CP (each cp lane ships its query pieces against the gathered prefix, both
+cp_sharding values)."""
 
 from __future__ import annotations
 
@@ -23,28 +24,30 @@ from slimpack.runtime.layout import GroupLayout
 from slimpack.runtime.many import run_plans
 from slimpack.runtime.parity import parity
 from slimpack.runtime.reference import reference_step
-from slimpack.runtime.validate import Pricing, check_runtime_plan
+from slimpack.runtime.validate import check_runtime_plan
 from slimpack.sim import simulate
+from slimpack.sim.redistribution import with_attention_moves
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 TINY = model_preset("tiny")
 PRICED, H100 = model_preset("llama3.2-1b"), hardware_preset("h100")
 COST = default_cost_model(PRICED, H100)
-PRICING = Pricing(model=PRICED, cost=COST)
 LENGTHS = (8192, 200, 300, 100)
 """One long document among short ones: its later slices carry long KV prefixes."""
 
 
 def _plan(pp: int, vpp: int, dp: int, context: int, slices: int, *, tp: int = 1, cp: int = 1,
           lengths: tuple[int, ...] = LENGTHS, **group_fields):
-    """SlimPipe's plan; ``group_fields`` replaced on every group (the runtime prices the
-    moves of the plan it is given, so they are the replaced plan's)."""
+    """SlimPipe's plan; ``group_fields`` replaced on every group, its moves then chosen again
+    under the planner's prices (a recompute mode changes the ops' times, so the moves that
+    pay off)."""
     plan = plan_method("slimpipe", Batch.from_lengths(lengths), PRICED, H100,
                        ParallelSpec(pp=pp, vpp=vpp, dp=dp, tp=tp, cp=cp), COST, context=context,
                        num_slices=slices)
-    return dataclasses.replace(plan, phases=tuple(
+    replaced = dataclasses.replace(plan, phases=tuple(
         Phase(groups=tuple(dataclasses.replace(g, **group_fields) for g in ph.groups))
         for ph in plan.phases))
+    return with_attention_moves(replaced, model=PRICED, cost=COST)
 
 
 def test_split_attention_equals_whole_attention():
@@ -111,9 +114,9 @@ directions the simulator keeps there)."""
 def executed(request):
     shape, fields, _ = CASES[request.param]
     plan = _plan(*shape, **fields)
-    rplan = check_runtime_plan(plan, TINY, pricing=PRICING)
+    rplan = check_runtime_plan(plan, TINY)
     (result,) = run_plans([plan], TINY, RuntimeConfig(seed=3), return_grads=True,
-                          timeout_s=600, pricing=PRICING)
+                          timeout_s=600)
     return request.param, plan, rplan, result
 
 
@@ -131,14 +134,19 @@ def test_slimpipe_plan_with_redistribution_runs_gradient_exact(executed):
 
 
 @pytest.mark.slow
-def test_the_runtime_executes_the_simulators_moves(executed):
-    """The moves are the simulator's (its pair count), both directions where it pairs
-    backward ops too, and every layer of every shipping slice sent and answered one
-    request."""
+def test_the_runtime_executes_the_plans_moves(executed):
+    """The runtime executes the plan's moves as they are (the simulator, choosing them itself
+    under the plan's prices, keeps as many pairs), both directions where it pairs backward ops
+    too, and every layer of every shipping slice sent and answered one request."""
     name, plan, rplan, result = executed
     groups = {g.group_id: g for g in plan.groups()}
+    assert rplan.moves == {g.group_id: g.attention_moves for g in plan.groups()
+                           if g.attention_moves}
     moves = [(groups[gid], m) for gid, ms in rplan.moves.items() for m in ms]
-    stats = simulate(plan, model=PRICED, hardware=H100, cost=COST).record.extra
+    unchosen = dataclasses.replace(plan, phases=tuple(
+        Phase(groups=tuple(dataclasses.replace(g, attention_moves=None) for g in ph.groups))
+        for ph in plan.phases))
+    stats = simulate(unchosen, model=PRICED, hardware=H100, cost=COST).record.extra
     assert len(moves) == stats["attention_redistribution"]["pairs"] > 0
     assert {m.backward for _, m in moves} == CASES[name][2]
     expected = 0

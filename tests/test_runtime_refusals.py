@@ -98,15 +98,20 @@ def test_old_plan_with_zero_stage_in_metadata_reaches_the_runtime_as_the_field()
 def test_attention_redistribution_is_refused_only_with_ulysses_cp_at_pp_above_one():
     """Executed at pp > 1 lane by lane with tp > 1, ring CP and every recompute mode (and at
     pp = 1, where there is no pair); Ulysses CP at pp > 1 is refused by name."""
-    on = {"attention_redistribution": True}
+    def on(plan):  # noqa: ANN001, ANN202
+        """Redistribution on, with moves chosen (none: which pairs is tests/test_plan_moves'
+        matter, the refusal here is by field)."""
+        return _with_group_fields(plan.with_attention_redistribution(True),
+                                  attention_moves=() if plan.parallel.pp > 1 else None)
+
     for plan in (slimpipe_plan(pp=2, dp=1), slimpipe_plan(pp=1, dp=1),
                  slimpipe_plan(pp=2, dp=1, tp=2), slimpipe_plan(pp=2, dp=1, cp=2),
                  _with_group_fields(slimpipe_plan(pp=2, dp=1, cp=2), cp_sharding="per-document"),
                  _with_group_fields(slimpipe_plan(pp=2, dp=1), recompute="selective"),
                  _with_group_fields(slimpipe_plan(pp=2, dp=1, tp=2), recompute="full")):
-        check_runtime_plan(dataclasses.replace(plan, **on), TINY)
+        check_runtime_plan(on(plan), TINY)
     ulysses = _with_group_fields(slimpipe_plan(pp=2, dp=1, cp=2), cp_kind="ulysses")
-    _refused(dataclasses.replace(ulysses, **on),
+    _refused(on(ulysses),
              r"^plan: attention_redistribution=True is not executed by the runtime; allowed: "
              r"false when a group at pp > 1 has cp > 1 with cp_kind other than 'ring' "
              r"\(group 0: cp=2, cp_kind='ulysses'\); true otherwise")

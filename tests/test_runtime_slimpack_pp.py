@@ -7,8 +7,6 @@ plans that move work)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from slimpack.batch import Batch
@@ -50,7 +48,7 @@ def test_slimpipe_plan_with_redistribution_is_accepted():
     plan = _slimpipe()
     assert all(g.vocab_parallel_pp and g.schedule == "slimpipe" for g in plan.groups())
     assert check_runtime_plan(plan, TINY, world_size=4).moves == {}  # tiny: nothing pays
-    check_runtime_plan(dataclasses.replace(plan, attention_redistribution=False), TINY,
+    check_runtime_plan(plan.with_attention_redistribution(False), TINY,
                        world_size=4)
 
 

@@ -3,8 +3,6 @@ plan overflows memory, attention redistribution kept when the simulator times it
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from slimpack.compare import plan_method
@@ -54,7 +52,7 @@ def test_a_plan_that_fits_is_not_offloaded():
 def test_attention_redistribution_is_kept_only_when_faster():
     cost = default_cost_model(MODEL, HW)
     plan, rec = _plan(32768, gpus=8)
-    other = dataclasses.replace(plan, attention_redistribution=not plan.attention_redistribution)
+    other = plan.with_attention_redistribution(not plan.attention_redistribution)
     other_rec = simulate(other, model=MODEL, hardware=HW, cost=cost).record
     assert (rec.oom, rec.step_time_s) <= (other_rec.oom, other_rec.step_time_s)
     assert [t for t in plan.metadata["search"] if "attention_redistribution" in t]

@@ -1,6 +1,5 @@
 """SlimPack planner (reconstructed): components in isolation, then whole plans."""
 
-import dataclasses
 from functools import partial
 
 import numpy as np
@@ -360,7 +359,7 @@ def test_search_skips_only_candidates_the_simulator_finds_out_of_memory():
         if not record.oom:
             steps[(t["slice_tokens"], t["merge"], t["mirrored"])] = record.step_time_s
     kept = simulate(result, model=MODEL, hardware=HW, cost=COST).record.step_time_s
-    chosen = dataclasses.replace(result, attention_redistribution=False)
+    chosen = result.with_attention_redistribution(False)
     assert simulate(chosen, model=MODEL, hardware=HW, cost=COST).record.step_time_s == min(
         steps.values())
     assert kept <= min(steps.values())  # redistribution is kept only when it is faster

@@ -10,6 +10,7 @@ from slimpack.plan import DocumentMap, Phase, Plan
 from slimpack.planning.setup import PlanSetup
 from slimpack.schedules import Op
 from slimpack.sim.memory import plan_fits_memory
+from slimpack.sim.redistribution import with_attention_moves
 from slimpack.specs import ParallelSpec
 from slimpack.specs.recompute import RECOMPUTE_MODES
 
@@ -49,6 +50,9 @@ def finish_plan(*, method: str, setup: PlanSetup, sequence_lengths: dict[int, in
             break
         plan = escalated
         fits = plan_fits_memory(plan, model, hardware, training, schedules)
+    # The plan carries the moves its redistribution runs, chosen under the cost model it was
+    # planned with, on the recompute modes it ends with.
+    plan = with_attention_moves(plan, model=model, cost=setup.cost, schedules=schedules)
     modes = sorted({g.recompute for g in plan.groups()}, key=RECOMPUTE_MODES.index)
     if escalate_recompute or "recompute" in plan.metadata:
         plan.metadata["recompute"] = modes[0] if len(modes) == 1 else ",".join(modes)

@@ -10,7 +10,8 @@ per-layer calibration table the calibrated cost model reads.
 ``run`` checks the plan (IR rules, world size, schedule, and every field the runtime does not
 execute, e.g. attention_redistribution at pp > 1 with tp or cp > 1: see docs/architecture.md,
 runtime) before any process starts. SlimPipe's attention redistribution executes the moves
-the simulator makes with the plan priced for ``--priced-model`` on ``--priced-hardware``.
+the plan carries (``Group.attention_moves``, chosen at plan time; a plan older than format 4
+is refused).
 Without torchrun it spawns ``--nproc`` (default: the plan's world size) local processes
 itself. With ``--calibration`` it also simulates the plan with the calibrated cost
 model and prints simulated against measured step time and peak memory.
@@ -59,12 +60,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--out", help="write the record: .csv appends a row, else JSON with ops")
     r.add_argument("--calibration", metavar="CSV",
                    help="also simulate with the calibrated cost model from this profile")
-    r.add_argument("--priced-model", help="model the plan was priced for, which decides "
-                                          "SlimPipe's attention redistribution moves "
-                                          "(default: the run's model)")
-    r.add_argument("--priced-hardware", default="h100",
-                   help=preset_help("hardware") + " the plan was priced for (default h100, "
-                                                  "slimpack plan's default)")
     r.add_argument("--timeout", type=positive_float, default=600.0,
                    help="collective timeout in seconds, a finite number > 0 (default 600)")
     r.set_defaults(handler=_run)
@@ -118,15 +113,6 @@ def _load(args: argparse.Namespace):
     return plan, model_preset(name)
 
 
-def _pricing(args: argparse.Namespace, spec):  # noqa: ANN001, ANN202 - lazy imports
-    from slimpack.cost.kernel_model import default_cost_model
-    from slimpack.runtime.validate import Pricing
-    from slimpack.specs import hardware_preset, model_preset
-    model = model_preset(args.priced_model) if args.priced_model else spec
-    return Pricing(model=model, cost=default_cost_model(model,
-                                                        hardware_preset(args.priced_hardware)))
-
-
 def _run(args: argparse.Namespace) -> int:
     import torch
 
@@ -149,8 +135,7 @@ def _run(args: argparse.Namespace) -> int:
         world = int(os.environ["WORLD_SIZE"])
     else:
         world = args.nproc if args.nproc is not None else plan.world_size
-    pricing = _pricing(args, spec)
-    check_runtime_plan(plan, spec, world_size=world, pricing=pricing)  # fail before starting
+    check_runtime_plan(plan, spec, world_size=world)  # fail before starting
     if device == "cpu" and not under_torchrun():
         check_host_memory(plan, spec, dtype=args.dtype)
     cost = None
@@ -160,8 +145,7 @@ def _run(args: argparse.Namespace) -> int:
         from slimpack.cost.model import training_of
         from slimpack.sim.memory import check_zero_stage
         check_zero_stage(plan, training_of(cost))  # the comparison would refuse it after the run
-    best = run_plan(plan, spec, config, nproc=world, timeout_s=args.timeout,
-                    pricing=pricing)
+    best = run_plan(plan, spec, config, nproc=world, timeout_s=args.timeout)
     if best is None:
         return 0  # non-zero torchrun rank: rank 0 reports
     record = best.record

@@ -23,7 +23,7 @@ from slimpack.records import StepRecord
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.executor import RankResult, execute_rank
 from slimpack.runtime.measure import step_record
-from slimpack.runtime.validate import Pricing, check_runtime_plan
+from slimpack.runtime.validate import check_runtime_plan
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
@@ -59,16 +59,15 @@ def free_port() -> int:
 
 def run_plan(plan: Plan, spec: ModelSpec, config: RuntimeConfig, *, nproc: int | None = None,
              return_grads: bool = False, hardware: HardwareSpec | None = None,
-             timeout_s: float = 300.0, pricing: Pricing | None = None) -> RunResult | None:
-    """Execute ``plan`` once; return the result (None on non-zero ranks under torchrun).
-    ``pricing``: what the plan was priced with (``check_runtime_plan``)."""
+             timeout_s: float = 300.0) -> RunResult | None:
+    """Execute ``plan`` once; return the result (None on non-zero ranks under torchrun)."""
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
-        check_runtime_plan(plan, spec, world_size=world, pricing=pricing)
+        check_runtime_plan(plan, spec, world_size=world)
         return _torchrun_rank(plan, spec, config, return_grads=return_grads, hardware=hardware,
-                              timeout_s=timeout_s, pricing=pricing)
+                              timeout_s=timeout_s)
     world = plan.world_size if nproc is None else nproc
-    check_runtime_plan(plan, spec, world_size=world, pricing=pricing)
+    check_runtime_plan(plan, spec, world_size=world)
     if config.device == "cuda" and torch.cuda.device_count() < world:
         raise ValueError(f"plan needs {world} GPUs, {torch.cuda.device_count()} visible; "
                          f"launch with torchrun across nodes")
@@ -77,13 +76,13 @@ def run_plan(plan: Plan, spec: ModelSpec, config: RuntimeConfig, *, nproc: int |
         init = f"tcp://127.0.0.1:{free_port()}"
         mp.spawn(_spawned_rank, nprocs=world, join=True,
                  args=(world, init, plan.to_json(), spec, config, return_grads, hardware,
-                       timeout_s, str(out), pricing))
+                       timeout_s, str(out)))
         return torch.load(out, weights_only=False)
 
 
 def _spawned_rank(rank: int, world: int, init: str, plan_json: str, spec: ModelSpec,
                   config: RuntimeConfig, return_grads: bool, hardware: HardwareSpec | None,
-                  timeout_s: float, out: str, pricing: Pricing | None) -> None:
+                  timeout_s: float, out: str) -> None:
     if config.device == "cpu":
         # Share the cores between the ranks instead of oversubscribing them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -92,7 +91,7 @@ def _spawned_rank(rank: int, world: int, init: str, plan_json: str, spec: ModelS
     try:
         result = run_in_process_group(Plan.from_json(plan_json), spec, config, rank=rank,
                                       local_rank=rank, return_grads=return_grads,
-                                      hardware=hardware, pricing=pricing)
+                                      hardware=hardware)
         if result is not None:
             torch.save(result, out)
     finally:
@@ -100,26 +99,22 @@ def _spawned_rank(rank: int, world: int, init: str, plan_json: str, spec: ModelS
 
 
 def _torchrun_rank(plan: Plan, spec: ModelSpec, config: RuntimeConfig, *, return_grads: bool,
-                   hardware: HardwareSpec | None, timeout_s: float,
-                   pricing: Pricing | None) -> RunResult | None:
+                   hardware: HardwareSpec | None, timeout_s: float) -> RunResult | None:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
     dist.init_process_group(config.dist_backend, timeout=timedelta(seconds=timeout_s))
     try:
         return run_in_process_group(plan, spec, config, rank=rank, local_rank=local_rank,
-                                    return_grads=return_grads, hardware=hardware,
-                                    pricing=pricing)
+                                    return_grads=return_grads, hardware=hardware)
     finally:
         dist.destroy_process_group()
 
 
 def run_in_process_group(plan: Plan, spec: ModelSpec, config: RuntimeConfig, *, rank: int,
                          local_rank: int, return_grads: bool = False,
-                         hardware: HardwareSpec | None = None,
-                         pricing: Pricing | None = None) -> RunResult | None:
+                         hardware: HardwareSpec | None = None) -> RunResult | None:
     """Run ``plan`` in an already initialised default process group (rank 0 gets the
-    result). For callers that run many plans in one job, such as the GPU check.
-    ``pricing``: what the plan was priced with (``check_runtime_plan``)."""
-    rplan = check_runtime_plan(plan, spec, world_size=dist.get_world_size(), pricing=pricing)
+    result). For callers that run many plans in one job, such as the GPU check."""
+    rplan = check_runtime_plan(plan, spec, world_size=dist.get_world_size())
     if config.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)

@@ -1,9 +1,10 @@
 """SlimPipe's attention redistribution executed between pipeline ranks (docs/architecture.md,
 runtime, "Attention redistribution").
 
-Which ops pair and how much of each segment's KV prefix moves are the simulator's own
-decision (:func:`slimpack.sim.redistribution.priced_moves`, the same function its timing
-uses): a :class:`~slimpack.sim.redistribution.Move` names a heavy op and a light op of the
+Which ops pair and how much of each segment's KV prefix moves is the plan's
+(``Group.attention_moves``, chosen at plan time by
+:func:`slimpack.sim.redistribution.priced_moves` under the planner's cost model, the moves the
+simulator prices): a :class:`~slimpack.plan.Move` names a heavy op and a light op of the
 same tick and the share of the prefix shipped. Here every rank turns its group's moves into
 
 * on the heavy rank, per slice of the heavy op's unit on that block, a :class:`SliceSplit`:
@@ -56,7 +57,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from slimpack.plan import Group
+from slimpack.plan import Group, Move
 from slimpack.runtime.attention import VarlenLayout
 from slimpack.runtime.block_attention import (
     accumulate_dtype,
@@ -65,7 +66,6 @@ from slimpack.runtime.block_attention import (
     merge,
 )
 from slimpack.runtime.cp_layout import QueryPiece
-from slimpack.sim.redistribution import Move
 from slimpack.specs.model import ModelSpec
 
 

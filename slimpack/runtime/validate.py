@@ -11,9 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from slimpack.cost.kernel_model import default_cost_model
-from slimpack.cost.model import CostModel
-from slimpack.plan import Group, Plan, PlanError
+from slimpack.plan import Group, Move, Plan, PlanError
 from slimpack.runtime.capabilities import (
     check_group_fields,
     check_model_supported,
@@ -23,26 +21,8 @@ from slimpack.runtime.capabilities import (
     check_zero_stage,
 )
 from slimpack.runtime.schedule import build_group_schedule
-from slimpack.sim.redistribution import Move, priced_moves
-from slimpack.specs.hardware import hardware_preset
+from slimpack.sim.redistribution import check_move_ticks
 from slimpack.specs.model import ModelSpec
-
-PRICING_HARDWARE = "h100"
-"""The hardware :class:`Pricing` assumes when none is given (``slimpack plan``'s default)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pricing:
-    """The model and cost model a plan was priced with. SlimPipe's redistribution moves
-    (which ops pair, how much KV ships) are the simulator's decision under these prices, so
-    the runtime executes the moves of the plan as it was priced, whatever model it runs."""
-
-    model: ModelSpec
-    cost: CostModel
-
-    @classmethod
-    def default(cls, model: ModelSpec) -> Pricing:
-        return cls(model=model, cost=default_cost_model(model, hardware_preset(PRICING_HARDWARE)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +47,8 @@ class RuntimePlan:
     joins the vocabulary-parallel LM head of that unit (before that op; index len(ops): after
     the last), empty unless :attr:`vocab_over_pp` (:mod:`slimpack.runtime.vocab_parallel`)."""
     moves: dict[int, tuple[Move, ...]] = field(default_factory=dict)
-    """group_id -> SlimPipe's attention redistribution moves (the simulator's, under the
-    plan's :class:`Pricing`), for groups with any; executed by
+    """group_id -> SlimPipe's attention redistribution moves (the plan's
+    ``Group.attention_moves``), for groups with any; executed by
     :mod:`slimpack.runtime.redistribution`."""
 
     @property
@@ -86,7 +66,7 @@ def runtime_refusal(plan: Plan, model: ModelSpec) -> str:
     what is allowed), or "" when the runtime executes it. Records carry it, so every ratio
     says whether the plan behind it runs."""
     try:
-        check_runtime_plan(plan, model, with_moves=False)
+        check_runtime_plan(plan, model)
     except ValueError as exc:
         return str(exc)
     return ""
@@ -99,12 +79,12 @@ def refused_field(refusal: str) -> str:
     return match.group(1) if match else refusal.split(";")[0][:60]
 
 
-def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None,
-                       pricing: Pricing | None = None, with_moves: bool = True) -> RuntimePlan:
+def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None = None
+                       ) -> RuntimePlan:
     """Validate ``plan`` for execution on ``world_size`` processes; raise ValueError.
-    ``pricing``: what the plan was priced with (default :meth:`Pricing.default`), read only
-    for ``attention_redistribution`` at pp > 1 to price its moves (``with_moves=False``:
-    a check alone, :attr:`RuntimePlan.moves` left empty)."""
+    With ``attention_redistribution`` at pp > 1 the runtime executes each group's
+    ``attention_moves`` as the plan states them (chosen at plan time under the planner's cost
+    model); a group without them (a plan older than slimpack-plan/4) is refused."""
     plan.validate()
     if world_size is not None and plan.world_size != world_size:
         raise ValueError(
@@ -150,12 +130,15 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
         schedules[g.group_id] = ops
         if g.vocab_parallel_pp and g.pp > 1:
             head_joins[g.group_id] = joins
-        if with_moves and plan.attention_redistribution and g.pp > 1:
-            pricing = pricing or Pricing.default(model)
-            kept = priced_moves(g, ops, model=pricing.model, cost=pricing.cost,
-                                gpus_per_node=plan.parallel.gpus_per_node)
-            if kept:
-                moves[g.group_id] = kept
+        if plan.attention_redistribution and g.pp > 1:
+            if g.attention_moves is None:
+                raise ValueError(
+                    f"group {g.group_id}: attention_moves=None with attention_redistribution "
+                    f"at pp={g.pp}: the plan does not say which ops exchange attention (a plan "
+                    f"older than slimpack-plan/4); re-plan it to have its moves chosen")
+            check_move_ticks(g, ops, g.attention_moves)
+            if g.attention_moves:
+                moves[g.group_id] = g.attention_moves
     return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
                        tp_index_of_rank=tp_index_of_rank, tp=groups[0].tp,
                        schedules=schedules, schedule_source="+".join(sorted(sources)),

@@ -36,8 +36,13 @@ needed before the output projection, so both are exposed and charged to both ops
 one waits for the partials). Backward sends query, output gradient and log-sum-exp plus the
 KV block, and returns dQ and the block's dK, dV.
 
+Which pairs move is chosen here (:func:`group_moves`, at plan time through
+:func:`with_attention_moves`) and written in the plan (``Group.attention_moves``); a plan's
+moves are priced as they are (:func:`apply_moves`), whatever this cost model would choose.
+
 Memory: the light rank holds one layer's shipped KV block (and in backward its gradient) at
-a time, freed after that layer's attention. It is not added to the memory walk; the stats
+a time, freed after that layer's attention. It is not added to the memory walk (what the
+runtime holds: docs/architecture.md, simulator); the stats
 report the largest block (``block_bytes``). Measured on the slimpipe-mfu points (llama-70b,
 H800): 0.75 GiB at 512K (tp2 cp8 pp4 vpp5; peak 70.9 GiB, so block plus its gradient still
 fit the 73.6 GiB usable) and 0.50 GiB at 2048K (peak 50.1 GiB).
@@ -46,7 +51,7 @@ fit the 73.6 GiB usable) and 0.50 GiB at 2048K (peak 50.1 GiB).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -56,14 +61,12 @@ import numpy as np
 from slimpack.cost.cp_sharding import shard_pieces
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel
-from slimpack.plan import Group, Unit
-from slimpack.schedules import Op
+from slimpack.plan import Group, Move, Plan, PlanError, Unit, shipped_tokens
+from slimpack.schedules import Op, build_schedule
 from slimpack.schedules.validate import unit_time_walk
 from slimpack.sim.costs import BF16, GroupCosts, group_costs, unit_rank_sums
 from slimpack.specs.model import ModelSpec
 
-TILE = 128
-"""KV is shipped in whole FlashAttention tiles."""
 FP32 = 4
 MAX_TRANSFER_SHARE = 0.5
 """A pair moves only if its exposed transfer is at most this share of the attention time it
@@ -105,43 +108,12 @@ NO_MOVE = PairMove(heavy_delta_s=0.0, light_delta_s=0.0, moved_s=0.0, added_s=0.
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Move:
-    """One pair of concurrent ops that exchange attention, as plain data: the simulator prices
-    it (:func:`group_moves`), the runtime executes it (``slimpack.runtime.redistribution``)."""
-
-    backward: bool
-    """A pair of backward ops (else forward ops)."""
-    tick: int
-    """The two ops' start tick (:func:`schedule_ticks`)."""
-    heavy_block: int
-    """Virtual stage (``chunk * pp + stage``) of the op that ships work."""
-    heavy_unit: int
-    """Its unit (an index of the group's forward or backward units, as ``backward`` says)."""
-    light_block: int
-    light_unit: int
-    fraction: float
-    """Share of each segment's KV prefix shipped (:func:`shipped_tokens` per segment)."""
-
-    def shipped(self, group: Group) -> tuple[tuple[int, int, int], ...]:
-        """(slice id, segment index, KV tokens shipped: the first ones of its prefix) of every
-        segment of the heavy unit that ships some (cp = 1: a segment is one piece)."""
-        units = group.backward_units if self.backward else group.forward_units
-        out = []
-        for sid in units[self.heavy_unit].slice_ids:
-            for j, seg in enumerate(group.slice(sid).segments):
-                d = shipped_tokens(seg.start, self.fraction)
-                if d > 0:
-                    out.append((sid, j, d))
-        return tuple(out)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class RedistributionStats:
     """What redistribution did to one group (seconds summed over the group's ops)."""
 
     pairs: int
     block_bytes: float
-    """Largest KV block a light GPU holds at once (one layer's; not in the memory walk)."""
+    """Largest KV block a light GPU holds at once (one layer's)."""
     moved_s: float
     added_s: float
     transfer_s: float
@@ -162,12 +134,6 @@ def schedule_ticks(ops: Sequence[Sequence[Op]], *, pp: int, vpp: int) -> list[li
     if any(pos[s] < len(ops[s]) for s in range(pp)):
         raise ValueError("schedule_ticks: the op lists cannot complete (deadlock)")
     return ticks
-
-
-def shipped_tokens(prefix: int, fraction: float) -> int:
-    """KV tokens of a ``prefix``-token KV prefix that ship when ``fraction`` of it moves: whole
-    tiles, at most the prefix (the one rule the pricing and the runtime share)."""
-    return min(prefix, round(fraction * prefix / TILE) * TILE)
 
 
 def _shrink(pieces: Pieces, fraction: float) -> tuple[Pieces, Pieces]:
@@ -213,53 +179,112 @@ def prefix_weight(ranks: RankPieces) -> int:
     return sum(q * p for r in ranks for q, p in r)
 
 
+class _Pair:
+    """One (heavy, light) pair of ops priced at any shipped share: the arithmetic both
+    :func:`pair_move` (which chooses the share) and :func:`price_pair` (a given share) run."""
+
+    def __init__(self, heavy: RankPieces, *, heavy_s: float, light_s: float,
+                 heavy_layers: int, light_layers: int, pricer: _Pricer, backward: bool,
+                 model: ModelSpec, tp: int, comm_time) -> None:  # noqa: ANN001 - bytes -> s
+        self.k = 1 if backward else 0
+        self.backward, self.pricer, self.comm_time = backward, pricer, comm_time
+        self.h0, self.l0, self.nh, self.nl = heavy_s, light_s, heavy_layers, light_layers
+        self.q_bytes = model.q_dim / tp * BF16
+        self.lse_bytes = model.num_heads / tp * FP32
+        self.kv_bytes = kv_bytes_per_token_per_layer(model, tp)
+        self.heavy = heavy
+        self._ranks: list[tuple[Pieces, float]] | None = None
+
+    @property
+    def ranks(self) -> list[tuple[Pieces, float]]:
+        # Only pieces with a KV prefix change. Attention adds over the pieces of a varlen
+        # launch (both cost models sum tile work), so each rank's change is priced on those
+        # few pieces alone and added to the op's current duration. With CP the op changes by
+        # its CP ranks' least favourable change (the smallest saving, the largest addition):
+        # exact for cp = 1, conservative otherwise.
+        if self._ranks is None:
+            ranks = []
+            for hr in self.heavy:
+                prefixed = tuple(p for p in hr if p[1] > 0)
+                ranks.append((prefixed, self.pricer.times(prefixed)[self.k] if prefixed else 0.0))
+            self._ranks = ranks
+        return self._ranks
+
+    def shrunk(self, prefixed: Pieces, fraction: float) -> tuple[float, Pieces]:
+        """(time of the prefixed pieces after shipping, the shipped blocks)."""
+        kept, shipped = _shrink(prefixed, fraction)
+        return (self.pricer.times(kept)[self.k] if kept else 0.0), shipped
+
+    def sides(self, fraction: float) -> tuple[float, float, list[Pieces]]:
+        """(heavy op's time, light op's time, shipped blocks per CP rank), transfers aside."""
+        saved, extra = -float("inf"), 0.0
+        blocks = []
+        for prefixed, prefixed_s, in self.ranks:
+            kept_s, shipped = self.shrunk(prefixed, fraction)
+            saved = max(saved, kept_s - prefixed_s)
+            extra = max(extra, self.pricer.block(shipped, self.backward))
+            blocks.append(shipped)
+        return self.h0 + self.nh * saved, self.l0 + self.nl * extra, blocks
+
+    def exposed(self, blocks: list[Pieces]) -> tuple[float, float]:
+        """(exposed transfer seconds per layer, largest KV block bytes a light GPU holds).
+        The busiest CP rank's blocks set the pace (ranks of a stage send in parallel); the KV
+        block overlaps the light rank's own per-layer pass."""
+        light_layer_s = self.l0 / self.nl
+        q_bytes, lse_bytes, comm_time = self.q_bytes, self.lse_bytes, self.comm_time
+        exposed = held = 0.0
+        for shipped in blocks:
+            q = sum(t for t, _ in shipped)
+            kv = sum(d for _, d in shipped) * self.kv_bytes
+            if q == 0:
+                continue
+            if self.backward:
+                send = comm_time(q * (2 * q_bytes + lse_bytes))  # Q, dO, log-sum-exp
+                back = comm_time(q * q_bytes + kv)  # dQ and the block's dK, dV
+            else:
+                send = comm_time(q * q_bytes)
+                back = comm_time(q * (q_bytes + lse_bytes))  # partial output + log-sum-exp
+            kv_wait = max(0.0, comm_time(kv) - light_layer_s) if kv else 0.0
+            exposed = max(exposed, send + back + kv_wait)
+            held = max(held, kv)
+        return exposed, held
+
+    def move(self, fraction: float, h: float, l_: float, blocks: list[Pieces], exposed: float,
+             held: float) -> PairMove:
+        nh, nl = self.nh, self.nl
+        cp = len(self.heavy)
+        moved = sum(prefixed_s - self.shrunk(prefixed, fraction)[0]
+                    for prefixed, prefixed_s in self.ranks)
+        added = sum(self.pricer.block(shipped, self.backward) for shipped in blocks)
+        return PairMove(heavy_delta_s=max(h, l_) - self.h0 + nh * exposed,
+                        light_delta_s=l_ - self.l0 + nl * exposed, moved_s=nh * moved / cp,
+                        added_s=nl * added / cp, transfer_s=nh * exposed, fraction=fraction,
+                        block_bytes=held)
+
+
 def pair_move(heavy: RankPieces, light: RankPieces, *, heavy_s: float, light_s: float,
               heavy_layers: int, light_layers: int, pricer: _Pricer, backward: bool,
               model: ModelSpec, tp: int, comm_time) -> PairMove:  # noqa: ANN001 - bytes -> s
     """Balance one (heavy, light) pair of ops whose current durations are ``heavy_s`` and
     ``light_s`` (their layers, LM-head share and CP communication included);
-    ``comm_time(bytes)`` prices one transfer. The returned changes are whole-op seconds."""
-    k = 1 if backward else 0
-    nh, nl = heavy_layers, light_layers
-
-    def shrunk(prefixed: Pieces, fraction: float) -> tuple[float, Pieces]:
-        """(time of the prefixed pieces after shipping, the shipped blocks)."""
-        kept, shipped = _shrink(prefixed, fraction)
-        return (pricer.times(kept)[k] if kept else 0.0), shipped
-
-    def sides(fraction: float) -> tuple[float, float, list[Pieces]]:
-        saved, extra = -float("inf"), 0.0
-        blocks = []
-        for prefixed, prefixed_s, in ranks:
-            kept_s, shipped = shrunk(prefixed, fraction)
-            saved = max(saved, kept_s - prefixed_s)
-            extra = max(extra, pricer.block(shipped, backward))
-            blocks.append(shipped)
-        return heavy_s + nh * saved, light_s + nl * extra, blocks
-
+    ``comm_time(bytes)`` prices one transfer. The returned changes are whole-op seconds;
+    :data:`NO_MOVE` when no share pays off."""
     h0, l0 = heavy_s, light_s
     if h0 <= l0:
         return NO_MOVE
-    q_bytes = model.q_dim / tp * BF16
-    lse_bytes = model.num_heads / tp * FP32
-    kv_bytes = kv_bytes_per_token_per_layer(model, tp)
+    pair = _Pair(heavy, heavy_s=heavy_s, light_s=light_s, heavy_layers=heavy_layers,
+                 light_layers=light_layers, pricer=pricer, backward=backward, model=model, tp=tp,
+                 comm_time=comm_time)
+    nh = heavy_layers
     # The pair can at best meet in the middle, moving (h0 - l0) / 2; the query's round trip
     # alone is a lower bound on the exposed transfer, so pairs that cannot pass the transfer
     # share skip the search.
     queries = max(sum(q for q, p in r if p > 0) for r in heavy)
-    floor = _transfer_floor(queries, backward=backward, q_bytes=q_bytes, lse_bytes=lse_bytes,
-                            comm_time=comm_time)
+    floor = _transfer_floor(queries, backward=backward, q_bytes=pair.q_bytes,
+                            lse_bytes=pair.lse_bytes, comm_time=comm_time)
     if queries == 0 or MAX_TRANSFER_SHARE * (h0 - l0) / 2 < floor * nh:
         return NO_MOVE
-    # Only pieces with a KV prefix change. Attention adds over the pieces of a varlen launch
-    # (both cost models sum tile work), so each rank's change is priced on those few pieces
-    # alone and added to the op's current duration. With CP the op changes by its CP ranks'
-    # least favourable change (the smallest saving, the largest addition): exact for cp = 1,
-    # conservative otherwise.
-    ranks = []
-    for hr in heavy:
-        prefixed = tuple(p for p in hr if p[1] > 0)
-        ranks.append((prefixed, pricer.times(prefixed)[k] if prefixed else 0.0))
+    sides = pair.sides
     h1, l1, _ = sides(1.0)
     if h1 >= l1:
         best = 1.0
@@ -280,36 +305,27 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, heavy_s: float, light_s: 
     h, l_, blocks = sides(best)
     if max(h, l_) >= h0:
         return NO_MOVE
-    # Transfers per layer: the busiest CP rank's blocks set the pace (ranks of a stage send in
-    # parallel); the KV block overlaps the light rank's own per-layer pass.
-    light_layer_s = l0 / nl
-    exposed = held = 0.0
-    for shipped in blocks:
-        q = sum(t for t, _ in shipped)
-        kv = sum(d for _, d in shipped) * kv_bytes
-        if q == 0:
-            continue
-        if backward:
-            send = comm_time(q * (2 * q_bytes + lse_bytes))  # Q, dO, log-sum-exp
-            back = comm_time(q * q_bytes + kv)  # dQ and the block's dK, dV
-        else:
-            send = comm_time(q * q_bytes)
-            back = comm_time(q * (q_bytes + lse_bytes))  # partial output + log-sum-exp
-        kv_wait = max(0.0, comm_time(kv) - light_layer_s) if kv else 0.0
-        exposed = max(exposed, send + back + kv_wait)
-        held = max(held, kv)
+    exposed, held = pair.exposed(blocks)
     if max(h, l_) + nh * exposed >= h0:
         # Short slices: shipping costs more than it saves, so the pair runs as it is.
         return NO_MOVE
     if nh * exposed > MAX_TRANSFER_SHARE * (h0 - h):
         return NO_MOVE
-    cp = len(heavy)
-    moved = sum(prefixed_s - shrunk(prefixed, best)[0] for prefixed, prefixed_s in ranks)
-    added = sum(pricer.block(shipped, backward) for shipped in blocks)
-    return PairMove(heavy_delta_s=max(h, l_) - h0 + nh * exposed,
-                    light_delta_s=l_ - l0 + nl * exposed, moved_s=nh * moved / cp,
-                    added_s=nl * added / cp, transfer_s=nh * exposed, fraction=best,
-                    block_bytes=held)
+    return pair.move(best, h, l_, blocks, exposed, held)
+
+
+def price_pair(heavy: RankPieces, *, fraction: float, heavy_s: float, light_s: float,
+               heavy_layers: int, light_layers: int, pricer: _Pricer, backward: bool,
+               model: ModelSpec, tp: int, comm_time) -> PairMove:  # noqa: ANN001 - bytes -> s
+    """The change of a pair of ops that ships ``fraction`` of the heavy op's KV prefixes (a
+    plan's move: priced as it is, whether or not it pays off under these prices). At the
+    share :func:`pair_move` chose, the same numbers it returned."""
+    pair = _Pair(heavy, heavy_s=heavy_s, light_s=light_s, heavy_layers=heavy_layers,
+                 light_layers=light_layers, pricer=pricer, backward=backward, model=model, tp=tp,
+                 comm_time=comm_time)
+    h, l_, blocks = pair.sides(fraction)
+    exposed, held = pair.exposed(blocks)
+    return pair.move(fraction, h, l_, blocks, exposed, held)
 
 
 def _unit_pieces(group: Group, unit: Unit, slice_cache: dict) -> RankPieces:
@@ -444,32 +460,10 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
     """
     pp, tp = group.pp, group.tp
     slice_cache: dict = {}
-    ticks = schedule_ticks(ops, pp=pp, vpp=group.vpp)
-
-    def keys(units: Sequence[Unit]) -> tuple[np.ndarray, np.ndarray]:
-        """Per unit: :func:`prefix_weight` of its pieces, and its busiest CP rank's query
-        tokens that have a KV prefix."""
-        if not units:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        sums = unit_rank_sums(group, units, lambda q, p: [q * p, np.where(p > 0, q, 0)])
-        return sums[0].sum(axis=1), sums[1].max(axis=1)
-
-    fwd_weight, fwd_queries = keys(group.forward_units)
-    same = group.backward_units == group.forward_units
-    bwd_weight, bwd_queries = ((fwd_weight, fwd_queries) if same
-                               else keys(group.backward_units))
-    table = _op_table(ops, ticks, pp=pp, fwd_weight=fwd_weight, bwd_weight=bwd_weight)
-    fwd_before = np.array(costs.fwd_s, dtype=np.float64).reshape(pp * group.vpp, -1)
-    bwd_before = np.array(costs.bwd_s, dtype=np.float64).reshape(pp * group.vpp, -1)
-
-    def op_times(fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
-        out = np.empty(len(table.tick), dtype=np.float64)
-        b = table.backward
-        out[~b] = fwd[table.vs[~b], table.unit[~b]] if fwd.size else 0.0
-        out[b] = bwd[table.vs[b], table.unit[b]] if bwd.size else 0.0
-        return out
-
-    times = op_times(fwd_before, bwd_before)
+    (fwd_weight, fwd_queries), (bwd_weight, bwd_queries) = _unit_keys(group)
+    table = _op_table(ops, schedule_ticks(ops, pp=pp, vpp=group.vpp), pp=pp,
+                      fwd_weight=fwd_weight, bwd_weight=bwd_weight)
+    times = _op_times(table, costs, group)
     # Pairs: in each set, the a-th heaviest with the a-th lightest.
     sizes = np.diff(np.append(table.set_start, len(table.tick)))
     within = _ranks_within(sizes)
@@ -481,15 +475,13 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
     nh = layers[table.vs[heavy]]
     is_b = table.backward[heavy]
     queries = _by_kind(is_b, table.unit[heavy], fwd_queries, bwd_queries)
-    stage_nodes = [{r // gpus_per_node for r in group.stage_ranks(s)} for s in range(pp)]
-    intra_of = np.array([[len(stage_nodes[a] | stage_nodes[b]) == 1 for b in range(pp)]
-                         for a in range(pp)], dtype=bool)
+    intra_of = _intra_node_stages(group, gpus_per_node)
     intra = intra_of[table.vs[heavy] % pp, table.vs[light] % pp]
     q_bytes = model.q_dim / tp * BF16
     lse_bytes = model.num_heads / tp * FP32
 
     def comm(intra_node: bool):  # noqa: ANN202
-        return lambda b: cost.comm.p2p(b, intra_node=intra_node)
+        return _p2p(cost, intra_node)
 
     # pair_move's first two refusals, on every pair at once (the same float operations).
     floors: dict[tuple[int, bool, bool], float] = {}
@@ -545,11 +537,7 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
                 comm_time=comm(intra_node))
         return move
 
-    fwd_s = [list(row) for row in costs.fwd_s]
-    bwd_s = [list(row) for row in costs.bwd_s]
-    pairs = 0
-    kept: list[Move] = []
-    moved = added = transfer = held = 0.0
+    applied: list[tuple[Move, PairMove]] = []
     # The ops of a tick run side by side, so the tick lasts as long as its slowest op
     # (forward or backward). Moves that do not shorten it only add transfers: keep the tick's
     # moves only if its slowest op gets faster (*reconstructed* rule: a runtime would decide
@@ -583,33 +571,142 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
                 new_h = heavy_ops[j][2] + move.heavy_delta_s
                 new_l = light_ops[j][2] + move.light_delta_s
                 bound = max(bound, new_h, new_l)
-                proposed.append((order[j], j, move, new_h, new_l))
+                proposed.append((order[j], j, move))
             if bound >= slowest:
                 break
         if bound >= slowest:
             continue
         proposed.sort(key=lambda p: p[0])  # the pairs' own order, for the sums below
-        for _, j, move, new_h, new_l in proposed:
-            times_of = bwd_s if backward_of[j] else fwd_s
-            for (vs, u, _), t in ((heavy_ops[j], new_h), (light_ops[j], new_l)):
-                times_of[vs][u] = t
-            pairs += 1
-            kept.append(Move(backward=backward_of[j], tick=int(k_tick[j]), heavy_block=heavy_ops[j][0],
-                             heavy_unit=heavy_ops[j][1], light_block=light_ops[j][0],
-                             light_unit=light_ops[j][1], fraction=move.fraction))
-            moved += move.moved_s
-            added += move.added_s
-            transfer += move.transfer_s
-            held = max(held, move.block_bytes)
-    after_times = op_times(np.array(fwd_s, dtype=np.float64).reshape(pp * group.vpp, -1),
-                           np.array(bwd_s, dtype=np.float64).reshape(pp * group.vpp, -1))
+        for _, j, move in proposed:
+            applied.append((Move(backward=backward_of[j], tick=int(k_tick[j]),
+                                 heavy_block=heavy_ops[j][0], heavy_unit=heavy_ops[j][1],
+                                 light_block=light_ops[j][0], light_unit=light_ops[j][1],
+                                 fraction=move.fraction), move))
+    after, stats = _applied(group, costs, table, times, applied)
+    return after, stats, tuple(m for m, _ in applied)
+
+
+def apply_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts,
+                moves: Sequence[Move], *, model: ModelSpec, cost: CostModel,
+                gpus_per_node: int) -> tuple[GroupCosts, RedistributionStats]:
+    """``costs`` with the given ``moves`` priced under ``cost`` (a plan's
+    ``Group.attention_moves``: priced as they are, not chosen again, even where this cost
+    model would choose others), and the stats. Moves :func:`group_moves` chose under the same
+    prices give its numbers bit for bit. Raises PlanError for a move whose ops do not run at
+    its tick in ``ops``."""
+    pp = group.pp
+    (fwd_weight, _), (bwd_weight, _) = _unit_keys(group)
+    table = _op_table(ops, schedule_ticks(ops, pp=pp, vpp=group.vpp), pp=pp,
+                      fwd_weight=fwd_weight, bwd_weight=bwd_weight)
+    times = _op_times(table, costs, group)
+    _check_ticks(group, table, moves)
+    intra_of = _intra_node_stages(group, gpus_per_node)
+    pricer = _Pricer(cost, tp=group.tp, recompute=group.recompute)
+    slice_cache: dict = {}
+    applied = []
+    for m in moves:
+        before = costs.bwd_s if m.backward else costs.fwd_s
+        units = group.backward_units if m.backward else group.forward_units
+        move = price_pair(_unit_pieces(group, units[m.heavy_unit], slice_cache),
+                          fraction=m.fraction, heavy_s=float(before[m.heavy_block][m.heavy_unit]),
+                          light_s=float(before[m.light_block][m.light_unit]),
+                          heavy_layers=costs.layers[m.heavy_block],
+                          light_layers=costs.layers[m.light_block], pricer=pricer,
+                          backward=m.backward, model=model, tp=group.tp,
+                          comm_time=_p2p(cost, bool(intra_of[m.heavy_block % pp,
+                                                             m.light_block % pp])))
+        applied.append((m, move))
+    return _applied(group, costs, table, times, applied)
+
+
+def check_move_ticks(group: Group, ops: Sequence[Sequence[Op]], moves: Sequence[Move]) -> None:
+    """Raise PlanError for a move whose two ops do not start at its tick when the group runs
+    as ``ops`` (moves were chosen for one schedule; another pairs other ops)."""
+    if moves:
+        _check_ticks(group, _op_table(ops, schedule_ticks(ops, pp=group.pp, vpp=group.vpp),
+                                      pp=group.pp, fwd_weight=np.zeros(len(group.forward_units),
+                                                                       dtype=np.int64),
+                                      bwd_weight=np.zeros(len(group.backward_units),
+                                                          dtype=np.int64)), moves)
+
+
+def _check_ticks(group: Group, table: _OpTable, moves: Sequence[Move]) -> None:
+    ops_at = zip(table.backward.tolist(), table.vs.tolist(), table.unit.tolist(), strict=True)
+    tick_of_op = dict(zip(ops_at, table.tick.tolist(), strict=True))
+    for i, m in enumerate(moves):
+        for side, block, unit in (("heavy", m.heavy_block, m.heavy_unit),
+                                  ("light", m.light_block, m.light_unit)):
+            if tick_of_op.get((m.backward, block, unit)) != m.tick:
+                raise PlanError(f"Group {group.group_id}: attention_moves[{i}]: its {side} op "
+                                f"(block {block}, unit {unit}) does not start at tick {m.tick} "
+                                f"of the group's schedule")
+
+
+def _applied(group: Group, costs: GroupCosts, table: _OpTable, times: np.ndarray,
+             applied: Sequence[tuple[Move, PairMove]]) -> tuple[GroupCosts, RedistributionStats]:
+    """``costs`` with each move's priced change added to its two ops (each op is in at most
+    one move, so every change reads the op's time before any move), and the stats (sums in
+    the moves' order)."""
+    fwd_s = [list(row) for row in costs.fwd_s]
+    bwd_s = [list(row) for row in costs.bwd_s]
+    moved = added = transfer = held = 0.0
+    for m, move in applied:
+        times_of = bwd_s if m.backward else fwd_s
+        h0 = times_of[m.heavy_block][m.heavy_unit]
+        l0 = times_of[m.light_block][m.light_unit]
+        times_of[m.heavy_block][m.heavy_unit] = h0 + move.heavy_delta_s
+        times_of[m.light_block][m.light_unit] = l0 + move.light_delta_s
+        moved += move.moved_s
+        added += move.added_s
+        transfer += move.transfer_s
+        held = max(held, move.block_bytes)
+    after = dataclasses.replace(costs, fwd_s=fwd_s, bwd_s=bwd_s)
+    after_times = _op_times(table, after, group)
     stats = RedistributionStats(
-        pairs=pairs, block_bytes=held, moved_s=moved, added_s=added, transfer_s=transfer,
+        pairs=len(applied), block_bytes=held, moved_s=moved, added_s=added, transfer_s=transfer,
         fwd_imbalance_before=_imbalance(table, times, False),
         fwd_imbalance_after=_imbalance(table, after_times, False),
         bwd_imbalance_before=_imbalance(table, times, True),
         bwd_imbalance_after=_imbalance(table, after_times, True))
-    return dataclasses.replace(costs, fwd_s=fwd_s, bwd_s=bwd_s), stats, tuple(kept)
+    return after, stats
+
+
+def _unit_keys(group: Group) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Per forward and per backward unit: :func:`prefix_weight` of its pieces, and its
+    busiest CP rank's query tokens that have a KV prefix."""
+    def keys(units: Sequence[Unit]) -> tuple[np.ndarray, np.ndarray]:
+        if not units:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        sums = unit_rank_sums(group, units, lambda q, p: [q * p, np.where(p > 0, q, 0)])
+        return sums[0].sum(axis=1), sums[1].max(axis=1)
+
+    fwd = keys(group.forward_units)
+    same = group.backward_units == group.forward_units
+    return fwd, (fwd if same else keys(group.backward_units))
+
+
+def _op_times(table: _OpTable, costs: GroupCosts, group: Group) -> np.ndarray:
+    """Every op's duration under ``costs``, in the table's order."""
+    blocks = group.pp * group.vpp
+    fwd = np.array(costs.fwd_s, dtype=np.float64).reshape(blocks, -1)
+    bwd = np.array(costs.bwd_s, dtype=np.float64).reshape(blocks, -1)
+    out = np.empty(len(table.tick), dtype=np.float64)
+    b = table.backward
+    out[~b] = fwd[table.vs[~b], table.unit[~b]] if fwd.size else 0.0
+    out[b] = bwd[table.vs[b], table.unit[b]] if bwd.size else 0.0
+    return out
+
+
+def _intra_node_stages(group: Group, gpus_per_node: int) -> np.ndarray:
+    """``[a, b]``: stages a and b of the group lie on one node (their link is intra-node)."""
+    pp = group.pp
+    stage_nodes = [{r // gpus_per_node for r in group.stage_ranks(s)} for s in range(pp)]
+    return np.array([[len(stage_nodes[a] | stage_nodes[b]) == 1 for b in range(pp)]
+                     for a in range(pp)], dtype=bool)
+
+
+def _p2p(cost: CostModel, intra_node: bool):  # noqa: ANN202 - bytes -> s
+    return lambda b: cost.comm.p2p(b, intra_node=intra_node)
 
 
 def priced_moves(group: Group, ops: Sequence[Sequence[Op]], *, model: ModelSpec,
@@ -634,3 +731,27 @@ def merge_stats(stats: Sequence[RedistributionStats]) -> dict[str, float]:
             "fwd_imbalance_after": top.fwd_imbalance_after,
             "bwd_imbalance_before": top.bwd_imbalance_before,
             "bwd_imbalance_after": top.bwd_imbalance_after}
+
+
+def with_attention_moves(plan: Plan, *, model: ModelSpec, cost: CostModel,
+                         schedules: Mapping[int, Sequence[Sequence[Op]]] | None = None) -> Plan:
+    """``plan`` with every pp > 1 group's ``attention_moves`` chosen under ``cost``
+    (:func:`priced_moves` on the simulator's schedule: ``schedules[group_id]`` where given,
+    else :func:`~slimpack.schedules.build_schedule`) when ``attention_redistribution`` is on;
+    the plan itself otherwise. What a planner that redistributes calls at plan time, so the
+    plan carries what the simulator and the runtime execute."""
+    if not plan.attention_redistribution:
+        return plan
+    gpus = plan.parallel.gpus_per_node
+    schedules = schedules or {}
+
+    def ops_of(g: Group) -> Sequence[Sequence[Op]]:
+        got = schedules.get(g.group_id)
+        return got if got is not None else build_schedule(g)
+
+    phases = tuple(dataclasses.replace(phase, groups=tuple(
+        dataclasses.replace(g, attention_moves=priced_moves(
+            g, ops_of(g), model=model, cost=cost, gpus_per_node=gpus))
+        if g.pp > 1 else g
+        for g in phase.groups)) for phase in plan.phases)
+    return dataclasses.replace(plan, phases=phases)

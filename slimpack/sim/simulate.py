@@ -23,7 +23,7 @@ from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
 from slimpack.sim.memory import GroupMemory, check_zero_stage, group_memory
-from slimpack.sim.redistribution import merge_stats, redistribute_group
+from slimpack.sim.redistribution import apply_moves, merge_stats, redistribute_group
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
@@ -86,7 +86,8 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
     runs: list[_GroupRun] = []
     used_schedules: dict[int, list[list[Op]]] = {}
     slice_cache: dict = {}
-    # SlimPipe's attention redistribution between paired pipeline ranks (its plan flags it).
+    # SlimPipe's attention redistribution between paired pipeline ranks (its plan flags it;
+    # each group's ``attention_moves`` say which ops pair, else they are chosen here).
     redistribute = plan.attention_redistribution
     redistributed = []
     for phase in plan.phases:
@@ -103,8 +104,13 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
             memory = group_memory(group, model=model, dp=plan.parallel.dp,
                                   training=training_of(cost))
             if redistribute and group.pp > 1:
-                costs, stats = redistribute_group(group, ops, costs, model=model, cost=cost,
-                                                  gpus_per_node=gpus_per_node)
+                if group.attention_moves is None:  # a plan that did not choose (format 3)
+                    costs, stats = redistribute_group(group, ops, costs, model=model, cost=cost,
+                                                      gpus_per_node=gpus_per_node)
+                else:  # the plan's moves, priced under this cost model
+                    costs, stats = apply_moves(group, ops, costs, group.attention_moves,
+                                               model=model, cost=cost,
+                                               gpus_per_node=gpus_per_node)
                 redistributed.append(stats)
             costs = with_host_copies(costs, fwd_offload=memory.fwd_offload,
                                      bwd_fetch=memory.bwd_fetch,

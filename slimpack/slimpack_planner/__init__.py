@@ -32,6 +32,7 @@ from slimpack.plan import Plan
 from slimpack.planning.deadline import WALL_CLOCK_FALLBACK, Deadline
 from slimpack.planning.gc_pause import gc_paused
 from slimpack.planning.setup import PlanSetup
+from slimpack.sim.redistribution import with_attention_moves
 from slimpack.slimpack_planner.assemble import (
     BuildContext,
     OutOfTime,
@@ -118,6 +119,9 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
     best = dataclasses.replace(best, memory_fits=None if offloaded and record is None else bool(
         not record.oom if offloaded else
         best.metadata["slimpack"]["peak_bytes"] <= hardware.usable_memory_bytes))
+    # The plan carries the moves its redistribution runs, chosen under the cost model it was
+    # planned with (the simulator and the runtime execute them as they are).
+    best = with_attention_moves(best, model=model, cost=cost)
     best.metadata["plan_seconds"] = deadline.elapsed_s
     best.metadata["search"] = tried
     return best  # validated where it was built (heuristic) or simulated (search)

@@ -23,7 +23,7 @@ from slimpack.cost.memory import GPU_BF16, ActivationAccounting
 from slimpack.plan import Plan
 from slimpack.records import StepRecord
 from slimpack.runtime.config import RuntimeConfig
-from slimpack.runtime.validate import Pricing, check_runtime_plan
+from slimpack.runtime.validate import check_runtime_plan
 from slimpack.schedules import build_schedule
 from slimpack.sim.costs import layers_per_virtual_stage
 from slimpack.sim.memory import group_memory, peak_bytes_by_stage
@@ -83,14 +83,6 @@ class Setting:
                            default_cost_model(model, hardware), context=self.context,
                            **self.options.get(method, {}))
 
-    def pricing(self) -> Pricing:
-        """What the plans are priced with: SlimPipe's redistribution moves under it."""
-        from slimpack.cost.kernel_model import default_cost_model
-        from slimpack.specs import hardware_preset, model_preset
-
-        model = model_preset(self.model)
-        return Pricing(model=model, cost=default_cost_model(model, hardware_preset(self.hardware)))
-
 
 SETTING = Setting()
 
@@ -147,7 +139,7 @@ def simulated_rank_activation_bytes(plan: Plan, spec: ModelSpec,
 def compare_ranks(plan: Plan, spec: ModelSpec, record: StepRecord,
                   config: RuntimeConfig) -> list[RankActivation]:
     """Every rank holding a stage: simulated beside executed activation peak bytes."""
-    rplan = check_runtime_plan(plan, spec, world_size=plan.world_size, with_moves=False)
+    rplan = check_runtime_plan(plan, spec, world_size=plan.world_size)
     accounting = accounting_for(config, record.extra["attention_backend"])
     simulated = simulated_rank_activation_bytes(plan, spec, accounting, rplan.head_joins)
     executed = record.extra["rank_peak_activation_bytes"]
@@ -210,12 +202,11 @@ def main() -> int:
     for method in method_names():
         plan = SETTING.plan(method)
         try:
-            check_runtime_plan(plan, spec, world_size=SETTING.gpus, pricing=SETTING.pricing())
+            check_runtime_plan(plan, spec, world_size=SETTING.gpus)
             plans[method] = plan
         except ValueError as err:
             refused[method] = str(err)
-    results = run_plans(list(plans.values()), spec, config, timeout_s=600,
-                        pricing=SETTING.pricing())
+    results = run_plans(list(plans.values()), spec, config, timeout_s=600)
     print(TABLE_HEADER)
     for (method, plan), result in zip(plans.items(), results, strict=True):
         print(table_rows(method, plan, compare_ranks(plan, spec, result.record, config),
