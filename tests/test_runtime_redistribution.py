@@ -86,8 +86,9 @@ def test_split_attention_equals_whole_attention():
         torch.testing.assert_close(got, exp)
 
 
-TWO_LONG = (8192, 8192)
-"""Two long documents: at cp2 the simulator pairs backward ops too."""
+LONG_AND_SHORT = (12288, 4096)
+"""A long document beside a shorter one in one 16K sample: at cp2 the simulator pairs
+backward ops (with the default lengths it pairs forward ones only)."""
 
 BOTH, FORWARD, BACKWARD = {False, True}, {False}, {True}
 CASES = {
@@ -98,12 +99,13 @@ CASES = {
     "pp2 vpp2 tp2": ((2, 2, 1, 8192, 4), {"tp": 2}, BOTH),
     "pp2 vpp2 tp4 replicated kv heads": ((2, 2, 1, 8192, 4), {"tp": 4}, BACKWARD),
     "pp2 vpp2 cp2": ((2, 2, 1, 8192, 4), {"cp": 2}, FORWARD),
-    "pp2 vpp2 cp2 two long": ((2, 2, 1, 16384, 4), {"cp": 2, "lengths": TWO_LONG}, BOTH),
-    "pp2 vpp2 cp2 per-document two long": (
-        (2, 2, 1, 16384, 4), {"cp": 2, "cp_sharding": "per-document", "lengths": TWO_LONG},
-        BOTH),
-    "pp2 vpp2 tp2 cp2 recompute full two long": (
-        (2, 2, 1, 16384, 4), {"tp": 2, "cp": 2, "recompute": "full", "lengths": TWO_LONG},
+    "pp2 vpp2 cp2 long and short": (
+        (2, 2, 1, 16384, 4), {"cp": 2, "lengths": LONG_AND_SHORT}, BACKWARD),
+    "pp2 vpp2 cp2 per-document long and short": (
+        (2, 2, 1, 16384, 4), {"cp": 2, "cp_sharding": "per-document",
+                              "lengths": LONG_AND_SHORT}, BACKWARD),
+    "pp2 vpp2 tp2 cp2 recompute full long and short": (
+        (2, 2, 1, 16384, 4), {"tp": 2, "cp": 2, "recompute": "full", "lengths": LONG_AND_SHORT},
         BACKWARD),
 }
 """name -> ((pp, vpp, dp, context, slices), tp, cp, lengths and group fields, the move
