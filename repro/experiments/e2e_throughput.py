@@ -238,6 +238,17 @@ def panel_title(frame: pd.DataFrame) -> str:
             f"({batch_tokens_text(with_workload(frame), KEYS)}), {GPUS} GPUs ({HARDWARE})")
 
 
+def _wins(frame: pd.DataFrame, heading: str) -> tuple[float, str]:
+    """(share of settings SlimPack wins, ``heading`` then the fastest method's count per
+    setting and a diagnosis line per loss). Only methods that fit memory can be the fastest
+    (a plan over memory does not run)."""
+    fitting = frame[fits_memory(frame)]
+    best = fitting.loc[fitting.groupby(KEYS)["tokens_per_s"].idxmax(), "method"]
+    share, lost = losses(frame, KEYS, label=lambda key: f"{key[0]} {key[1]}")
+    return share, (heading + ", ".join(f"{m} {n}" for m, n in best.value_counts().items())
+                   + f" (of {len(best)})." + "".join(f" {line}." for line in lost))
+
+
 def _ratios_to(records: pd.DataFrame, other: str) -> dict[tuple, float]:
     """Per setting (``KEYS``) where both fit memory and planned: SlimPack's throughput over
     ``other``'s."""
@@ -268,13 +279,7 @@ def claims(records: pd.DataFrame) -> list[Claim]:
     wins = fewest = float("nan")
     wins_note = speedup_note = ""
     if not frame.empty:
-        # Only methods that fit memory can be the fastest (a plan over memory does not run).
-        fitting = frame[fits_memory(frame)]
-        best = fitting.loc[fitting.groupby(KEYS)["tokens_per_s"].idxmax(), "method"]
-        wins, lost = losses(frame, KEYS, label=lambda key: f"{key[0]} {key[1]}")
-        wins_note = ("Fastest method per setting (fitting memory): " + ", ".join(
-            f"{m} {n}" for m, n in best.value_counts().items()) + f" (of {len(best)})."
-            + "".join(f" {line}." for line in lost))
+        wins, wins_note = _wins(frame, "Fastest method per setting (fitting memory): ")
         megatron, slimpack = select(frame, method="megatron"), select(frame, method="slimpack")
         needed = {"step_over_ideal", "bubble_fraction"}
         if not megatron.empty and not slimpack.empty and needed <= set(frame.columns):
@@ -293,14 +298,10 @@ def claims(records: pd.DataFrame) -> list[Claim]:
         if ratios:
             worst_vs_slimpipe[workload] = min(ratios.values())
     if not pieces.empty and "method" in pieces.columns:
-        pieces_wins, lost = losses(pieces, KEYS, label=lambda key: f"{key[0]} {key[1]}")
-        fitting = pieces[fits_memory(pieces)]
-        best = fitting.loc[fitting.groupby(KEYS)["tokens_per_s"].idxmax(), "method"]
-        pieces_note = ("Every method trains the same sample pieces (the documents cut every "
-                       f"{CONTEXT // 1024}K tokens, as Megatron-LM's GPTDataset cuts them), so "
-                       "all compute the same attention. Fastest method per setting: " + ", ".join(
-                           f"{m} {n}" for m, n in best.value_counts().items())
-                       + f" (of {len(best)})." + "".join(f" {line}." for line in lost))
+        pieces_wins, pieces_note = _wins(pieces, (
+            "Every method trains the same sample pieces (the documents cut every "
+            f"{CONTEXT // 1024}K tokens, as Megatron-LM's GPTDataset cuts them), so all compute "
+            "the same attention. Fastest method per setting: "))
     if "samples_per_replica" in frame.columns:
         megatron_rows = frame[frame["method"].isin(["megatron", "megatron-causal"])]
         fewest = float(megatron_rows["samples_per_replica"].min()) if not megatron_rows.empty \
