@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from slimpack.cli.gpu_check import summary_markdown
+from slimpack.cost.kernels import capped_gemm_seconds
 from slimpack.runtime.attention import VarlenLayout
 from slimpack.runtime.attention_check import backend_agreement
 from slimpack.runtime.config import RuntimeConfig
@@ -78,3 +79,42 @@ def test_summary_table_says_what_was_not_checked():
     assert "| attention flash vs sdpa | bf16 |  | not checked | not installed |" in text
     assert "| matrix: 1 rank | fp32 | 2.0e-07 | pass | x |" in text
     assert "| packed example plan | bf16 | 2.0e-01 | FAIL | y |" in text
+
+
+def test_kernel_bench_sweeps_run_on_cpu_and_price_every_row(tmp_path):
+    """The GPU check's kernel sweeps on tiny CPU shapes: every row carries a measured time and
+    the kernel-level model's prediction of the same kernel, and the CSV round-trips."""
+    import csv
+
+    from slimpack.runtime import kernel_bench as kb
+    from slimpack.specs import hardware_preset
+
+    hw = hardware_preset("h200")
+    rows = kb.memory_sweep(hw, "cpu", lambda _: None, copy_mib=(1,), cast_shapes=((64, 32),),
+                           device="cpu")
+    rows += kb.gemm_sweep(hw, "cpu", ("bf16",), lambda _: None,
+                          shapes=[("t", 64, 128, 32)], device="cpu")
+    rows += kb.varlen_sweep(hw, "cpu", lambda _: None, profiles=("wikipedia",),
+                            token_counts=(512,), heads=(2, 1, 16), backend="sdpa", device="cpu")
+    assert [r.sweep for r in rows] == ["memory", "memory", "gemm", "varlen", "varlen"]
+    assert all(r.measured_s > 0 and r.model_s > 0 for r in rows)
+    gemm = rows[2]
+    assert gemm.model_s == capped_gemm_seconds(hw, 64, 128, 32)
+    kb.write_rows(rows, tmp_path / "k.csv")
+    back = list(csv.DictReader((tmp_path / "k.csv").open()))
+    assert len(back) == 5 and back[2]["pass"] == "" and float(back[3]["seqlen"]) == 512
+    assert float(back[2]["tflops"]) == pytest.approx(2 * 64 * 128 * 32 / gemm.measured_s / 1e12)
+
+
+def test_layer_gemm_shapes_follow_the_model_and_tp():
+    """Llama 70B (hidden 8192, 64 heads, 8 kv heads of 128, ffn 28672) at tp 8: QKV
+    (64 + 2 x 8) x 128 / 8 = 1280 columns, attention-out k = 8192 / 8, gate/up 2 x 28672 / 8."""
+    from slimpack.runtime.kernel_bench import gemm_shapes, layer_gemm_shapes
+
+    assert layer_gemm_shapes("llama-70b", 8, 4096) == [
+        ("qkv", 4096, 1280, 8192), ("attn_out", 4096, 8192, 1024),
+        ("gate_up", 4096, 7168, 8192), ("down", 4096, 8192, 3584)]
+    shapes = gemm_shapes()
+    assert len(shapes) == len(set(shapes)) == 5 + 3 * 4 * 3 * 4 + 3 * 2 * 4 * 2
+    # FP8 GEMMs (torch._scaled_mm) need every dimension a multiple of 16.
+    assert all(m % 16 == 0 and n % 16 == 0 and k % 16 == 0 for _, m, n, k in shapes)

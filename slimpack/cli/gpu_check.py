@@ -13,10 +13,15 @@
    example plans scaled up, run and simulated with the calibrated cost model: simulated vs
    measured step time and peak memory (with two or more GPUs the plans also run with pp=2);
 4. MFU: Megatron-LM's and SlimPack's plans of one batch of 8 x 16K tokens for a 1.2B model
-   (Llama 3.2 1B shapes), executed in bf16 and priced by the default kernel-level model.
+   (Llama 3.2 1B shapes), executed in bf16 and priced by the default kernel-level model;
+5. kernels: GEMM (bf16, fp8), attention (torch's flash, cuDNN and memory-efficient SDPA),
+   packed varlen attention over real document mixes, and memory sweeps beside the
+   kernel-level cost model's prediction of each row (:mod:`slimpack.runtime.kernel_bench`).
 
-Writes attention.csv, parity.csv, calib.csv, sim_vs_real.csv, mfu.csv, summary.json and
-summary.md (the tables) under ``--out``; exits 1 when a check fails. Installs nothing: on a
+Writes attention.csv, parity.csv, calib.csv, sim_vs_real.csv, mfu.csv, kernels.csv,
+summary.json and summary.md (the tables) under ``--out``; exits 1 when a check fails. Each part
+runs on its own: a part that raises is recorded (``summary.json``, ``errors``) and the others
+still run. Installs nothing: on a
 machine without a network, run it from the checkout with the machine's own torch
 (``PYTHONPATH=. python3 -m slimpack.cli.gpu_check``). Without CUDA it prints why and exits
 with status 2 (nothing was checked).
@@ -29,8 +34,12 @@ import csv
 import json
 import sys
 import time
+import traceback
 from dataclasses import replace
 from pathlib import Path
+
+PARTS = ("attention", "kernels", "parity", "sim_vs_real", "mfu")
+"""The parts, in the order they run by default (the cheapest and the kernel data first)."""
 
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}
 """Norm-relative gradient error allowed against the fp32 reference: fp32 CUDA kernels sum in
@@ -46,7 +55,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="token multiplier of the timed example plans (default 128)")
     p.add_argument("--skip-profile", action="store_true",
                    help="attention and parity only (no profile, sim-vs-real or MFU)")
+    p.add_argument("--mfu-micro-batches", type=int, default=MFU_MICRO_BATCHES,
+                   help=f"micro-batches of {MFU_CONTEXT} tokens in the MFU batch (default "
+                        f"{MFU_MICRO_BATCHES})")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated parts to run, in this order (default {','.join(PARTS)})")
     args = p.parse_args(argv)
+    args.parts = [part.strip() for part in args.parts.split(",") if part.strip()]
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown or not args.parts:
+        p.error(f"--parts must name some of {', '.join(PARTS)}; got {unknown or 'nothing'}")
+    if args.skip_profile:
+        args.parts = [part for part in args.parts if part in ("attention", "parity")]
     if args.scale < 1:
         p.error(f"--scale must be >= 1, got {args.scale}")
     return args
@@ -72,24 +92,38 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     summary: dict = {"device": torch.cuda.get_device_name(0),
                      "num_gpus": torch.cuda.device_count(), "torch": torch.__version__}
+    runners = {"attention": lambda: _attention(out), "parity": lambda: _parity(out),
+               "kernels": lambda: _kernels(out), "sim_vs_real": lambda: _sim_vs_real(out, args.scale),
+               "mfu": lambda: _mfu(out, args.mfu_micro_batches)}
+    summary["errors"] = {}
     try:
-        summary["attention"] = _attention(out)
-        summary["parity"] = _parity(out)
-        if not args.skip_profile:
-            summary["sim_vs_real"] = _sim_vs_real(out, args.scale)
-            summary["mfu"] = _mfu(out)
+        for part in args.parts:
+            part_started = time.perf_counter()
+            try:
+                summary[part] = runners[part]()
+            except Exception:  # one broken part must not hide the others' results
+                summary["errors"][part] = traceback.format_exc()
+                print(f"gpu_check: part {part} raised:\n{summary['errors'][part]}",
+                      file=sys.stderr)
+            print(f"gpu_check: part {part} took {time.perf_counter() - part_started:.0f} s",
+                  flush=True)
+            _write_summary(out, summary, started)
     finally:
         dist.destroy_process_group()
-    summary["wall_s"] = time.perf_counter() - started
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(summary_markdown(summary))
-    checks = summary["attention"] + summary["parity"]
+    _write_summary(out, summary, started)
+    checks = summary.get("attention", []) + summary.get("parity", [])
     failed = [r for r in checks if r["ok"] is False]
     checked = [r for r in checks if r["ok"] is not None]
     print(f"gpu_check: {len(checked) - len(failed)}/{len(checked)} checks passed "
-          f"({len(checks) - len(checked)} not checked) in {summary['wall_s']:.0f} s; "
-          f"results in {out}/ (summary.md)")
-    return 1 if failed else 0
+          f"({len(checks) - len(checked)} not checked), {len(summary['errors'])} part(s) "
+          f"raised, in {summary['wall_s']:.0f} s; results in {out}/ (summary.md)")
+    return 1 if failed or summary["errors"] else 0
+
+
+def _write_summary(out: Path, summary: dict, started: float) -> None:
+    summary["wall_s"] = time.perf_counter() - started
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.md").write_text(summary_markdown(summary))
 
 
 def summary_markdown(summary: dict) -> str:
@@ -112,7 +146,9 @@ def summary_markdown(summary: dict) -> str:
                          f"{r['sim_step_s'] * 1e3:.2f} | {r['step_error'] * 100:+.1f}% | "
                          f"{r['real_peak_bytes'] / 2**30:.2f} | {r['sim_peak_bytes'] / 2**30:.2f} |")
     if summary.get("mfu"):
-        lines += ["", f"| method ({MFU_MODEL}, {MFU_MICRO_BATCHES} x {MFU_CONTEXT} tokens) | "
+        tokens = summary["mfu"][0]["tokens"]
+        lines += ["", f"| method ({MFU_MODEL}, {tokens:,} tokens in {MFU_CONTEXT}-token "
+                  "micro-batches) | "
                   "attention | measured MFU | goal | simulated MFU | step error | measured GiB "
                   "| simulated GiB |", "|---|---|---|---|---|---|---|---|"]
         for r in summary["mfu"]:
@@ -122,6 +158,17 @@ def summary_markdown(summary: dict) -> str:
                          f"{r['sim_peak_gib']:.2f} |")
         lines += ["", "The runtime takes no optimizer step, so its measured peak holds no Adam "
                   "states; the simulated peak includes them (ZeRO-1 over dp = 1)."]
+    if summary.get("kernels"):
+        lines += ["", "| kernel sweep | dtype | pass | rows | median TFLOP/s or TB/s | "
+                  "model / measured: median | min | max |", "|---|---|---|---|---|---|---|---|"]
+        for r in summary["kernels"]:
+            lines.append(f"| {r['kernel']} | {r['dtype']} | {r['pass'] or '-'} | {r['rows']} | "
+                         f"{r['median_rate']:.2f} | {r['median_ratio']:.2f} | "
+                         f"{r['min_ratio']:.2f} | {r['max_ratio']:.2f} |")
+        lines += ["", "Every row, and the cost model's prediction of it: `kernels.csv` "
+                  "(`slimpack.runtime.kernel_bench`)."]
+    for part, error in summary.get("errors", {}).items():
+        lines += ["", f"Part `{part}` raised:", "", "```", error.rstrip(), "```"]
     lines += ["", f"Wall time: {summary.get('wall_s', 0.0):.0f} s.", ""]
     return "\n".join(lines)
 
@@ -205,7 +252,7 @@ def _parity(out: Path) -> list[dict]:
     return rows
 
 
-def _mfu(out: Path) -> list[dict]:
+def _mfu(out: Path, micro_batches: int = MFU_MICRO_BATCHES) -> list[dict]:
     """MFU of real plans on this GPU: each method in ``MFU_METHODS`` plans the same batch
     (``MFU_MICRO_BATCHES`` x ``MFU_CONTEXT`` tokens of Common Crawl lengths) for one GPU, the
     runtime executes it in bf16 with the fastest attention backend, and the simulator prices
@@ -223,7 +270,7 @@ def _mfu(out: Path) -> list[dict]:
     model = model_preset(MFU_MODEL)
     hardware = _hardware_for(torch.cuda.get_device_name(0))
     cost = default_cost_model(model, hardware)
-    batch = data.sample_batch("commoncrawl", token_budget=MFU_MICRO_BATCHES * MFU_CONTEXT,
+    batch = data.sample_batch("commoncrawl", token_budget=micro_batches * MFU_CONTEXT,
                               context=MFU_CONTEXT, seed=0)
     config = RuntimeConfig(device="cuda", dtype="bf16", dist_backend="nccl", warmup_steps=2,
                            measured_steps=3, record_ops=False)
@@ -248,6 +295,42 @@ def _mfu(out: Path) -> list[dict]:
               f"({rows[-1]['step_error'] * 100:+.1f}% step error)")
     _write_csv(out / "mfu.csv", rows)
     return rows
+
+
+def _kernels(out: Path) -> list[dict]:
+    """GEMM, attention and memory sweeps (``kernels.csv``, every row beside the kernel-level
+    model's prediction); the summary keeps one line per kernel, dtype and pass."""
+    import statistics
+
+    import torch
+
+    from slimpack.runtime import kernel_bench
+
+    name = torch.cuda.get_device_name(0)
+    hardware = _hardware_for(name)
+    rows = []
+    from slimpack.runtime.attention import _torch_varlen
+
+    sweeps = [kernel_bench.memory_sweep, kernel_bench.gemm_sweep, kernel_bench.attention_sweep]
+    if _torch_varlen() is not None:
+        sweeps.append(kernel_bench.varlen_sweep)
+    for sweep in sweeps:
+        rows += sweep(hardware, name)
+        kernel_bench.write_rows(rows, out / "kernels.csv")
+    groups: dict[tuple, list[dict]] = {}
+    for row in (r.as_csv() for r in rows):
+        groups.setdefault((row["kernel"], row["dtype"], row["pass"]), []).append(row)
+    summary = []
+    for (kernel, dtype, pass_), members in groups.items():
+        ratios = [r["model_over_measured"] for r in members if r["model_over_measured"]]
+        rates = [r["tflops"] if r["tflops"] else r["bytes"] / r["measured_s"] / 1e12
+                 for r in members]
+        summary.append({"kernel": kernel, "dtype": dtype, "pass": pass_, "rows": len(members),
+                        "median_rate": statistics.median(rates),
+                        "median_ratio": statistics.median(ratios) if ratios else 0.0,
+                        "min_ratio": min(ratios, default=0.0),
+                        "max_ratio": max(ratios, default=0.0)})
+    return summary
 
 
 def _hardware_for(device_name: str):

@@ -5,8 +5,13 @@ parts, FP8 attention, the causal/non-causal pairs) check that the forms generali
 rows set which constant:
 
 * GEMM ``eta, k0, launch_s`` per kernel family: least squares in log throughput over the
-  square-GEMM rows of that family's GPU (A100 -> ``ampere``, H100 -> ``hopper``; fp16 and bf16
-  pooled, they run on the same tensor cores). ``hopper/fp8``: the same least squares over
+  GEMM rows of that family's GPU. ``ampere``: the square GEMMs of an A100 PCIe (fp16 and bf16
+  pooled, they run on the same tensor cores). ``hopper``: our own H200 SXM sweep
+  (``python -m slimpack.cli.gpu_check``, :mod:`slimpack.runtime.kernel_bench`: square GEMMs
+  and every fprop/dgrad/wgrad GEMM of Llama 7B/13B/70B decoder layers at tp 1-8 and 1K-16K
+  tokens, sustained back-to-back on the 700 W part); the H100 SXM square GEMMs it replaced are
+  held out (their short 4096^3/8192^3 runs, 789/798 TFLOP/s, are the best-case rates
+  :data:`~slimpack.cost.kernels.GEMM_CEILING` already discounts). ``hopper/fp8``: the same least squares over
   DeepGEMM's published H800 FP8 sweep at M=4096, taken as the CUTLASS 3.6 baseline it states
   its speedup against (TFLOPS / speedup: the class of per-tensor cuBLASLt GEMMs Transformer
   Engine runs; DeepGEMM's own block-scaled numbers are held out).
@@ -55,11 +60,15 @@ BENCH_GPUS: dict[str, HardwareSpec] = {
     "h800-sxm-80g": HardwareSpec(name="h800-sxm-80g", peak_tflops=989, memory_gib=80,
                                  hbm_tbps=3.35, intra_node_gbps=200, inter_node_gbps=50,
                                  num_sms=132, peak_fp8_tflops=1979, kernel_family="hopper"),
+    # H200 SXM: the H100 die at 700 W with HBM3e (NVIDIA H200 datasheet: 4.8 TB/s).
+    "h200-sxm-141g": HardwareSpec(name="h200-sxm-141g", peak_tflops=989, memory_gib=141,
+                                  hbm_tbps=4.8, intra_node_gbps=450, inter_node_gbps=50,
+                                  num_sms=132, peak_fp8_tflops=1979, kernel_family="hopper"),
     "b200": HardwareSpec(name="b200", peak_tflops=2250, memory_gib=180, hbm_tbps=8.0,
                          intra_node_gbps=900, inter_node_gbps=50, num_sms=148,
                          kernel_family="hopper"),
 }
-GEMM_FAMILY_GPU = {"ampere": "a100-pcie-40g", "hopper": "h100-sxm-80g"}
+GEMM_FAMILY_GPU = {"ampere": "a100-pcie-40g", "hopper": "h200-sxm-141g"}
 CEILING_FAMILY_GPU = {"ampere": "a100-sxm-80g", "hopper": "h100-sxm-80g"}
 """Whose ``role=ceiling`` row sets each family's GEMM ceiling (the training parts: SXM)."""
 

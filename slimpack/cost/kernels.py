@@ -71,7 +71,7 @@ class AttentionConstants:
 # refits and checks these). Which rows fit which constant: docs/cost-model.md, "Kernel data".
 GEMM_CONSTANTS: dict[tuple[str, str], GemmConstants] = {
     ("ampere", "bf16"): GemmConstants(eta=0.90, k0=416.0, launch_s=6.0e-6),
-    ("hopper", "bf16"): GemmConstants(eta=0.84, k0=32.0, launch_s=6.0e-6),
+    ("hopper", "bf16"): GemmConstants(eta=0.75, k0=224.0, launch_s=2.0e-6),
     ("hopper", "fp8"): GemmConstants(eta=0.64, k0=544.0, launch_s=0.0),
 }
 ATTENTION_CONSTANTS: dict[str, AttentionConstants] = {
