@@ -4,6 +4,8 @@ GPU check's own code path, with gloo instead of NCCL), and the summary table."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -118,3 +120,28 @@ def test_layer_gemm_shapes_follow_the_model_and_tp():
     assert len(shapes) == len(set(shapes)) == 5 + 3 * 4 * 3 * 4 + 3 * 2 * 4 * 2
     # FP8 GEMMs (torch._scaled_mm) need every dimension a multiple of 16.
     assert all(m % 16 == 0 and n % 16 == 0 and k % 16 == 0 for _, m, n, k in shapes)
+
+
+GPU_RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu"
+
+
+def test_committed_h200_kernel_table_is_priced_by_the_shipped_model():
+    """results/gpu/kernels.csv (one H200 SXM, 2026-12-04) keeps the model's time beside each
+    measurement; after a change of the kernel constants, `python -m slimpack.cli.gpu_check
+    --out results/gpu --reprice` refreshes them (no GPU needed), and this test says when."""
+    from slimpack.runtime import kernel_bench as kb
+    from slimpack.specs import hardware_preset
+
+    rows = kb.read_rows(GPU_RESULTS / "kernels.csv")
+    assert {r.sweep for r in rows} == {"gemm", "attention", "varlen", "memory"}
+    assert sum(r.sweep == "gemm" for r in rows) == 2 * len(kb.gemm_shapes())
+    for row, fresh in zip(rows, kb.reprice(rows, hardware_preset("h200")), strict=True):
+        assert fresh.model_s == pytest.approx(row.model_s, rel=1e-9), (row.shape, row.pass_)
+
+
+def test_reprice_without_a_kernel_table_exits_2(tmp_path, capsys):
+    from slimpack.cli.gpu_check import main
+
+    assert main(["--out", str(tmp_path), "--reprice"]) == 2
+    assert "kernels.csv" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

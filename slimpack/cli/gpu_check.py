@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mfu-micro-batches", type=int, default=MFU_MICRO_BATCHES,
                    help=f"micro-batches of {MFU_CONTEXT} tokens in the MFU batch (default "
                         f"{MFU_MICRO_BATCHES})")
+    p.add_argument("--reprice", action="store_true",
+                   help="no GPU: price OUT/kernels.csv of an earlier run with the current cost "
+                        "model and rewrite its model columns and OUT/summary.md")
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"comma-separated parts to run, in this order (default {','.join(PARTS)})")
     args = p.parse_args(argv)
@@ -74,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.reprice:
+        return reprice(Path(args.out))
     import torch
 
     if not torch.cuda.is_available():
@@ -169,6 +174,8 @@ def summary_markdown(summary: dict) -> str:
                   "(`slimpack.runtime.kernel_bench`)."]
     for part, error in summary.get("errors", {}).items():
         lines += ["", f"Part `{part}` raised:", "", "```", error.rstrip(), "```"]
+    if summary.get("note"):
+        lines += ["", summary["note"]]
     lines += ["", f"Wall time: {summary.get('wall_s', 0.0):.0f} s.", ""]
     return "\n".join(lines)
 
@@ -300,37 +307,46 @@ def _mfu(out: Path, micro_batches: int = MFU_MICRO_BATCHES) -> list[dict]:
 def _kernels(out: Path) -> list[dict]:
     """GEMM, attention and memory sweeps (``kernels.csv``, every row beside the kernel-level
     model's prediction); the summary keeps one line per kernel, dtype and pass."""
-    import statistics
-
     import torch
 
     from slimpack.runtime import kernel_bench
+    from slimpack.runtime.attention import _torch_varlen
 
     name = torch.cuda.get_device_name(0)
     hardware = _hardware_for(name)
     rows = []
-    from slimpack.runtime.attention import _torch_varlen
-
     sweeps = [kernel_bench.memory_sweep, kernel_bench.gemm_sweep, kernel_bench.attention_sweep]
     if _torch_varlen() is not None:
         sweeps.append(kernel_bench.varlen_sweep)
     for sweep in sweeps:
         rows += sweep(hardware, name)
         kernel_bench.write_rows(rows, out / "kernels.csv")
-    groups: dict[tuple, list[dict]] = {}
-    for row in (r.as_csv() for r in rows):
-        groups.setdefault((row["kernel"], row["dtype"], row["pass"]), []).append(row)
-    summary = []
-    for (kernel, dtype, pass_), members in groups.items():
-        ratios = [r["model_over_measured"] for r in members if r["model_over_measured"]]
-        rates = [r["tflops"] if r["tflops"] else r["bytes"] / r["measured_s"] / 1e12
-                 for r in members]
-        summary.append({"kernel": kernel, "dtype": dtype, "pass": pass_, "rows": len(members),
-                        "median_rate": statistics.median(rates),
-                        "median_ratio": statistics.median(ratios) if ratios else 0.0,
-                        "min_ratio": min(ratios, default=0.0),
-                        "max_ratio": max(ratios, default=0.0)})
-    return summary
+    return kernel_bench.summarize(rows)
+
+
+def reprice(out: Path) -> int:
+    """``--reprice``: price the kernels of an earlier run (``kernels.csv`` under ``out``) with
+    the current cost model, rewrite the CSV's model columns and the summary's kernel table. No
+    GPU needed: after a change of the kernel constants, the committed measurements say at once
+    how far the model now is from them."""
+    from slimpack.runtime import kernel_bench
+
+    path = out / "kernels.csv"
+    if not path.is_file():
+        print(f"gpu_check --reprice: {path} does not exist (run the kernels part on a GPU first)",
+              file=sys.stderr)
+        return 2
+    rows = kernel_bench.read_rows(path)
+    rows = kernel_bench.reprice(rows, _hardware_for(rows[0].device))
+    kernel_bench.write_rows(rows, path)
+    summary_path = out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {
+        "device": rows[0].device, "num_gpus": 1, "torch": "?"}
+    summary["kernels"] = kernel_bench.summarize(rows)
+    summary_path.write_text(json.dumps(summary, indent=1))
+    (out / "summary.md").write_text(summary_markdown(summary))
+    print(f"gpu_check --reprice: {len(rows)} kernel rows of {path} priced by the current model")
+    return 0
 
 
 def _hardware_for(device_name: str):

@@ -33,7 +33,7 @@ import csv
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -58,8 +58,8 @@ VARLEN_HEADS = (32, 8, 128)
 """(query heads, kv heads, head dim) of the varlen sweep: Llama 3 8B."""
 
 CSV_FIELDS = ("sweep", "kernel", "dtype", "shape", "m", "n", "k", "pass", "causal", "head_dim",
-              "batch", "seqlen", "bytes", "measured_s", "tflops", "model_s", "model_over_measured",
-              "device")
+              "heads", "batch", "seqlen", "profile", "bytes", "flops", "measured_s", "tflops",
+              "model_s", "model_over_measured", "device")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,18 +77,86 @@ class KernelRow:
     pass_: str = ""
     causal: int = 0
     head_dim: int = 0
+    heads: int = 0
     batch: int = 0
     seqlen: int = 0
+    profile: str = ""
     bytes: int = 0
     flops: float = 0.0
 
     def as_csv(self) -> dict:
         row = asdict(self)
         row["pass"] = row.pop("pass_")
-        flops = row.pop("flops")
-        row["tflops"] = flops / self.measured_s / 1e12 if flops else 0.0
+        row["tflops"] = self.flops / self.measured_s / 1e12 if self.flops else 0.0
         row["model_over_measured"] = self.model_s / self.measured_s if self.model_s else 0.0
         return {k: row[k] for k in CSV_FIELDS}
+
+    @classmethod
+    def from_csv(cls, row: dict[str, str]) -> KernelRow:
+        ints = ("m", "n", "k", "causal", "head_dim", "heads", "batch", "seqlen", "bytes")
+        return cls(sweep=row["sweep"], kernel=row["kernel"], dtype=row["dtype"],
+                   shape=row["shape"], measured_s=float(row["measured_s"]),
+                   model_s=float(row["model_s"]), device=row["device"], pass_=row["pass"],
+                   profile=row["profile"], flops=float(row["flops"]),
+                   **{name: int(row[name]) for name in ints})
+
+
+def model_seconds(row: KernelRow, hw: HardwareSpec) -> float:
+    """The kernel-level cost model's time for the kernel ``row`` measured, from the row's own
+    fields (varlen rows draw their documents again: ``sample_batch(profile, seed=0)``)."""
+    if row.sweep == "gemm":
+        return K.capped_gemm_seconds(hw, row.m, row.n, row.k, dtype=row.dtype)
+    if row.sweep == "memory":
+        return K.memory_seconds(hw, row.bytes)
+    backward = row.pass_ == "bwd"
+    if row.sweep == "attention":
+        return row.batch * K.attention_seconds(hw, [(row.seqlen, 0)], heads=row.heads,
+                                               head_dim=row.head_dim, backward=backward,
+                                               causal=bool(row.causal))
+    if row.sweep == "varlen":
+        consts = K.ATTENTION_CONSTANTS.get(f"{hw.kernel_family}-fa2") \
+            if row.kernel != "sdpa" else None
+        pieces = [(n, 0) for n in _varlen_lengths(row.profile, row.seqlen)]
+        return K.attention_seconds(hw, pieces, heads=row.heads, head_dim=row.head_dim,
+                                   backward=backward, consts=consts)
+    raise ValueError(f"KernelRow.sweep must be gemm, attention, varlen or memory; "
+                     f"got {row.sweep!r}")
+
+
+def reprice(rows: list[KernelRow], hw: HardwareSpec) -> list[KernelRow]:
+    """The same measurements priced by the current cost model (after its constants change)."""
+    return [replace(r, model_s=model_seconds(r, hw)) for r in rows]
+
+
+def read_rows(path: Path) -> list[KernelRow]:
+    with path.open(newline="") as fh:
+        return [KernelRow.from_csv(r) for r in csv.DictReader(fh)]
+
+
+def summarize(rows: list[KernelRow]) -> list[dict]:
+    """One line per kernel, dtype and pass: rows, median rate (TFLOP/s, or TB/s for copies and
+    casts) and the model/measured time ratio's median, min and max."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in (r.as_csv() for r in rows):
+        groups.setdefault((row["kernel"], row["dtype"], row["pass"]), []).append(row)
+    summary = []
+    for (kernel, dtype, pass_), members in groups.items():
+        ratios = [r["model_over_measured"] for r in members if r["model_over_measured"]]
+        rates = [r["tflops"] if r["tflops"] else r["bytes"] / r["measured_s"] / 1e12
+                 for r in members]
+        summary.append({"kernel": kernel, "dtype": dtype, "pass": pass_, "rows": len(members),
+                        "median_rate": statistics.median(rates),
+                        "median_ratio": statistics.median(ratios) if ratios else 0.0,
+                        "min_ratio": min(ratios, default=0.0),
+                        "max_ratio": max(ratios, default=0.0)})
+    return summary
+
+
+def _varlen_lengths(profile: str, tokens: int) -> tuple[int, ...]:
+    from slimpack import data
+
+    return tuple(int(n) for n in data.sample_batch(profile, token_budget=tokens, context=tokens,
+                                                   seed=0).lengths)
 
 
 def time_kernel(fn: Callable[[], object], *, min_ms: float = 40.0, samples: int = 5) -> float:
@@ -165,12 +233,11 @@ def gemm_sweep(hw: HardwareSpec, device_name: str, dtypes: Iterable[str] = ("bf1
                 one = torch.ones((), device=dev, dtype=torch.float32)
                 fn = lambda a8=a8, w8=w8, one=one: torch._scaled_mm(  # noqa: E731
                     a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-            seconds = time_kernel(fn)
-            rows.append(KernelRow(sweep="gemm", kernel="torch._scaled_mm" if dtype == "fp8"
-                                  else "torch.matmul", dtype=dtype, shape=shape, m=m, n=n, k=k,
-                                  measured_s=seconds, flops=2.0 * m * n * k,
-                                  model_s=K.capped_gemm_seconds(hw, m, n, k, dtype=dtype),
-                                  device=device_name))
+            row = KernelRow(sweep="gemm", kernel="torch._scaled_mm" if dtype == "fp8"
+                            else "torch.matmul", dtype=dtype, shape=shape, m=m, n=n, k=k,
+                            measured_s=time_kernel(fn), flops=2.0 * m * n * k, model_s=0.0,
+                            device=device_name)
+            rows.append(replace(row, model_s=model_seconds(row, hw)))
             progress(f"gemm {dtype} {shape}: {rows[-1].as_csv()['tflops']:.0f} TFLOP/s, "
                      f"model/measured {rows[-1].as_csv()['model_over_measured']:.2f}")
             del a, w
@@ -207,15 +274,13 @@ def attention_sweep(hw: HardwareSpec, device_name: str,
                     flops *= 0.5 if causal else 1.0
                     for pass_, seconds, mult in (("fwd", fwd, 1.0),
                                                  ("bwd", bwd, K.BWD_ATTENTION_FLOP_RATIO)):
-                        model = batch * K.attention_seconds(
-                            hw, [(seqlen, 0)], heads=heads, head_dim=head_dim,
-                            backward=pass_ == "bwd", causal=causal)
-                        rows.append(KernelRow(
+                        row = KernelRow(
                             sweep="attention", kernel=f"sdpa-{backend}", dtype="bf16",
                             shape=f"b{batch} h{heads} s{seqlen} d{head_dim}", pass_=pass_,
-                            causal=int(causal), head_dim=head_dim, batch=batch, seqlen=seqlen,
-                            measured_s=seconds, flops=flops * mult, model_s=model,
-                            device=device_name))
+                            causal=int(causal), head_dim=head_dim, heads=heads, batch=batch,
+                            seqlen=seqlen, measured_s=seconds, flops=flops * mult, model_s=0.0,
+                            device=device_name)
+                        rows.append(replace(row, model_s=model_seconds(row, hw)))
                     progress(f"attention {backend} d{head_dim} causal={int(causal)} s{seqlen}: "
                              f"fwd {rows[-2].as_csv()['tflops']:.0f}, bwd "
                              f"{rows[-1].as_csv()['tflops']:.0f} TFLOP/s")
@@ -243,16 +308,13 @@ def varlen_sweep(hw: HardwareSpec, device_name: str,
     """One causal varlen call over each profile's documents (seed 0, documents cut at the
     token count), beside the model's per-document price (``hopper-fa2`` constants for the
     FlashAttention-2 class kernel on Hopper, the family's own otherwise)."""
-    from slimpack import data
     from slimpack.runtime.attention import VarlenLayout, varlen_causal_attention
 
     nh, nkv, d = heads
-    consts = K.ATTENTION_CONSTANTS.get(f"{hw.kernel_family}-fa2") if backend != "sdpa" else None
     rows = []
     for profile in profiles:
         for tokens in token_counts:
-            lengths = tuple(int(n) for n in data.sample_batch(
-                profile, token_budget=tokens, context=tokens, seed=0).lengths)
+            lengths = _varlen_lengths(profile, tokens)
             layout = VarlenLayout(q_lens=lengths, k_lens=lengths)
             q = torch.randn(sum(lengths), nh, d, device=device, dtype=torch.bfloat16,
                             requires_grad=True)
@@ -265,17 +327,15 @@ def varlen_sweep(hw: HardwareSpec, device_name: str,
             bwd = time_kernel(lambda out=out, q=q, k=k, v=v, grad=grad: torch.autograd.grad(
                 out, (q, k, v), grad, retain_graph=True))
             flops = sum(4.0 * n * n * d * nh * 0.5 for n in lengths)
-            pieces = [(n, 0) for n in lengths]
             for pass_, seconds, mult in (("fwd", fwd, 1.0),
                                          ("bwd", bwd, K.BWD_ATTENTION_FLOP_RATIO)):
-                model = K.attention_seconds(hw, pieces, heads=nh, head_dim=d,
-                                            backward=pass_ == "bwd", consts=consts)
-                rows.append(KernelRow(sweep="varlen", kernel=backend, dtype="bf16",
-                                      shape=f"{profile} {tokens} tokens, {len(lengths)} docs, "
-                                      f"longest {max(lengths)}", pass_=pass_, causal=1,
-                                      head_dim=d, batch=len(lengths), seqlen=tokens,
-                                      measured_s=seconds, flops=flops * mult, model_s=model,
-                                      device=device_name))
+                row = KernelRow(sweep="varlen", kernel=backend, dtype="bf16",
+                                shape=f"{profile} {tokens} tokens, {len(lengths)} docs, "
+                                f"longest {max(lengths)}", pass_=pass_, causal=1, head_dim=d,
+                                heads=nh, batch=len(lengths), seqlen=tokens, profile=profile,
+                                measured_s=seconds, flops=flops * mult, model_s=0.0,
+                                device=device_name)
+                rows.append(replace(row, model_s=model_seconds(row, hw)))
             progress(f"varlen {profile} {tokens}: {len(lengths)} docs, fwd "
                      f"{fwd * 1e3:.2f} ms (model/measured "
                      f"{rows[-2].as_csv()['model_over_measured']:.2f}), bwd {bwd * 1e3:.2f} ms "
