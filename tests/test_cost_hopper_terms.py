@@ -194,3 +194,21 @@ def test_optimizer_state_bytes_follow_nemo_distributed_fused_adam():
         TrainingSpec(optimizer="zero")
     with pytest.raises(ValueError, match="fp8_params"):
         TrainingSpec(fp8_params=True)
+
+
+def test_no_optimizer_is_what_the_runtime_holds_and_runs():
+    """``optimizer="none"`` (the suite's runtime takes no optimizer step): bf16 weights and
+    bf16 gradients only, 2 + 2 = 4 B per parameter, and no Adam step in the step time."""
+    from slimpack.cost.memory import model_state_bytes, optimizer_bytes_per_param
+    from slimpack.sim.memory import stage_state_bytes
+
+    assert optimizer_bytes_per_param(optimizer="none") == 0
+    none = TrainingSpec(optimizer="none", grad_dtype="bf16")
+    head = 525_336_576  # the untied LM head (vocab 128,256 x 4096) on the one stage
+    assert stage_state_bytes(LLAMA7, tp=1, cp=1, pp=1, dp=1, vocab_parallel_pp=False,
+                             training=none) == [pytest.approx((LLAMA7_PARAMS + head) * 4,
+                                                              rel=1e-12)]
+    assert model_state_bytes(LLAMA7) == pytest.approx(LLAMA7_PARAMS * 18, rel=1e-12)
+    cost = KernelCostModel(model=LLAMA7, hardware=H100, training=none)
+    assert cost.optimizer_step_seconds(1e9) == 0.0
+    assert KernelCostModel(model=LLAMA7, hardware=H100).optimizer_step_seconds(1e9) > 0

@@ -409,7 +409,10 @@ class KernelCostModel:
         return PassTimes(forward_s=fwd, backward_s=bwd)
 
     def optimizer_step_seconds(self, local_params: float) -> float:
-        """Adam over ``local_params`` parameters (this GPU's shard): memory-bound."""
+        """Adam over ``local_params`` parameters (this GPU's shard): memory-bound; nothing
+        with ``TrainingSpec.optimizer = "none"``."""
+        if self.training.optimizer == "none":
+            return 0.0
         return K.memory_seconds(self.hardware, local_params * OPTIMIZER_BYTES_PER_PARAM)
 
 

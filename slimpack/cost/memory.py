@@ -414,14 +414,17 @@ def optimizer_bytes_per_param(*, optimizer: str = "megatron", optimizer_dtype: s
     ``MegatronGPTModel.setup_optimization`` sets them: with ``fp8_params`` stored in
     ``optimizer_dtype`` (``store_params=True``); with an fp32 optimizer over bf16 weights only
     the 16-bit remainders of the fp32 master weights (``store_param_remainders=True``: 2 B);
-    with a bf16 optimizer over bf16 weights none (``store_params=False``).
+    with a bf16 optimizer over bf16 weights none (``store_params=False``). ``none``: no
+    optimizer (the suite's runtime takes no optimizer step).
     """
+    if optimizer == "none":
+        return 0
     if optimizer == "megatron":
         if optimizer_dtype != "fp32":
             raise ValueError("optimizer_dtype='bf16' needs optimizer='apex'")
         return ADAM_FP32_BYTES
     if optimizer != "apex":
-        raise ValueError(f"optimizer must be 'megatron' or 'apex', got {optimizer!r}")
+        raise ValueError(f"optimizer must be 'megatron', 'apex' or 'none', got {optimizer!r}")
     if optimizer_dtype not in ("fp32", "bf16"):
         raise ValueError(f"optimizer_dtype must be 'fp32' or 'bf16', got {optimizer_dtype!r}")
     element = FP32 if optimizer_dtype == "fp32" else BF16

@@ -14,7 +14,7 @@ GRAD_DTYPES = ("fp32", "bf16")
 ZERO_STAGES = (0, 1, 3)
 ATTENTION_KERNELS = ("flash", "unfused")
 HOPPER_ATTENTION = ("fa3", "fa2")
-OPTIMIZERS = ("megatron", "apex")
+OPTIMIZERS = ("megatron", "apex", "none")
 OPTIMIZER_DTYPES = ("fp32", "bf16")
 
 
@@ -73,7 +73,9 @@ class TrainingSpec:
     """Who keeps the sharded optimizer state (:func:`slimpack.cost.memory.optimizer_bytes_per_param`):
     ``megatron`` (Megatron-Core's distributed optimizer: fp32 master weights and Adam moments,
     12 B per parameter) or ``apex`` (NeMo's Apex ``distributed_fused_adam``, state in
-    ``optimizer_dtype``, master weights as NeMo's ``setup_optimization`` configures them)."""
+    ``optimizer_dtype``, master weights as NeMo's ``setup_optimization`` configures them) or
+    ``none`` (no optimizer state and no optimizer step: what this suite's runtime executes, so
+    that simulated and measured steps of the same plan hold the same things)."""
     optimizer_dtype: str = "fp32"
     """Apex ``distributed_fused_adam``'s ``dtype`` (optimizer state): ``fp32`` (its default) or
     ``bf16`` (the DGX Cloud Nemotron-4 340B recipe's ``optim.dtype``)."""
