@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from slimpack.cli.gpu_check import summary_markdown
+from slimpack.cli.gpu_check import plot_kernels, summary_markdown
 from slimpack.cost.kernels import capped_gemm_seconds
 from slimpack.runtime.attention import VarlenLayout
 from slimpack.runtime.attention_check import backend_agreement
@@ -103,6 +103,7 @@ def test_kernel_bench_sweeps_run_on_cpu_and_price_every_row(tmp_path):
     gemm = rows[2]
     assert gemm.model_s == capped_gemm_seconds(hw, 64, 128, 32)
     kb.write_rows(rows, tmp_path / "k.csv")
+    assert plot_kernels(rows, tmp_path / "k.png").stat().st_size > 0
     back = list(csv.DictReader((tmp_path / "k.csv").open()))
     assert len(back) == 5 and back[2]["pass"] == "" and float(back[3]["seqlen"]) == 512
     assert float(back[2]["tflops"]) == pytest.approx(2 * 64 * 128 * 32 / gemm.measured_s / 1e12)

@@ -18,8 +18,8 @@
    packed varlen attention over real document mixes, and memory sweeps beside the
    kernel-level cost model's prediction of each row (:mod:`slimpack.runtime.kernel_bench`).
 
-Writes attention.csv, parity.csv, calib.csv, sim_vs_real.csv, mfu.csv, kernels.csv,
-summary.json and summary.md (the tables) under ``--out``; exits 1 when a check fails. Each part
+Writes attention.csv, parity.csv, calib.csv, sim_vs_real.csv, mfu.csv, kernels.csv (and
+kernels.png), summary.json and summary.md (the tables) under ``--out``; exits 1 when a check fails. Each part
 runs on its own: a part that raises is recorded (``summary.json``, ``errors``) and the others
 still run. Installs nothing: on a
 machine without a network, run it from the checkout with the machine's own torch
@@ -171,7 +171,8 @@ def summary_markdown(summary: dict) -> str:
                          f"{r['median_rate']:.2f} | {r['median_ratio']:.2f} | "
                          f"{r['min_ratio']:.2f} | {r['max_ratio']:.2f} |")
         lines += ["", "Every row, and the cost model's prediction of it: `kernels.csv` "
-                  "(`slimpack.runtime.kernel_bench`)."]
+                  "(`slimpack.runtime.kernel_bench`); at a glance: `kernels.png`.", "",
+                  "![kernel-level cost model vs measured](kernels.png)"]
     for part, error in summary.get("errors", {}).items():
         lines += ["", f"Part `{part}` raised:", "", "```", error.rstrip(), "```"]
     if summary.get("note"):
@@ -321,7 +322,45 @@ def _kernels(out: Path) -> list[dict]:
     for sweep in sweeps:
         rows += sweep(hardware, name)
         kernel_bench.write_rows(rows, out / "kernels.csv")
+    plot_kernels(rows, out / "kernels.png")
     return kernel_bench.summarize(rows)
+
+
+def plot_kernels(rows: list, path: Path) -> Path:
+    """Model against measured time, one panel per sweep kind: the kernel table at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("GEMM", lambda r: r.sweep == "gemm", lambda r: r.dtype),
+              ("attention (SDPA, 16K tokens per call)", lambda r: r.sweep == "attention",
+               lambda r: f"{r.kernel} {r.pass_}"),
+              ("packed varlen attention (real documents)", lambda r: r.sweep == "varlen",
+               lambda r: f"{r.kernel} {r.pass_}")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.0))
+    for ax, (title, keep, label) in zip(axes, panels, strict=True):
+        chosen = [r for r in rows if keep(r)]
+        for name in sorted({label(r) for r in chosen}):
+            group = [r for r in chosen if label(r) == name]
+            ax.scatter([r.measured_s * 1e3 for r in group], [r.model_s * 1e3 for r in group],
+                       s=10, alpha=0.7, label=name)
+        if chosen:
+            lo = min(min(r.measured_s, r.model_s) for r in chosen) * 1e3
+            hi = max(max(r.measured_s, r.model_s) for r in chosen) * 1e3
+            ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("measured ms")
+        ax.set_ylabel("cost model ms")
+        ax.legend(fontsize=7)
+    device = rows[0].device if rows else "?"
+    fig.suptitle(f"Kernel-level cost model vs {device} (on the line: exact)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def reprice(out: Path) -> int:
@@ -339,6 +378,7 @@ def reprice(out: Path) -> int:
     rows = kernel_bench.read_rows(path)
     rows = kernel_bench.reprice(rows, _hardware_for(rows[0].device))
     kernel_bench.write_rows(rows, path)
+    plot_kernels(rows, out / "kernels.png")
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {
         "device": rows[0].device, "num_gpus": 1, "torch": "?"}
