@@ -351,10 +351,12 @@ def plot_kernels(rows: list, path: Path) -> Path:
             ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("measured ms")
         ax.set_ylabel("cost model ms")
-        ax.legend(fontsize=7)
     device = rows[0].device if rows else "?"
     fig.suptitle(f"Kernel-level cost model vs {device} (on the line: exact)", fontsize=10)
     fig.tight_layout()
