@@ -3,13 +3,14 @@
 The cost model's kernel constants (:mod:`slimpack.cost.kernels`) are fitted to published
 kernel benchmarks; this module measures the same kernels on a GPU of our own so that the fit
 can be checked (and, with enough rows, refitted) from kernel data, never from end-to-end
-training runs. Three sweeps, each row one shape:
+training runs. Four sweeps, each row one shape:
 
 * ``gemm``       ``(m x k) @ (k x n)`` in bf16 (``torch.matmul``) and fp8 (``torch._scaled_mm``
                  with per-tensor scales, e4m3 operands, bf16 output: the cuBLASLt class of
                  GEMM that Transformer Engine's per-tensor FP8 recipes run): square sizes and
-                 the four fprop GEMMs of a decoder layer (QKV, attention out, fused gate/up,
-                 down) of the Llama presets at tp 1-8;
+                 the four GEMMs of a decoder layer (QKV, attention out, fused gate/up, down)
+                 of the Llama presets at tp 1-8 and 1K-16K tokens, with their dgrad and wgrad
+                 shapes at tp 1 and 8 (:func:`gemm_shapes`);
 * ``attention``  torch's scaled-dot-product attention, one backend at a time (flash, cuDNN,
                  memory-efficient), forward and backward, causal and not, head dim 64 and 128,
                  the flash-attn benchmark's convention (``batch x seqlen`` = 16K tokens, hidden
