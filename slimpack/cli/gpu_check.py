@@ -19,9 +19,10 @@
    kernel-level cost model's prediction of each row (:mod:`slimpack.runtime.kernel_bench`).
 
 Writes attention.csv, parity.csv, calib.csv, sim_vs_real.csv, mfu.csv, kernels.csv (and
-kernels.png), summary.json and summary.md (the tables) under ``--out``; exits 1 when a check fails. Each part
-runs on its own: a part that raises is recorded (``summary.json``, ``errors``) and the others
-still run. Installs nothing: on a
+kernels.png), summary.json and summary.md (the tables) under ``--out``. Each part runs on its
+own: a part that raises is recorded (``summary.json``, ``errors``) and the others still run;
+the exit status is 1 when a check fails or a part raised. ``--reprice`` prices an earlier
+run's kernels.csv with the current constants (no GPU needed). Installs nothing: on a
 machine without a network, run it from the checkout with the machine's own torch
 (``PYTHONPATH=. python3 -m slimpack.cli.gpu_check``). Without CUDA it prints why and exits
 with status 2 (nothing was checked).
