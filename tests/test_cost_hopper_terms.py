@@ -102,23 +102,26 @@ def test_bf16_gradient_buffers_save_two_bytes_per_parameter():
         TrainingSpec(grad_dtype="fp16")
 
 
-def test_fa2_generation_attention_on_hopper_runs_at_the_stated_35_percent():
-    """Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) abstract: FlashAttention-2 reaches
-    35% utilization of an H100. ``hopper_attention="fa2"``: the forward asymptote is 0.35 of
-    989 TFLOP/s (FlashAttention-2's row overhead is 0: the A5000 sweep), within 1% at 64K tokens;
-    backward at FA2's own bwd/fwd ratio (0.34/0.35). Ampere is unaffected."""
+def test_fa2_generation_attention_on_hopper_holds_out_on_the_stated_35_percent():
+    """``hopper_attention="fa2"``: constants fitted to our H200 SXM sweep of torch's
+    FlashAttention-2 kernels (eta_fwd 0.36, row_fwd 0.55; eta_bwd 0.31, row_bwd 3.2). Held out:
+    Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608), abstract: FlashAttention-2 reaches
+    35% utilization of an H100; the fit gives 0.36 x 512/(512 + 0.55) = 0.3596 at 64K tokens,
+    within 3%. Ampere is unaffected."""
     from slimpack.cost.kernels import ATTENTION_CONSTANTS
     fa2 = ATTENTION_CONSTANTS["hopper-fa2"]
     eff = kernels.attention_efficiency(H100, 65536, head_dim=128, consts=fa2)
-    assert eff == pytest.approx(0.35, rel=0.01)
+    assert eff == pytest.approx(0.36 * 512 / (512 + 0.55), rel=1e-9)
+    assert eff == pytest.approx(0.35, rel=0.03)
     cost = KernelCostModel(model=LLAMA7, hardware=H100,
                            training=TrainingSpec(hopper_attention="fa2"))
     fa3 = KernelCostModel(model=LLAMA7, hardware=H100)
     t2, t3 = cost.attention_times([(65536, 0)]), fa3.attention_times([(65536, 0)])
-    # causal 64K tokens: 512 query tiles visit 512*513/2 key tiles; FA3 adds 1.95 per query tile
+    # causal 64K tokens: 512 query tiles visit 512*513/2 key tiles, plus each kernel's row
+    # overhead per query tile (FA2-class 0.55, FA3 1.95)
     tiles = 512 * 513 / 2
     assert t2.forward_s / t3.forward_s == pytest.approx(
-        0.76 / 0.35 * tiles / (tiles + 1.95 * 512), rel=1e-6)
+        0.76 / 0.36 * (tiles + 0.55 * 512) / (tiles + 1.95 * 512), rel=1e-6)
     a100 = hardware_preset("a100")
     assert (KernelCostModel(model=LLAMA7, hardware=a100,
                             training=TrainingSpec(hopper_attention="fa2")).attention_times(

@@ -141,3 +141,25 @@ def test_training_spec_rejects_unknown_values():
         TrainingSpec(zero_stage=2)
     with pytest.raises(ValueError, match="attention_kernel"):
         TrainingSpec(attention_kernel="xformers")
+
+
+def test_hopper_fa2_constants_fit_the_h200_flashattention2_sweep():
+    """Our H200 SXM sweep of torch's FlashAttention-2 kernels (datasets/kernels/
+    flash_attention.csv): the 14 fitted rows (head dim 128, non-causal, 512-32K tokens, forward
+    and backward) within 4% each. Held out: the causal rows' backward within 6%; their forward
+    runs 5-26% slower than the causal tile accounting predicts (most at 512 tokens), a known
+    gap of the FA2-class constants."""
+    rows = [r for r in kernel_fit.residuals() if r["gpu"] == "h200-sxm-141g"
+            and r["kernel"].startswith("fa2-")]
+    fitted = [r for r in rows if r["role"] == "fit"]
+    assert len(fitted) == 14
+    for r in fitted:
+        assert r["predicted"] == pytest.approx(r["published"], rel=0.04), r
+    causal = [r for r in rows if "d=128 causal=1" in r["shape"]]
+    assert len(causal) == 14
+    for r in causal:
+        ratio = r["predicted"] / r["published"]
+        if r["kernel"] == "fa2-bwd":
+            assert ratio == pytest.approx(1.0, abs=0.06), r
+        else:
+            assert 1.04 < ratio < 1.26, r
