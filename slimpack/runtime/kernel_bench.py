@@ -124,9 +124,14 @@ def model_seconds(row: KernelRow, hw: HardwareSpec) -> float:
                      f"got {row.sweep!r}")
 
 
+def priced(row: KernelRow, hw: HardwareSpec) -> KernelRow:
+    """``row`` with the cost model's time for its kernel (:func:`model_seconds`)."""
+    return replace(row, model_s=model_seconds(row, hw))
+
+
 def reprice(rows: list[KernelRow], hw: HardwareSpec) -> list[KernelRow]:
     """The same measurements priced by the current cost model (after its constants change)."""
-    return [replace(r, model_s=model_seconds(r, hw)) for r in rows]
+    return [priced(r, hw) for r in rows]
 
 
 def read_rows(path: Path) -> list[KernelRow]:
@@ -238,7 +243,7 @@ def gemm_sweep(hw: HardwareSpec, device_name: str, dtypes: Iterable[str] = ("bf1
                             else "torch.matmul", dtype=dtype, shape=shape, m=m, n=n, k=k,
                             measured_s=time_kernel(fn), flops=2.0 * m * n * k, model_s=0.0,
                             device=device_name)
-            rows.append(replace(row, model_s=model_seconds(row, hw)))
+            rows.append(priced(row, hw))
             progress(f"gemm {dtype} {shape}: {rows[-1].as_csv()['tflops']:.0f} TFLOP/s, "
                      f"model/measured {rows[-1].as_csv()['model_over_measured']:.2f}")
             del a, w
@@ -281,7 +286,7 @@ def attention_sweep(hw: HardwareSpec, device_name: str,
                             causal=int(causal), head_dim=head_dim, heads=heads, batch=batch,
                             seqlen=seqlen, measured_s=seconds, flops=flops * mult, model_s=0.0,
                             device=device_name)
-                        rows.append(replace(row, model_s=model_seconds(row, hw)))
+                        rows.append(priced(row, hw))
                     progress(f"attention {backend} d{head_dim} causal={int(causal)} s{seqlen}: "
                              f"fwd {rows[-2].as_csv()['tflops']:.0f}, bwd "
                              f"{rows[-1].as_csv()['tflops']:.0f} TFLOP/s")
@@ -336,7 +341,7 @@ def varlen_sweep(hw: HardwareSpec, device_name: str,
                                 heads=nh, batch=len(lengths), seqlen=tokens, profile=profile,
                                 measured_s=seconds, flops=flops * mult, model_s=0.0,
                                 device=device_name)
-                rows.append(replace(row, model_s=model_seconds(row, hw)))
+                rows.append(priced(row, hw))
             progress(f"varlen {profile} {tokens}: {len(lengths)} docs, fwd "
                      f"{fwd * 1e3:.2f} ms (model/measured "
                      f"{rows[-2].as_csv()['model_over_measured']:.2f}), bwd {bwd * 1e3:.2f} ms "
@@ -357,9 +362,9 @@ def memory_sweep(hw: HardwareSpec, device_name: str,
         dst = torch.empty_like(src)
         seconds = time_kernel(lambda src=src, dst=dst: dst.copy_(src))
         moved = 2 * n * 2
-        rows.append(KernelRow(sweep="memory", kernel="copy", dtype="bf16", shape=f"{mib} MiB",
-                              bytes=moved, measured_s=seconds,
-                              model_s=K.memory_seconds(hw, moved), device=device_name))
+        rows.append(priced(KernelRow(sweep="memory", kernel="copy", dtype="bf16",
+                                     shape=f"{mib} MiB", bytes=moved, measured_s=seconds,
+                                     model_s=0.0, device=device_name), hw))
         progress(f"memory copy {mib} MiB: {moved / seconds / 1e12:.2f} TB/s")
         del src, dst
     for tokens, hidden in cast_shapes:
@@ -371,10 +376,10 @@ def memory_sweep(hw: HardwareSpec, device_name: str,
 
         seconds = time_kernel(cast)
         moved = tokens * hidden * (2 + 1)  # read bf16, write fp8 (the amax pass reads again)
-        rows.append(KernelRow(sweep="memory", kernel="fp8-cast+amax (eager)", dtype="fp8",
-                              shape=f"{tokens}x{hidden}", m=tokens, k=hidden, bytes=moved,
-                              measured_s=seconds, model_s=K.memory_seconds(hw, moved),
-                              device=device_name))
+        rows.append(priced(KernelRow(sweep="memory", kernel="fp8-cast+amax (eager)",
+                                     dtype="fp8", shape=f"{tokens}x{hidden}", m=tokens, k=hidden,
+                                     bytes=moved, measured_s=seconds, model_s=0.0,
+                                     device=device_name), hw))
         progress(f"fp8 cast+amax {tokens}x{hidden}: {seconds * 1e6:.0f} us")
         del x
     return rows
