@@ -22,13 +22,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from baselines.common.finish import finish_plan
 from baselines.common.fixed_length import deal_round_robin, fixed_length_samples
 from slimpack.batch import Batch
-from slimpack.plan import DocumentMap, Group, Phase, Plan, Segment
+from slimpack.plan import DocumentMap, Group, Phase, Plan
 from slimpack.planning import (
     WALL_CLOCK_FALLBACK,
     GroupLayout,
@@ -39,11 +38,9 @@ from slimpack.planning import (
 )
 from slimpack.planning.method import MethodSpec
 from slimpack.planning.setup import PlanSetup
+from slimpack.planning.uniform_slices import SLICE_ALIGN, cut_sample, slice_length
 from slimpack.schedules import Op, build_schedule
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
-
-SLICE_ALIGN = 128
-"""Slice lengths are multiples of 128 tokens (FlashAttention tile; SlimPipe section 4)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,30 +76,6 @@ class SlimPipeOptions:
         if self.offload is not None and not 0.0 <= self.offload <= 1.0:
             raise ValueError(f"slimpipe: offload must be in [0, 1] or None (auto), got "
                              f"{self.offload}")
-
-
-def slice_length(tokens: int, num_slices: int) -> int:
-    """Uniform slice length: ceil(tokens / n) rounded up to a multiple of 128."""
-    per = -(-tokens // num_slices)
-    return -(-per // SLICE_ALIGN) * SLICE_ALIGN
-
-
-def cut_sample(sample: Sequence[Segment], length: int) -> list[list[Segment]]:
-    """Cut a packed sample's token stream every ``length`` tokens; a document that crosses a
-    cut continues in the next slice with its earlier tokens as KV prefix."""
-    slices: list[list[Segment]] = [[]]
-    room = length
-    for seg in sample:
-        start = seg.start
-        while start < seg.end:
-            if room == 0:
-                slices.append([])
-                room = length
-            take = min(room, seg.end - start)
-            slices[-1].append(Segment(seq_id=seg.seq_id, start=start, end=start + take))
-            start += take
-            room -= take
-    return [s for s in slices if s]
 
 
 def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,

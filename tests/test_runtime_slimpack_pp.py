@@ -56,9 +56,12 @@ def test_slimpipe_plan_with_redistribution_is_accepted():
 def executed():
     plans = {
         "slimpack default": _plan(),
-        "slimpack default, DP-Merge": _plan(lengths=OUTLIER, context=1024),
+        # MicroPacks only: the uniform candidate (SlimPipe's shape) merges no replicas.
+        "slimpack default, DP-Merge": _plan(lengths=OUTLIER, context=1024,
+                                            uniform_candidate=False),
         "slimpack, head on the last stage": _plan(vocab_parallel_pp=False,
-                                                  attention_redistribution=False),
+                                                  attention_redistribution=False,
+                                                  uniform_candidate=False),
         "slimpipe": _slimpipe(),
     }
     results = run_plans(list(plans.values()), TINY, RuntimeConfig(seed=2), return_grads=True,

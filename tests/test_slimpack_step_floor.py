@@ -28,14 +28,15 @@ def _step(method: str, **options) -> tuple[object, float]:
 
 
 def test_a_long_slice_length_gets_fewer_micropacks_than_twice_the_virtual_stages():
-    plan, _ = _step("slimpack", slice_tokens=32768)
+    plan, _ = _step("slimpack", slice_tokens=32768, uniform_candidate=False)
     per_replica = [len(g.forward_units) for g in plan.groups()]
     # 512K tokens / 32K = 16 MicroPacks asked for; the old floor forced 2*pp*vpp = 80.
     assert all(PARALLEL.pp <= n < 2 * PARALLEL.pp * PARALLEL.vpp for n in per_replica)
 
 
 def test_the_steady_state_floor_packs_at_least_twice_the_virtual_stages():
-    plan, _ = _step("slimpack", slice_tokens=32768, steady_state_floor=True)
+    plan, _ = _step("slimpack", slice_tokens=32768, steady_state_floor=True,
+                    uniform_candidate=False)
     assert all(len(g.forward_units) >= 2 * PARALLEL.pp * PARALLEL.vpp for g in plan.groups())
 
 

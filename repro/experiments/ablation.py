@@ -2,8 +2,9 @@
 
 Variants (``slimpack.slimpack_planner`` switches): slicing only (no asymmetric partitioning, no DP-aware
 phase 1, no DP-Merge); + asymmetric forward/backward MicroPacks; + DP-aware phase 1; + DP-Merge
-(SlimPack's components in full; the search's mirrored-MicroPack fallback stays off in every
-variant, so the asymmetric step measures asymmetric MicroPacks, not a choice between the two).
+(SlimPack's components in full; the search's mirrored-MicroPack fallback and its uniform
+candidate, SlimPipe's plan shape, stay off in every variant, so each step measures SlimPack's
+MicroPacks, not a choice between them and another shape).
 Megatron-LM at the same parallel configuration is the reference. llama-13b, Common Crawl and
 GitHub lengths at 256K, 128 H800 GPUs, tp 8 pp 4 (dp 4).
 """
@@ -26,13 +27,18 @@ PARALLEL = {"tp": 8, "pp": 4}
 DATASETS, QUICK_DATASETS = ("commoncrawl", "github"), ("commoncrawl",)
 SEEDS, QUICK_SEEDS = (0, 1, 2, 3, 4, 5), (0,)
 """Six batches per dataset: the issue asks for a mean and 95% interval over at least five."""
-ONLY_ASYMMETRIC = {"search_mirrored": False}
+NO_UNIFORM = {"uniform_candidate": False}
+"""Every variant plans SlimPack's MicroPacks: the search's uniform candidate
+(``SlimPackOptions.uniform_candidate``, SlimPipe's plan shape) would stand in for them wherever
+it is faster."""
+ONLY_ASYMMETRIC = {"search_mirrored": False, **NO_UNIFORM}
 """The variants with asymmetric MicroPacks keep them: the search's mirrored fallback (our
 addition, ``SlimPackOptions.search_mirrored``) would pick mirrored MicroPacks wherever they are
 faster and make the asymmetric step's gain >= 1 by construction."""
 VARIANTS = {  # label -> (planner, options), cumulative order
     "megatron": ("megatron", {}),
-    "slicing": ("slimpack", {"no_asymmetric": True, "no_dp_aware": True, "no_dp_merge": True}),
+    "slicing": ("slimpack", {"no_asymmetric": True, "no_dp_aware": True, "no_dp_merge": True,
+                             **NO_UNIFORM}),
     "+asymmetric": ("slimpack", {"no_dp_aware": True, "no_dp_merge": True, **ONLY_ASYMMETRIC}),
     "+dp-aware": ("slimpack", {"no_dp_merge": True, **ONLY_ASYMMETRIC}),
     "+dp-merge (slimpack)": ("slimpack", {**ONLY_ASYMMETRIC}),

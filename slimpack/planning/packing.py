@@ -32,8 +32,21 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     tree holding each subtree's largest free room (a paper-size batch has ~65K documents
     and ~500 bins, which a scan of the bins per document makes quadratic).
     """
+    return _first_fit(lengths, capacity, sorted(range(len(lengths)),
+                                                key=lambda i: (-lengths[i], i)))
+
+
+def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Pack lengths into bins of ``capacity`` tokens in their own order, each into the first
+    bin it fits. Where the lengths fill bins exactly in order (Megatron-LM's sample pieces,
+    :func:`sample_pieces`), the bins are those samples; elsewhere a short document later in
+    the batch fills an earlier bin's gap instead of opening a new one."""
+    return _first_fit(lengths, capacity, range(len(lengths)))
+
+
+def _first_fit(lengths: Sequence[int], capacity: int, order: Sequence[int]) -> list[list[int]]:
+    """Each index of ``order`` into the first bin with room for its length."""
     _check_capacity(lengths, capacity)
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     # First fit never holds two bins at most half full, so it opens fewer than
     # 2 * total / capacity + 1 bins; unopened leaves have the whole capacity free.
     most_bins = min(len(lengths), 2 * -(-sum(lengths) // capacity) + 1)

@@ -43,6 +43,7 @@ from slimpack.slimpack_planner.assemble import (
 from slimpack.slimpack_planner.mechanisms import try_mechanisms, with_offload
 from slimpack.slimpack_planner.options import SlimPackOptions
 from slimpack.slimpack_planner.sync_tail import with_sync_tail
+from slimpack.slimpack_planner.uniform import uniform_applies, uniform_plan
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 __all__ = ["SlimPackOptions", "plan", "default_slice_tokens"]
@@ -448,5 +449,20 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
             key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
             if best_key is None or key < best_key:
                 best, best_key, best_record = candidate, key, record
+    if uniform_applies(ctx):
+        if best is not None:
+            build_deadline = _build_deadline(deadline, 0.0)
+            if build_deadline.remaining_s < build_seconds + 2 * sim_seconds:
+                return best, tried, True, best_record
+        candidate, schedules = uniform_plan(ctx)
+        record = simulate(candidate, model=ctx.model, hardware=ctx.hardware, cost=ctx.cost,
+                          schedules=schedules, schedules_built=True).record
+        info = candidate.metadata["slimpack"]
+        tried.append({"uniform": True, "uniform_slice_tokens": info["slice_tokens"],
+                      "num_slices": info["num_slices"], "built_s": deadline.elapsed_s,
+                      "step_time_s": record.step_time_s, "oom": record.oom})
+        key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
+        if best_key is None or key < best_key:
+            best, best_key, best_record = candidate, key, record
     assert best is not None
     return best, tried, False, best_record

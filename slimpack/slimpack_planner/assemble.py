@@ -317,7 +317,7 @@ def _layout_peak(ctx: BuildContext, layout: ReplicaLayout, merged: int,
     if par.vpp != 1:
         return None
     return layout_peak_bytes(layout, model=ctx.model, tp=par.tp, cp=par.cp * merged, pp=par.pp,
-                             dp=par.dp, vocab_parallel_pp=_vocab_over_pp(ctx), training=training,
+                             dp=par.dp, vocab_parallel_pp=vocab_over_pp(ctx), training=training,
                              mirrored=ctx.options.no_asymmetric,
                              recompute=ctx.options.recompute_mode)
 
@@ -332,7 +332,7 @@ def _peak_floor_bytes(ctx: BuildContext, longest: int, merged: int,
     par, model = ctx.parallel, ctx.model
     cp = par.cp * merged
     states = stage_state_bytes(model, tp=par.tp, cp=cp, pp=par.pp, dp=par.dp,
-                               vocab_parallel_pp=_vocab_over_pp(ctx), training=training)
+                               vocab_parallel_pp=vocab_over_pp(ctx), training=training)
     per_layer = (longest * activation_bytes_per_token_per_layer(model, ctx.options.recompute_mode)
                  / (par.tp * cp))
     layers = layers_per_virtual_stage(model.num_layers, par.pp, par.vpp)
@@ -378,11 +378,11 @@ def _emit_group(ctx: BuildContext, group_id: int, replicas: list[int], layout: R
         # The LM head on the last stage alone makes that stage the pipeline's bottleneck
         # (~6% for llama-70b at pp 8); spreading the vocabulary over the pipeline ranks as
         # SlimPipe does removes it.
-        vocab_parallel_pp=_vocab_over_pp(ctx),
+        vocab_parallel_pp=vocab_over_pp(ctx),
     )
 
 
-def _vocab_over_pp(ctx: BuildContext) -> bool:
+def vocab_over_pp(ctx: BuildContext) -> bool:
     """LM head and loss spread over the pipeline ranks (as SlimPipe does), when there are
     several and the options allow it (``vocab_parallel_pp``)."""
     return ctx.parallel.pp > 1 and ctx.options.vocab_parallel_pp

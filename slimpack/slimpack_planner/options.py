@@ -40,6 +40,12 @@ class SlimPackOptions:
     more candidate per slice length whose asymmetric plan fits memory; no effect with
     ``no_asymmetric`` (every candidate is mirrored). The ablation turns it off, so its
     asymmetric step measures asymmetric MicroPacks."""
+    uniform_candidate: bool = True
+    """The search also builds SlimPipe's plan shape with SlimPack's data path (whole
+    sequences in context-length bins, bins dealt by phase 1, uniform slices; ``uniform.py``)
+    at pp > 1 and keeps it when the simulator finds it fastest, so SlimPack's search holds
+    every plan shape SlimPipe's does (issue 24). One more candidate per recompute mode
+    searched. False: the ablation's MicroPack-only search."""
     steady_state_floor: bool = False
     """Pack each replica into at least 2*pp*vpp MicroPacks (a steady state to hide the
     pipeline's fill and drain in) instead of at least pp (SlimPipe's fewest slices per
