@@ -91,3 +91,28 @@ def test_real_profile_round_trip(tmp_path):
     write_profile_csv(rows, path)
     cost = CalibratedCostModel.from_csv(path, model=TINY)
     assert cost.layer_times([(24, 8)]).forward_s > 0
+
+
+def test_a_profile_prices_the_recipe_it_is_given(cost):
+    """The GPU check simulates the runtime's step as executed: no optimizer state, so the
+    simulated peak drops by exactly the model states' optimizer share."""
+    import dataclasses
+
+    from slimpack.cost.model import training_of
+    from slimpack.runtime.capabilities import as_run_training
+    from slimpack.runtime.examples import EXAMPLES
+    from slimpack.sim import simulate
+    from slimpack.sim.memory import stage_state_bytes
+
+    as_run = dataclasses.replace(cost, training=as_run_training("fp32"))
+    assert training_of(cost).optimizer == "megatron"
+    assert training_of(as_run).optimizer == "none" and training_of(as_run).grad_dtype == "fp32"
+    plan = next(iter(EXAMPLES.values()))(pp=1, dp=1, scale=1)
+    peaks = [max(simulate(plan, model=TINY, hardware=c.hardware, cost=c).record
+                 .peak_memory_bytes) for c in (cost, as_run)]
+    states = [max(stage_state_bytes(TINY, tp=1, cp=1, pp=1, dp=1, vocab_parallel_pp=False,
+                                    training=training_of(c))) for c in (cost, as_run)]
+    assert states[0] > states[1] > 0
+    assert peaks[0] - peaks[1] == pytest.approx(states[0] - states[1], rel=1e-9)
+    with pytest.raises(ValueError, match="dtype must be bf16 or fp32"):
+        as_run_training("fp16")

@@ -146,3 +146,16 @@ def test_reprice_without_a_kernel_table_exits_2(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--reprice"]) == 2
     assert "kernels.csv" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_mfu_note_names_the_recipe_the_rows_were_simulated_under():
+    from slimpack.cli.gpu_check import AS_RUN
+
+    row = {"method": "megatron", "attention": "flash", "mfu": 0.4, "goal_mfu": 0.45,
+           "sim_mfu": 0.5, "step_error": 0.1, "measured_peak_gib": 10.0, "sim_peak_gib": 9.0,
+           "tokens": 65536}
+    base = {"device": "NVIDIA H200", "torch": "2.x", "num_gpus": 1, "wall_s": 1.0}
+    as_run = summary_markdown({**base, "mfu": [{**row, "sim_recipe": AS_RUN}]})
+    older = summary_markdown({**base, "mfu": [row]})
+    assert "both peaks hold no optimizer state" in as_run
+    assert "the simulated peak includes them" in older

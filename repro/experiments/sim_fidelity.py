@@ -5,7 +5,7 @@ Runs only on the runtime backend (``python -m repro run sim-fidelity --backend r
 runtime (CUDA when visible, else CPU/gloo) and simulates the same plan; the records hold both.
 The SlimPack paper reports a 1.6% peak-memory MAPE for its simulator. On CPU the hardware
 presets do not describe the machine, so only CUDA rows enter the claims. The simulator prices
-the plan as the runtime runs it (``TrainingSpec(optimizer="none", grad_dtype="bf16")``: the
+the plan as the runtime runs it (``slimpack.runtime.capabilities.as_run_training("bf16")``: the
 runtime keeps bf16 gradients and takes no optimizer step), so both sides hold the same model
 states; the kernels it prices are still Megatron-LM's (docs/architecture.md, the GPU check).
 """
@@ -64,8 +64,8 @@ def run_point(point: Point) -> list[Row]:
     from slimpack.cost.kernel_model import default_cost_model
     from slimpack.runtime import config as config_mod
     from slimpack.runtime import launch
+    from slimpack.runtime.capabilities import as_run_training
     from slimpack.specs import ParallelSpec, hardware_preset, model_preset
-    from slimpack.specs.training import TrainingSpec
 
     cuda = torch.cuda.is_available()
     # Under torchrun the plan spans every rank of every node; otherwise this node's devices.
@@ -79,8 +79,7 @@ def run_point(point: Point) -> list[Row]:
                            context=point["context"], **options)
     # Simulated as the runtime executes it: no optimizer state or step, gradients in the
     # parameters' dtype (the plan itself is the one the default recipe chose).
-    as_run = default_cost_model(model, hardware, TrainingSpec(optimizer="none",
-                                                              grad_dtype="bf16"))
+    as_run = default_cost_model(model, hardware, as_run_training("bf16"))
     simulated = sim.simulate(plan, model=model, hardware=hardware, cost=as_run).record
     config = config_mod.RuntimeConfig(device="cuda" if cuda else "cpu",
                                       dtype="bf16" if cuda else "fp32",

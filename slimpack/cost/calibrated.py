@@ -29,6 +29,7 @@ from slimpack.cost.model import ZERO_TIMES, PassTimes
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 from slimpack.specs.recompute import check_recompute
+from slimpack.specs.training import TrainingSpec
 
 KINDS = ("layer", "attention", "head")
 
@@ -97,6 +98,8 @@ class CalibratedCostModel:
     model: ModelSpec
     hardware: HardwareSpec
     table: ProfileTable
+    training: TrainingSpec | None = None
+    """The recipe priced (:func:`slimpack.cost.model.training_of`; None: the default)."""
     comm: CommModel = field(init=False)
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from slimpack.plan import Group, Plan
 from slimpack.runtime.cp_checks import check_cp_group
 from slimpack.specs.model import ModelSpec
+from slimpack.specs.training import TrainingSpec
 
 EXECUTED_RECOMPUTE = ("none", "selective", "full")
 """selective: core attention recomputed in backward; full: each decoder layer recomputed."""
@@ -25,6 +26,15 @@ so it holds no optimizer states: ZeRO-1's sharding of those states (and its redu
 instead of all-reduce, the same sums) leaves the step it runs unchanged. 3: parameters and
 gradients sharded over the data-parallel ranks, all-gathered before each plan phase and the
 phase's gradients reduce-scattered after it (:mod:`slimpack.runtime.zero`)."""
+
+
+def as_run_training(dtype: str) -> TrainingSpec:
+    """The recipe the runtime executes, for a simulator that prices a run beside its
+    measurement: no optimizer state and no optimizer step (:data:`EXECUTED_ZERO_STAGES`),
+    gradients kept in the parameters' ``dtype`` ("bf16" on CUDA, "fp32" on CPU)."""
+    if dtype not in ("bf16", "fp32"):
+        raise ValueError(f"dtype must be bf16 or fp32 (the runtime's), got {dtype!r}")
+    return TrainingSpec(optimizer="none", grad_dtype=dtype)
 
 
 def refuse(group: Group | None, field: str, value: object, allowed: str) -> ValueError:
