@@ -61,7 +61,8 @@ def cause(ours: pd.Series, winner: pd.Series) -> str:
        then say how its own best differs.
     2. ``bubble``: SlimPack's bubble fraction exceeds the winner's by more than 2 points.
     3. ``balance``: SlimPack's step over its ideal exceeds the winner's by more than 2%.
-    4. ``recompute`` / ``offload``: SlimPack recomputes or offloads where the winner does not.
+    4. ``recompute`` / ``offload``: SlimPack recomputes in a heavier mode, or offloads a larger
+       share of its activations, than the winner.
     5. ``documents``: none of the above, the layouts are the same, every method got the
        batch's documents (:data:`DOCUMENTS_WORKLOAD`), the winner cuts documents
        at sample boundaries (:data:`CUTS_DOCUMENTS`) and SlimPack's balanced ideal step
@@ -89,6 +90,23 @@ def cause(ours: pd.Series, winner: pd.Series) -> str:
     return _mechanism_cause(ours, winner)
 
 
+RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
+"""Recompute modes by the work they add (a record of mixed groups lists its modes)."""
+
+
+def _costlier(column: str, ours: object, winner: object) -> bool:
+    """Whether SlimPack's ``recompute`` or ``offload`` costs more than the winner's: a heavier
+    recompute mode, a larger offloaded share. Offloading less than the winner (or recomputing
+    less) cannot make SlimPack slower, so it names no cause."""
+    if column == "recompute":
+        def level(value: object) -> int:
+            modes = [m.strip() for m in str(value or "none").split(",")]
+            return max(RECOMPUTE_COST.get(m, 0) for m in modes)
+        return level(ours) > level(winner)
+    share = pd.to_numeric(pd.Series([ours, winner]), errors="coerce").fillna(0.0)
+    return float(share.iloc[0]) > float(share.iloc[1])
+
+
 def _winner_pass_ran(row: pd.Series) -> bool:
     """Whether the record's search went through the winner-layout pass with other methods."""
     if math.isnan(_num(row, "layouts_from_winners")):
@@ -111,9 +129,9 @@ def _mechanism_cause(ours: pd.Series, winner: pd.Series) -> str:
     if balance > 1.02:
         return f"balance: SlimPack's step over its ideal is {balance:.2f}x the winner's"
     for column in ("recompute", "offload"):
-        a, b = str(ours.get(column, "")), str(winner.get(column, ""))
-        if a != b and a not in ("none", "0.0", "0", "nan", ""):
-            return f"{column}: SlimPack runs {column} {a}, the winner {b}"
+        if _costlier(column, ours.get(column), winner.get(column)):
+            return (f"{column}: SlimPack runs {column} {ours.get(column)}, the winner "
+                    f"{winner.get(column)}")
     work = _num(ours, "ideal_step_time_s") / _num(winner, "ideal_step_time_s")
     same_layout = _layout(ours.get("parallel")) == _layout(winner.get("parallel"))
     # Only on one layout is the ideal-step gap the work of the same kernels on the same

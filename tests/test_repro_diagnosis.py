@@ -158,3 +158,19 @@ def test_sample_pieces_of_real_lengths_end_on_every_sample_boundary():
         ends.add(total)
     assert {k * context for k in range(1, 65)} <= ends
     assert sorted(pieces.lengths) != sorted(batch.lengths)
+
+
+def test_recompute_or_offload_is_a_cause_only_where_it_costs_more_than_the_winners():
+    ours = pd.Series({**_row("slimpack", 100.0), "offload": 0.25})
+    # The outliers experiment's 1M-token loss: SlimPipe offloads everything, SlimPack a
+    # quarter; offloading less cannot be why SlimPack is slower.
+    assert cause(ours, pd.Series({**_row("slimpipe", 117.0), "offload": 1.0})).startswith(
+        "kernel work")
+    assert cause(ours, pd.Series(_row("slimpipe", 117.0))) == (
+        "offload: SlimPack runs offload 0.25, the winner 0.0")
+    heavier = pd.Series({**_row("slimpack", 100.0), "recompute": "selective,full"})
+    assert cause(heavier, pd.Series({**_row("megatron", 110.0), "recompute": "selective"})) \
+        == "recompute: SlimPack runs recompute selective,full, the winner selective"
+    lighter = pd.Series({**_row("slimpack", 100.0), "recompute": "selective"})
+    assert cause(lighter, pd.Series({**_row("megatron", 110.0), "recompute": "full"})) \
+        .startswith("kernel work")
