@@ -1,0 +1,62 @@
+"""How far the layout search's lower bound reaches (issue 24, equal search budgets).
+
+For each e2e-throughput point of the committed records (best-layout protocol, the 512-sample
+batch), counts the memory-feasible layouts of a method whose step lower bound
+(``slimpack.compare.step_lower_bound``) is below the method's recorded best step: the layouts
+an exhaustive, bound-pruned search would have to plan and simulate at the least (it prunes
+against the best found so far, which is never better than the final best). Beside it: the
+candidates, the layouts the record simulated and its planning seconds.
+
+    python -m repro.scripts.bound_reach --methods slimpack megatron
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from repro.experiments.e2e_throughput import CONTEXT, GPUS, HARDWARE, SAMPLES, workload_batch
+from slimpack.compare import method_candidates, step_lower_bound
+from slimpack.cost.kernel_model import default_cost_model
+from slimpack.specs import hardware_preset, model_preset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", default="results/e2e-throughput/records.csv")
+    parser.add_argument("--methods", nargs="+", default=["slimpack", "megatron"])
+    args = parser.parse_args()
+    records = pd.read_csv(args.records, low_memory=False)
+    records = records[(records["protocol"] == "best layout")
+                      & (records["token_budget"] == SAMPLES * CONTEXT)]
+    hardware = hardware_preset(HARDWARE)
+    print("model, dataset, workload, method: layouts the bound leaves / candidates "
+          "(simulated in the record, its plan seconds)")
+    for (model_name, dataset, workload), rows in records.groupby(
+            ["model", "dataset", "workload"]):
+        model = model_preset(model_name)
+        cost = default_cost_model(model, hardware)
+        batch = workload_batch({"model": model_name, "dataset": dataset, "context": CONTEXT,
+                                "num_gpus": GPUS, "token_budget": SAMPLES * CONTEXT,
+                                "seed": 0, "workload": workload})
+        bounds: dict[tuple, float] = {}
+        for method in args.methods:
+            row = rows[rows["method"] == method]
+            if row.empty or pd.isna(row.iloc[0]["step_time_s"]):
+                continue
+            best = float(row.iloc[0]["step_time_s"])
+            candidates = method_candidates(method, model, hardware, GPUS, CONTEXT)
+            left = 0
+            for cand in candidates:
+                key = (cand.parallel.tp, cand.parallel.cp, cand.parallel.pp, cand.parallel.dp)
+                if key not in bounds:
+                    bounds[key] = step_lower_bound(cost, batch.lengths, cand.parallel)
+                left += bounds[key] < best
+            print(f"{model_name}, {dataset}, {workload}, {method}: {left} / {len(candidates)} "
+                  f"({int(row.iloc[0]['layouts_simulated'])} simulated, "
+                  f"{row.iloc[0]['plan_seconds']:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
