@@ -3,6 +3,8 @@ every method's layouts searched, in the report as in the records)."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from repro.experiments.e2e_throughput import SAMPLE_PIECES, search_table
@@ -15,7 +17,8 @@ def _row(method: str, simulated: int, exhaustive: bool, *, workload: str = "docu
     return {"method": method, "token_budget": budget, "protocol": protocol,
             "workload": workload, "search_space": SPACE, "search_exhaustive": exhaustive,
             "layouts_candidates": 150, "layouts_simulated": simulated, "layouts_pruned": 0,
-            "layouts_from_winners": 1 if method == "slimpack" else 0}
+            "layouts_from_winners": 1 if method == "slimpack" else 0,
+            "search_top_k": json.dumps({"megatron": None, "slimpack": 3})}
 
 
 def test_the_table_spans_both_workloads_of_the_largest_batch_and_names_each_budget():

@@ -371,16 +371,23 @@ def search_table(records: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         low, high = int(values.min()), int(values.max())
         return str(low) if low == high else f"{low}-{high}"
 
+    def budget(method: str, mine: pd.DataFrame) -> str:
+        # The cap the point gave this method (its ``search_top_k`` mapping, in the records).
+        caps = mine["search_top_k"].iloc[0] if "search_top_k" in mine.columns else None
+        caps = json.loads(caps) if isinstance(caps, str) else caps
+        if not isinstance(caps, dict) or method not in caps:
+            return ""
+        cap = caps[method]
+        return ("every layout the bound keeps" if cap is None else
+                f"{cap} best-estimated, then the winners' layouts")
+
     out = []
-    methods = method_order(rows["method"].unique())
-    caps = harness_caps(methods)
-    for method in methods:
+    for method in method_order(rows["method"].unique()):
         mine = rows[rows["method"] == method]
         done = mine["search_exhaustive"].map(lambda v: str(v).lower() == "true")
         out.append({"method": method, "settings": len(mine),
                     "search space": str(mine["search_space"].iloc[0]),
-                    "budget": "every layout the bound keeps" if caps[method] is None else
-                    f"{caps[method]} best-estimated, then the winners' layouts",
+                    "budget": budget(method, mine),
                     "candidates": span(mine["layouts_candidates"]),
                     "simulated": span(mine["layouts_simulated"]),
                     "pruned by bound": span(mine["layouts_pruned"]),
