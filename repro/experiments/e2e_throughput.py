@@ -359,10 +359,11 @@ def claims(records: pd.DataFrame) -> list[Claim]:
 def search_table(records: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """How much of the layout space each method's search covered, over the best-layout rows
     of the largest batch (issue 24: every method's layouts searched, in the report)."""
-    rows = headline(records)
-    if rows.empty or "layouts_candidates" not in rows.columns:
+    if records.empty or "layouts_candidates" not in records.columns:
         return []
     rows = pd.concat([headline(records, workload=w) for w in WORKLOADS])
+    if rows.empty:
+        return []
 
     def span(values: pd.Series) -> str:
         values = pd.to_numeric(values, errors="coerce").dropna().astype(int)

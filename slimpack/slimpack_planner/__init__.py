@@ -446,7 +446,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                           "step_time_s": record.step_time_s, "oom": record.oom})
             if record.oom:
                 over_memory.add((s, use_merge, steady))
-            key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
+            key = _record_key(record)
             if best_key is None or key < best_key:
                 best, best_key, best_record = candidate, key, record
     if uniform_applies(ctx):
@@ -461,7 +461,7 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
         tried.append({"uniform": True, "uniform_slice_tokens": info["slice_tokens"],
                       "num_slices": info["num_slices"], "built_s": deadline.elapsed_s,
                       "step_time_s": record.step_time_s, "oom": record.oom})
-        key = (record.oom, record.step_time_s if not record.oom else max(record.peak_memory_bytes))
+        key = _record_key(record)
         if best_key is None or key < best_key:
             best, best_key, best_record = candidate, key, record
     assert best is not None
