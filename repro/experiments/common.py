@@ -71,7 +71,8 @@ def harness_caps(methods: tuple[str, ...] | list[str],
     """Every entry's cap on the layouts its configuration search simulates: its method's
     ``MethodSpec.search_layouts`` (entries may be ``"planner:variant"``), a count, so records
     are the same on every machine: None (every layout not pruned by the bound) for
-    Megatron-LM in both attention semantics, 3 for the others."""
+    Megatron-LM in both attention semantics and the cheap baselines (naive packing, Megatron
+    dynamic CP, WLB-LLM), 3 for the others."""
     registry = method_registry(registry)
     return {m: registry.get(m.split(":")[0]).search_layouts for m in methods}
 

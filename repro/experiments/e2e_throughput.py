@@ -115,8 +115,10 @@ answer anyway. This can only understate FlexSP; flexsp-headline runs it with its
 def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
     """Every compared method of ``registry`` (None: the suite's), each with its own search
     budget (``MethodSpec.search_layouts``: None, every layout the lower bound does not prune,
-    for Megatron-LM in both semantics, whose layout decides the headline's fairness; 3
-    best-estimated layouts for the others, which can only understate their lead). A count,
+    for Megatron-LM in both semantics, whose layout decides the headline's fairness, and for
+    the baselines cheap enough to plan exhaustively: naive packing, Megatron dynamic CP and
+    WLB-LLM; 3 best-estimated layouts for FlexSP, SlimPipe and SlimPack, which can only
+    understate their lead). A count,
     not a time budget, so every machine gets the same records."""
     methods = all_methods(registry)
     caps = harness_caps(methods, registry)

@@ -59,10 +59,10 @@ def points(quick: bool) -> list[Point]:
     """One point per method and dataset, so `repro run --jobs N` runs the methods side by side
     (one 5-method point took 14 minutes of one core). Every point carries the whole
     ``search_top_k`` mapping (``harness_caps``: each method's ``MethodSpec.search_layouts``);
-    ``compare`` reads its own method's entry. Both Megatron-LM variants are searched
-    exhaustively (the baseline's layout decides the headline's fairness; a capped
-    megatron-causal search inflated the bracket's far end from 2.94x to 3.21x); the slow
-    planners get their 3 best-estimated layouts, which can only understate their lead."""
+    ``compare`` reads its own method's entry. Both Megatron-LM variants and WLB-LLM are
+    searched exhaustively (the baseline's layout decides the headline's fairness; a capped
+    megatron-causal search inflated the bracket's far end from 2.94x to 3.21x); SlimPipe and
+    SlimPack get their 3 best-estimated layouts, which can only understate their lead."""
     caps = harness_caps(METHODS)
     batches = (SMOKE_SAMPLES,) if quick else (SAMPLES, SMOKE_SAMPLES)
     return [{"model": MODEL, "dataset": dataset, "context": CONTEXT, "num_gpus": GPUS,

@@ -115,8 +115,10 @@ class MethodSpec:
     configuration search (``slimpack.compare.best_parallel``, best-estimated first) plans and
     simulates, a count so every machine gets the same records; None: every layout the step
     lower bound does not prune. None for the baselines every ratio is taken over
-    (Megatron-LM in both attention semantics): a capped baseline search can only inflate the
-    ratios over it (with vpp up to 5, Megatron-LM's 3 best-estimated layouts in
+    (Megatron-LM in both attention semantics) and for the baselines cheap enough to plan
+    exhaustively (naive packing, Megatron dynamic CP, WLB-LLM; their 3 best-estimated layouts
+    left them up to 17% slower than their own best): a capped baseline search can only
+    inflate the ratios over it (with vpp up to 5, Megatron-LM's 3 best-estimated layouts in
     flexsp-headline were interleaved ones 1.45x slower than its best, and FlexSP's ratio rose
     from 1.31x to 1.89x). Read by ``repro.experiments.common.harness_caps``."""
 
