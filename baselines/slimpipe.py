@@ -14,9 +14,10 @@
   different slices at the same time have different attention work. Ranks are paired by KV
   prefix (longest with shortest); the heavy rank ships its query and half the difference of
   its cached KV to the light one, which computes that part and returns partial outputs that
-  are merged with the log-sum-exp trick. The plan flags it in
-  ``metadata['attention_redistribution']`` and the simulator moves the work between the ops
-  that run concurrently (:mod:`slimpack.sim.redistribution`).
+  are merged with the log-sum-exp trick. The plan flags it in the typed field
+  ``Plan.attention_redistribution`` with each group's chosen ``Group.attention_moves``; the
+  simulator moves that work between the ops that run concurrently
+  (:mod:`slimpack.sim.redistribution`) and the runtime executes the same moves.
 """
 
 from __future__ import annotations

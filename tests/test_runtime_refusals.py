@@ -117,12 +117,14 @@ def test_attention_redistribution_is_refused_only_with_ulysses_cp_at_pp_above_on
              r"\(group 0: cp=2, cp_kind='ulysses'\); true otherwise")
 
 
-def test_moe_and_gelu_models_are_refused_naming_the_field():
+def test_moe_gelu_and_learned_position_models_are_refused_naming_the_field():
     plan = packed_plan(pp=1, dp=1)
     _refused(plan, r"num_experts=4 is not executed .* allowed: 1",
              model=dataclasses.replace(TINY, num_experts=4, moe_top_k=2))
     _refused(plan, r"mlp='gelu' is not executed .* allowed: 'swiglu'",
              model=dataclasses.replace(TINY, mlp="gelu"))
+    _refused(plan, r"rope=False is not executed .* allowed: True",
+             model=dataclasses.replace(TINY, rope=False))
 
 
 def test_recompute_modes_and_offload_shares_are_accepted():

@@ -8,10 +8,10 @@ per-layer calibration table the calibrated cost model reads.
     slimpack profile --model small --out calib.csv [--device cpu] [--threads 1]
 
 ``run`` checks the plan (IR rules, world size, schedule, and every field the runtime does not
-execute, e.g. attention_redistribution at pp > 1 with tp or cp > 1: see docs/architecture.md,
-runtime) before any process starts. SlimPipe's attention redistribution executes the moves
-the plan carries (``Group.attention_moves``, chosen at plan time; a plan older than format 4
-is refused).
+execute, e.g. attention_redistribution at pp > 1 with Ulysses cp > 1: see
+docs/architecture.md, runtime) before any process starts. SlimPipe's attention
+redistribution executes the moves the plan carries (``Group.attention_moves``, chosen at
+plan time; a plan older than format 4 is refused).
 Without torchrun it spawns ``--nproc`` (default: the plan's world size) local processes
 itself. With ``--calibration`` it also simulates the plan with the calibrated cost
 model and prints simulated against measured step time and peak memory.

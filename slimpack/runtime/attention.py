@@ -7,7 +7,8 @@ The mask is causal aligned to the bottom-right corner: query ``j`` of a document
 the end) sees every key except the last ``j``. That is what flash-attn's varlen kernel does with
 ``causal=True`` and what ``torch.nn.attention.varlen`` does with window ``(-1, 0)``. SDPA's
 ``is_causal`` aligns top-left when ``len_q < len_k`` (wrong here), so the SDPA backend builds
-an explicit ``tril(diagonal=len_k - len_q)`` mask (ECOSYSTEM.md).
+an explicit ``tril(diagonal=len_k - len_q)`` mask (PyTorch's
+``scaled_dot_product_attention`` documents ``is_causal`` as ``ones(L, S).tril(diagonal=0)``).
 
 Backends behind one function, chosen by :func:`choose_backend`:
 

@@ -51,6 +51,11 @@ def check_model_supported(model: ModelSpec) -> None:
     if model.mlp != "swiglu":
         raise ValueError(f"model {model.name}: mlp={model.mlp!r} is not executed by the "
                          f"runtime; allowed: 'swiglu'")
+    # The runtime's decoder layer always ropes queries and keys; a model with learned
+    # absolute positions (GPT-3) would silently train with RoPE instead.
+    if not model.rope:
+        raise ValueError(f"model {model.name}: rope=False is not executed by the runtime; "
+                         f"allowed: True (rotary embeddings in every layer)")
 
 
 def check_plan_fields(plan: Plan) -> None:
