@@ -188,6 +188,20 @@ class SearchResult:
     winner_layouts: int = 0
     """Of ``simulated``, layouts tried because a faster method won with them
     (:mod:`slimpack.planning.winners`), beyond the search's own cap."""
+    unvisited: tuple[tuple[tuple, float], ...] = ()
+    """(layout key, step lower bound) of every layout a cap left neither simulated nor
+    pruned: the layouts that could still hold a faster plan (:attr:`gain_bound`)."""
+
+    @property
+    def gain_bound(self) -> float:
+        """How much faster than this answer any plan on a layout the search did not
+        simulate could be: the answer's step over the lowest step lower bound
+        (:func:`step_lower_bound`) among the unvisited layouts whose bound is below it, minus
+        one; 0 when there is none (an exhaustive search). A capped search's certificate: its
+        method's exhaustive best is at least ``step / (1 + gain_bound)``."""
+        step = self.record.step_time_s
+        below = [bound for _, bound in self.unvisited if bound < step]
+        return step / min(below) - 1.0 if below else 0.0
 
 
 def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpus: int,
@@ -273,6 +287,7 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
     started = time.perf_counter()
     best: tuple[tuple[bool, float], Plan, StepRecord, ParallelSpec] | None = None
     tried: list[dict[str, Any]] = []
+    unvisited: tuple[tuple[tuple, float], ...] = ()
     errors: list[str] = []
     simulated = pruned = 0
     for position, i in enumerate(order):
@@ -285,8 +300,9 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
                "budget_s" if budget_s is not None and simulated
                and time.perf_counter() - started > budget_s else None)
         if cap is not None:
-            unvisited = sum(1 for j in order[position:] if bounds[j] < incumbent)
-            tried.append({"stopped": f"{cap} reached with {unvisited} layouts unvisited"})
+            left = [j for j in order[position:] if bounds[j] < incumbent]
+            unvisited = tuple((layout_key(candidates[j].parallel), bounds[j]) for j in left)
+            tried.append({"stopped": f"{cap} reached with {len(left)} layouts unvisited"})
             break
         entry: dict[str, Any] = {"parallel": cand.parallel.to_dict(), "lower_bound_s": bounds[i]}
         simulated += 1
@@ -313,7 +329,7 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
         "exhaustive": exhaustive, "seconds": time.perf_counter() - started}
     return SearchResult(plan=best[1], record=best[2], parallel=best[3], tried=tuple(tried),
                         candidates=len(candidates), simulated=simulated, pruned=pruned,
-                        exhaustive=exhaustive)
+                        exhaustive=exhaustive, unvisited=unvisited)
 
 
 def extend_search(found: SearchResult, method: str, layouts: Sequence[ParallelSpec],
@@ -333,19 +349,22 @@ def extend_search(found: SearchResult, method: str, layouts: Sequence[ParallelSp
 
     if not method_candidates(method, model, hardware, gpus, context, keep, registry):
         return found  # none of them is a layout this method may use
+    # The extra search is exhaustive over the wanted layouts (simulated, pruned against a
+    # step no slower than the answer, or failed to plan): none of them is unvisited after it.
+    still_unvisited = tuple(u for u in found.unvisited if u[0] not in wanted)
     try:
         extra = best_parallel(method, batch, model, hardware, gpus, cost, context=context,
                               candidate_filter=keep, estimate_cache=estimate_cache,
                               registry=registry, **options)
     except ValueError:  # none of them could be planned: the search's answer stands
-        return found
+        return dataclasses.replace(found, unvisited=still_unvisited)
     better = (extra.record.oom, extra.record.step_time_s) < (found.record.oom,
                                                              found.record.step_time_s)
     base = extra if better else found
     return dataclasses.replace(
         base, tried=found.tried + extra.tried, simulated=found.simulated + extra.simulated,
         pruned=found.pruned + extra.pruned, candidates=found.candidates,
-        exhaustive=found.exhaustive,
+        exhaustive=found.exhaustive, unvisited=still_unvisited,
         winner_layouts=found.winner_layouts + extra.simulated)
 
 
@@ -424,7 +443,8 @@ def search_columns(search: str, found: SearchResult | None) -> dict[str, Any]:
             "layouts_candidates": found.candidates if found else None,
             "layouts_simulated": found.simulated if found else None,
             "layouts_pruned": found.pruned if found else None,
-            "layouts_from_winners": found.winner_layouts if found else None}
+            "layouts_from_winners": found.winner_layouts if found else None,
+            "search_gain_bound": found.gain_bound if found else None}
 
 
 def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: HardwareSpec,

@@ -128,6 +128,10 @@ class MethodRecord:
     layouts_simulated: int | None = None
     layouts_pruned: int | None = None
     layouts_from_winners: int | None = None
+    search_gain_bound: float | None = None
+    """How much faster than this record a plan on a layout its search did not simulate
+    could be (``SearchResult.gain_bound``: 0.03 means at most 3% faster, by the step lower
+    bound; 0 for an exhaustive search); None for a fixed layout."""
     runtime_refusal: str = ""
     """Why the PyTorch runtime would refuse to execute this plan (the field it names, from
     :func:`slimpack.runtime.validate.runtime_refusal`); empty when it executes it. A ratio is

@@ -10,6 +10,7 @@ from slimpack.compare import best_parallel, method_candidates, plan_method, step
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.cost.model import AnalyticCostModel
 from slimpack.data import sample_batch
+from slimpack.planning.winners import layout_key
 from slimpack.sim import simulate
 from slimpack.specs import hardware_preset, model_preset
 
@@ -56,6 +57,45 @@ def test_a_capped_search_says_it_was_stopped():
     assert "top_k reached" in found.tried[-1]["stopped"]
     with pytest.raises(ValueError, match="budget_s must be > 0"):
         best_parallel("megatron", batch, MODEL, HW, 16, cost, context=16384, budget_s=0)
+
+
+@pytest.mark.parametrize("method", ["megatron", "wlb-llm"])
+def test_a_capped_searchs_gain_bound_is_a_certificate_the_exhaustive_answer_keeps(method):
+    # Capped at 1 layout, the search names every layout it left (bound below its incumbent)
+    # and how much faster than its answer any of them could be; the exhaustive search's
+    # best must respect that: step_capped / (1 + gain) <= step_exhaustive <= step_capped.
+    cost = default_cost_model(MODEL, HW)
+    batch = sample_batch("commoncrawl", num_sequences=64, context=32768, seed=1)
+    capped = best_parallel(method, batch, MODEL, HW, 16, cost, context=32768, top_k=1)
+    full = best_parallel(method, batch, MODEL, HW, 16, cost, context=32768)
+    assert not capped.exhaustive and capped.unvisited
+    step = capped.record.step_time_s
+    lows = [step_lower_bound(cost, batch.lengths, c.parallel)
+            for c in method_candidates(method, MODEL, HW, 16, 32768)
+            if (layout_key(c.parallel), step_lower_bound(cost, batch.lengths, c.parallel))
+            in set(capped.unvisited)]
+    assert len(lows) == len(capped.unvisited)
+    below = [b for b in lows if b < step]
+    assert capped.gain_bound == pytest.approx(step / min(below) - 1 if below else 0.0)
+    assert capped.gain_bound >= 0
+    assert step / (1 + capped.gain_bound) <= full.record.step_time_s * (1 + 1e-12)
+    assert full.record.step_time_s <= step
+    assert full.exhaustive and full.unvisited == () and full.gain_bound == 0.0
+
+
+def test_the_winner_layout_pass_takes_its_layouts_out_of_the_gain_bound():
+    from slimpack.compare import extend_search
+
+    cost = default_cost_model(MODEL, HW)
+    batch = sample_batch("commoncrawl", num_sequences=64, context=32768, seed=1)
+    capped = best_parallel("megatron", batch, MODEL, HW, 16, cost, context=32768, top_k=1)
+    left = [c.parallel for c in method_candidates("megatron", MODEL, HW, 16, 32768)
+            if layout_key(c.parallel) in {key for key, _ in capped.unvisited}]
+    extended = extend_search(capped, "megatron", left, batch, MODEL, HW, 16, cost,
+                             context=32768)
+    assert extended.unvisited == () and extended.gain_bound == 0.0
+    assert extended.record.step_time_s <= capped.record.step_time_s
+    assert extended.winner_layouts >= 1
 
 
 def test_every_method_is_searched_over_slimpipes_deep_pipelines():
