@@ -31,12 +31,11 @@ from slimpack.runtime.data import make_tokens
 from slimpack.runtime.examples import packed_plan, slimpack_plan
 from slimpack.runtime.launch import free_port
 from slimpack.runtime.layout import GroupLayout, slice_inputs
-from slimpack.runtime.schedule import FallbackOp
 from slimpack.runtime.slice_autograd import SliceRunner
 from slimpack.runtime.stage import build_chunks
 from slimpack.runtime.validate import check_runtime_plan, check_schedule
 from slimpack.runtime.vocab_parallel import HeadComm, PipelineLMHead
-from slimpack.schedules import build_schedule
+from slimpack.schedules import Op, build_schedule
 from slimpack.sim.costs import layers_per_virtual_stage
 from slimpack.sim.memory import group_memory, peak_bytes_by_stage
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
@@ -226,8 +225,8 @@ def test_a_spread_head_keeps_its_rows_on_the_last_block_and_its_logits_pass_ever
         assert extras.logits(u, 1) == 0.0  # nor any logits on its first chunk
 
 
-def _ops(*spec: str) -> list[FallbackOp]:
-    return [FallbackOp(kind=k, unit=int(u), chunk=int(c)) for k, u, c in spec]
+def _ops(*spec: str) -> list[Op]:
+    return [Op(kind=k, unit=int(u), chunk=int(c)) for k, u, c in spec]
 
 
 def test_the_walk_holds_a_spread_heads_logits_where_each_stage_joins_it():

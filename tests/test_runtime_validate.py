@@ -11,8 +11,8 @@ from slimpack.plan import Group, Phase, Plan, PlanError, Unit
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.examples import packed_plan, slimpack_plan
 from slimpack.runtime.launch import run_plan
-from slimpack.runtime.schedule import FallbackOp, gpipe_ops
 from slimpack.runtime.validate import check_runtime_plan, check_schedule
+from slimpack.schedules import Op
 from slimpack.specs import ParallelSpec, model_preset
 
 TINY = model_preset("tiny")
@@ -61,10 +61,13 @@ def test_layers_must_split_evenly_over_virtual_stages():
 
 def test_schedule_that_deadlocks_is_named():
     group: Group = next(slimpack_plan(pp=2, dp=1).groups())
-    ops = gpipe_ops(group)
+    # GPipe order (every forward, then every backward) on each stage: valid for any plan.
+    ops = [[Op(kind="F", unit=u, chunk=0) for u in range(len(group.forward_units))]
+           + [Op(kind="B", unit=u, chunk=0) for u in range(len(group.backward_units))]
+           for _ in range(group.pp)]
     # Stage 1 tries a backward before any forward arrived: it can never run.
-    ops[1] = [FallbackOp(kind="B", unit=0, chunk=0)] + [o for o in ops[1] if o.kind == "F"] + [
-        FallbackOp(kind="B", unit=1, chunk=0)]
+    ops[1] = [Op(kind="B", unit=0, chunk=0)] + [o for o in ops[1] if o.kind == "F"] + [
+        Op(kind="B", unit=1, chunk=0)]
     with pytest.raises(PlanError, match=r"stage 1 at B\(unit 0, chunk 0\)"):
         check_schedule(group, ops)
 
@@ -73,4 +76,4 @@ def test_valid_plans_pass_and_report_their_schedule_source():
     rplan = check_runtime_plan(slimpack_plan(pp=2, dp=2, vpp=2), TINY, world_size=4)
     assert rplan.stage_of_rank == {0: 0, 1: 0, 2: 1, 3: 1}
     assert rplan.num_blocks == 4
-    assert rplan.schedule_source in ("slimpack.schedules", "fallback-gpipe")
+    assert rplan.schedule_source == "slimpack.schedules"

@@ -17,8 +17,8 @@ from slimpack.runtime.examples import packed_plan, slimpack_plan, slimpipe_plan
 from slimpack.runtime.many import run_plans
 from slimpack.runtime.parity import parity
 from slimpack.runtime.reference import reference_step
-from slimpack.runtime.schedule import FallbackOp
 from slimpack.runtime.validate import _dry_run, _eager_joins, check_runtime_plan, check_schedule
+from slimpack.schedules import Op
 from slimpack.specs import model_preset
 from slimpack.validation.activation_memory import compare_ranks
 
@@ -86,8 +86,8 @@ def test_joins_move_to_where_stages_block_when_joining_right_after_the_forward_d
                                 vocab_parallel_pp=True)
     assert len(group.forward_units) == 2
 
-    def ops(*spec: str) -> list[FallbackOp]:
-        return [FallbackOp(kind=k, unit=int(u), chunk=int(c)) for k, u, c in spec]
+    def ops(*spec: str) -> list[Op]:
+        return [Op(kind=k, unit=int(u), chunk=int(c)) for k, u, c in spec]
 
     lists = [ops("F00", "F01", "F10", "F11", "B01", "B00", "B11", "B10"),
              ops("F00", "F01", "B01", "F10", "B00", "F11", "B11", "B10")]
