@@ -349,8 +349,9 @@ def extend_search(found: SearchResult, method: str, layouts: Sequence[ParallelSp
 
     if not method_candidates(method, model, hardware, gpus, context, keep, registry):
         return found  # none of them is a layout this method may use
-    # The extra search is exhaustive over the wanted layouts (simulated, pruned against a
-    # step no slower than the answer, or failed to plan): none of them is unvisited after it.
+    # The extra search is exhaustive over the wanted layouts: each is simulated, fails to
+    # plan, or is pruned by a bound at least the extra search's incumbent, which is no faster
+    # than the final answer. None of them can still beat it, so none stays unvisited.
     still_unvisited = tuple(u for u in found.unvisited if u[0] not in wanted)
     try:
         extra = best_parallel(method, batch, model, hardware, gpus, cost, context=context,
