@@ -2,8 +2,9 @@
 under 5 minutes on 2 cores): 512 samples of 256K Common Crawl tokens (134,217,728 tokens)
 for llama-70b on 256 H800 GPUs, every method searched over the one layout space
 (``SEARCH_SPACE``) with its harness budget (``harness_caps``: Megatron-LM in both semantics
-exhaustive, bound-pruned; the others their 3 best-estimated layouts, then the winner-layout
-pass), no wall-clock limit anywhere, as ``paper-scale`` runs them one method per point.
+and WLB-LLM exhaustive, bound-pruned; SlimPipe and SlimPack their 3 best-estimated layouts,
+then the winner-layout pass), no wall-clock limit anywhere, as ``paper-scale`` runs them one
+method per point.
 
 Minutes of work: only ``make bench`` runs it (one round; the stored JSON keeps the machine),
 plain pytest skips it. The records are checked too: every method plans, and the search
