@@ -70,12 +70,10 @@ def test_a_capped_searchs_gain_bound_is_a_certificate_the_exhaustive_answer_keep
     full = best_parallel(method, batch, MODEL, HW, 16, cost, context=32768)
     assert not capped.exhaustive and capped.unvisited
     step = capped.record.step_time_s
-    lows = [step_lower_bound(cost, batch.lengths, c.parallel)
-            for c in method_candidates(method, MODEL, HW, 16, 32768)
-            if (layout_key(c.parallel), step_lower_bound(cost, batch.lengths, c.parallel))
-            in set(capped.unvisited)]
-    assert len(lows) == len(capped.unvisited)
-    below = [b for b in lows if b < step]
+    bound_of = {layout_key(c.parallel): step_lower_bound(cost, batch.lengths, c.parallel)
+                for c in method_candidates(method, MODEL, HW, 16, 32768)}
+    assert all(bound_of[key] == bound for key, bound in capped.unvisited)
+    below = [bound for _, bound in capped.unvisited if bound < step]
     assert capped.gain_bound == pytest.approx(step / min(below) - 1 if below else 0.0)
     assert capped.gain_bound >= 0
     assert step / (1 + capped.gain_bound) <= full.record.step_time_s * (1 + 1e-12)

@@ -16,6 +16,6 @@ SCHEDULE_SOURCE = "slimpack.schedules"
 """What run records name as the schedule's source (``RuntimePlan.schedule_source``)."""
 
 
-def build_group_schedule(group: Group) -> tuple[list[list[Op]], str]:
-    """(op lists per stage, :data:`SCHEDULE_SOURCE`)."""
-    return [list(stage_ops) for stage_ops in build_schedule(group)], SCHEDULE_SOURCE
+def build_group_schedule(group: Group) -> list[list[Op]]:
+    """The group's op lists, one per pipeline stage."""
+    return [list(stage_ops) for stage_ops in build_schedule(group)]

@@ -20,7 +20,7 @@ from slimpack.runtime.capabilities import (
     check_vocab_layout,
     check_zero_stage,
 )
-from slimpack.runtime.schedule import build_group_schedule
+from slimpack.runtime.schedule import SCHEDULE_SOURCE, build_group_schedule
 from slimpack.sim.redistribution import check_move_ticks
 from slimpack.specs.model import ModelSpec
 
@@ -111,7 +111,6 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
     schedules: dict[int, list[list]] = {}
     head_joins: dict[int, list[list[tuple[int, int]]]] = {}
     moves: dict[int, tuple[Move, ...]] = {}
-    sources = set()
     notes = []
     for g in groups:
         check_group_fields(g, model)
@@ -124,8 +123,7 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
                                  f"fixed for the step")
             # check_tp_layout: the same tp peers in every group, so the same index.
             tp_index_of_rank[rank] = i % g.tp
-        ops, source = build_group_schedule(g)
-        sources.add(source)
+        ops = build_group_schedule(g)
         joins = check_schedule(g, ops)
         schedules[g.group_id] = ops
         if g.vocab_parallel_pp and g.pp > 1:
@@ -141,7 +139,7 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
                 moves[g.group_id] = g.attention_moves
     return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
                        tp_index_of_rank=tp_index_of_rank, tp=groups[0].tp,
-                       schedules=schedules, schedule_source="+".join(sorted(sources)),
+                       schedules=schedules, schedule_source=SCHEDULE_SOURCE,
                        notes=tuple(notes), head_joins=head_joins, moves=moves)
 
 
