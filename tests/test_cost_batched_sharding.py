@@ -36,6 +36,33 @@ def test_shard_buffers_equals_one_shard_per_buffer(buffers, cp, sharding):
     assert (np.diff(buffer * cp + rank) >= 0).all()
 
 
+def _per_sequence_chunk_by_chunk(pieces: list[tuple[int, int]], cp: int) -> list[list]:
+    """The rule written out chunk by chunk (the oracle): cut the buffer into 2cp chunks at
+    ``total * k // 2cp``, rank i owns chunks i and 2cp-1-i, each chunk's overlap with every
+    piece is one output piece, ``(tokens, prefix + offset into the piece)``."""
+    total = sum(t for t, _ in pieces)
+    chunks = 2 * cp
+    owned: list[list] = [[] for _ in range(cp)]
+    for chunk in range(chunks):
+        lo, hi = total * chunk // chunks, total * (chunk + 1) // chunks
+        rank = chunk if chunk < cp else chunks - 1 - chunk
+        start = 0
+        for tokens, prefix in pieces:
+            a, b = max(start, lo), min(start + tokens, hi)
+            if a < b:
+                owned[rank].append((b - a, prefix + a - start))
+            start += tokens
+    return owned
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=buffers_strategy.map(lambda bs: bs[0]), cp=st.sampled_from([2, 3, 4, 8, 32]))
+def test_per_sequence_matches_the_rule_chunk_by_chunk(pieces, cp):
+    got = [[tuple(row) for row in arr.tolist()]
+           for arr in shard_piece_arrays(pieces, cp, "per-sequence")]
+    assert got == _per_sequence_chunk_by_chunk(pieces, cp)
+
+
 def test_per_sequence_cuts_each_buffer_on_its_own():
     # Two buffers: [(10, 0), (6, 100)] and [(8, 0)]; cp 2 per-sequence cuts each into 4 chunks.
     buffer, rank, chunks = shard_buffers(np.array([[10, 0], [6, 100], [8, 0]]),

@@ -1,4 +1,5 @@
-"""The memory walk from forward counts (no op lists) is the op-list walk, float for float.
+"""The memory walk from forward counts (no op lists) is the op-list walk, float for float,
+and both are the walk written out op by op (the oracle below).
 
 Planners read every candidate group's peak from :func:`peak_bytes_from_counts`; the simulator
 reads it from the op lists it times. Both must give the same bytes (the planner's "fits" is
@@ -42,6 +43,30 @@ def _walked(group: Group) -> list[float]:
     return peak_bytes_by_stage(build_schedule(group), memory, layers)
 
 
+def _op_by_op(group: Group) -> list[float]:
+    """The walk as its rule reads: per stage a running total from the static bytes, each op
+    adding its terms in order (F: activations, then minus the offloaded part; B: fetched
+    activations plus dK/dV buffers, then minus what it frees), the peak read after every
+    term."""
+    memory = group_memory(group, model=MODEL, dp=DP)
+    layers = layers_per_virtual_stage(MODEL.num_layers, group.pp, group.vpp)
+    peaks = []
+    for s, ops in enumerate(build_schedule(group)):
+        total = peak = memory.static_bytes[s]
+        for op in ops:
+            n, u = layers[op.chunk * group.pp + s], op.unit
+            if op.kind == "F":
+                steps = (memory.fwd_alloc[u] * n, -(memory.fwd_offload[u] * n))
+            else:
+                steps = ((memory.bwd_fetch[u] + memory.kvgrad_alloc[u]) * n,
+                         -((memory.kvgrad_free[u] + memory.bwd_free[u]) * n))
+            for step in steps:
+                total += step
+                peak = max(peak, total)
+        peaks.append(peak)
+    return peaks
+
+
 def _counted(group: Group) -> list[float]:
     memory = group_memory(group, model=MODEL, dp=DP)
     layers = layers_per_virtual_stage(MODEL.num_layers, group.pp, group.vpp)
@@ -81,6 +106,25 @@ def test_counted_peaks_equal_the_op_walk_for_every_method(plans):
             for variant in _variants(group):
                 assert _counted(variant) == _walked(variant), (plan.method, variant.schedule)
     assert checked == set(method_names())  # every planner's groups were compared
+
+
+def test_op_walk_is_the_walk_op_by_op_for_every_method(plans, interleaved_plans):
+    """Exact equality with the oracle, vpp 1 and 2 (the op-list walk is the only one with
+    virtual stages), with and without offload."""
+    checked = set()
+    for plan in [*plans, *interleaved_plans]:
+        for group in plan.groups():
+            checked.add((plan.method, group.vpp))
+            for variant in (group, dataclasses.replace(group, offload=0.5)):
+                assert _walked(variant) == _op_by_op(variant), (plan.method, group.vpp)
+    assert {(m, 2) for m in ("megatron", "slimpack", "slimpipe")} <= checked
+
+
+@pytest.fixture(scope="module")
+def interleaved_plans() -> list[Plan]:
+    batch = data.sample_batch("commoncrawl", num_sequences=96, context=65536, seed=3)
+    return [plan_method(m, batch, MODEL, HW, dataclasses.replace(PARALLEL, vpp=2), COST,
+                        context=65536) for m in ("megatron", "slimpack", "slimpipe")]
 
 
 def test_counts_are_the_schedule(plans):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from slimpack.specs.model import ModelSpec
 
 Piece = tuple[int, int]
@@ -91,13 +93,20 @@ def model_flops(model: ModelSpec, sequence_lengths: Iterable[int]) -> float:
     FlashAttention's backward): linear terms grow with sum L, attention with sum L^2,
     Megatron-LM's varlen form.
     """
+    # Written over arrays for a paper-size batch (10^5 documents, once per simulated layout),
+    # with the scalar form's float operations in its order: attention_flops(model, L, 0) is
+    # 4*q_dim*(L(L+1)/2), head_flops is ((2*L)*hidden)*vocab, and the running total is
+    # a cumulative sum, which numpy adds strictly left to right (a plain sum would pair).
+    lengths = np.fromiter(sequence_lengths, dtype=np.int64)
+    if not len(lengths):
+        return 0.0
+    if (lengths < 0).any():
+        raise ValueError(f"sequence lengths must be >= 0, got {int(lengths.min())}")
     per_token = linear_flops_per_token(model)
-    total = 0.0
-    for length in sequence_lengths:
-        fwd = model.num_layers * (per_token * length + attention_flops(model, length, 0))
-        fwd += head_flops(model, length)
-        total += 3.0 * fwd
-    return total
+    attention = 4.0 * model.q_dim * (lengths * (lengths + 1) / 2)
+    fwd = model.num_layers * (per_token * lengths + attention)
+    fwd += 2.0 * lengths * model.hidden * model.vocab_size
+    return float(np.cumsum(3.0 * fwd)[-1])
 
 
 def mfu(needed_flops: float, step_time_s: float, num_gpus: int, peak_flops: float) -> float:

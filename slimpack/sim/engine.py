@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from slimpack.records import OpTiming
 from slimpack.schedules import Op, describe_stuck
 from slimpack.sim.costs import GroupCosts
-from slimpack.sim.memory import GroupMemory
+from slimpack.sim.memory import GroupMemory, op_list_peaks
 
 
 class DeadlockError(RuntimeError):
@@ -67,17 +67,10 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
     send_prev_free = list(start_s)
     busy = [0.0] * pp
     last_b_start = [0.0] * pp
-    mem = [0.0] * pp
-    act = [0.0] * pp
-    peak_act = [0.0] * pp
-    peak_mem = [0.0] * pp
     layers = costs.layers
     fwd_s, bwd_s = costs.fwd_s, costs.bwd_s
     fwd_send, bwd_send = costs.fwd_send_s, costs.bwd_send_s
     blocking = costs.blocking_sends and pp > 1
-    fwd_alloc, bwd_free = memory.fwd_alloc, memory.bwd_free
-    kv_alloc, kv_free = memory.kvgrad_alloc, memory.kvgrad_free
-    offload, fetch = memory.fwd_offload, memory.bwd_fetch
     timings: list[OpTiming] = []
     plain = [[(op.kind == "F", op.unit, op.chunk) for op in stage_ops] for stage_ops in ops]
     work = list(range(pp - 1, -1, -1))
@@ -100,14 +93,6 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                 else:
                     start = free
                 end = lane_end = start + fwd_s[vs][u]
-                act[s] += fwd_alloc[u] * layers[vs]
-                mem[s] += fwd_alloc[u] * layers[vs]
-                if act[s] > peak_act[s]:
-                    peak_act[s] = act[s]
-                if mem[s] > peak_mem[s]:
-                    peak_mem[s] = mem[s]
-                act[s] -= offload[u] * layers[vs]  # copied to host as F ends
-                mem[s] -= offload[u] * layers[vs]
                 if vs < last_vs:
                     key = vs * nf + u
                     if pp > 1:
@@ -137,14 +122,6 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                     start = free
                 end = lane_end = start + bwd_s[vs][u]
                 last_b_start[s] = start
-                act[s] += fetch[u] * layers[vs]  # back from host before B runs
-                if act[s] > peak_act[s]:
-                    peak_act[s] = act[s]
-                mem[s] += (fetch[u] + kv_alloc[u]) * layers[vs]
-                if mem[s] > peak_mem[s]:
-                    peak_mem[s] = mem[s]
-                mem[s] -= (kv_free[u] + bwd_free[u]) * layers[vs]
-                act[s] -= bwd_free[u] * layers[vs]
                 if vs > 0:
                     key = b_base + vs * nb + u
                     if pp > 1:
@@ -174,6 +151,9 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
     if any(pos[s] < len(ops[s]) for s in range(pp)):
         raise DeadlockError(f"Group {group_id}: simulation deadlocked; "
                             f"{describe_stuck(ops, pos, pp)}")
+    # Memory changes only at a stage's own ops, in its op-list order: the order-only walk
+    # (offload copies to host as F ends and fetches back before B runs) gives the peaks.
+    peak_mem, peak_act = op_list_peaks(ops, memory, layers)
     ideal = 0.0
     for vs in range(num_vs):
         ideal += sum(costs.fwd_ideal_s[vs]) + sum(costs.bwd_ideal_s[vs])

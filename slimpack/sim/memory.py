@@ -381,6 +381,8 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int],
     after the stage's forward of the unit on its last chunk (``sim.costs.head_stages``'s
     placement, the one the runtime tries first).
     """
+    if memory.block_extras is None:
+        return _peaks_of_op_lists(ops, memory, layers)
     pp = len(ops)
     peaks = []
     fwd_alloc, fwd_offload = memory.fwd_alloc, memory.fwd_offload
@@ -424,6 +426,66 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int],
             peak = max(peak, mem + extras.head_logits[u])
         peaks.append(peak)
     return peaks
+
+
+def _peaks_of_op_lists(ops: list[list], memory: GroupMemory, layers: list[int]) -> list[float]:
+    """:func:`peak_bytes_by_stage` without block extras (the suite's GPU accounting, the one
+    planners check every candidate group with): :func:`op_list_peaks` from the static
+    bytes."""
+    return op_list_peaks(ops, memory, layers, start=memory.static_bytes)[0]
+
+
+def op_list_peaks(ops: list[list], memory: GroupMemory, layers: list[int], *,
+                  start: list[float] | None = None) -> tuple[list[float], list[float]]:
+    """Per stage, (peak of activations plus dK/dV buffers, peak of activations alone) of the
+    walk over its op list from ``start`` bytes (None: 0, the timed engine's dynamic bytes);
+    block extras are not counted (the suite's GPU accounting).
+
+    The walk: each op adds two terms to its stage's running total (F: its activations, then
+    minus what it offloads; B: what it fetches plus its dK/dV buffers, then minus what it
+    frees; activations alone: B fetches, then frees), each computed as the op-by-op walk
+    computes it, laid out in op order after the start and summed left to right by ``cumsum``
+    (sequential, so the same floats as a running total); the peak is the largest partial
+    sum, the running total checked after every term. Order-only: the timed engine's peaks are
+    these."""
+    pp = len(ops)
+    fwd_alloc = np.asarray(memory.fwd_alloc, dtype=np.float64)
+    fwd_offload = np.asarray(memory.fwd_offload, dtype=np.float64)
+    fetch = np.asarray(memory.bwd_fetch, dtype=np.float64)
+    bwd_free = np.asarray(memory.bwd_free, dtype=np.float64)
+    bwd_alloc = fetch + np.asarray(memory.kvgrad_alloc, dtype=np.float64)
+    bwd_release = np.asarray(memory.kvgrad_free, dtype=np.float64) + bwd_free
+    layer_counts = np.asarray(layers, dtype=np.int64)
+    dynamic, activations = [], []
+    for s, stage_ops in enumerate(ops):
+        count = len(stage_ops)
+        is_fwd = np.fromiter((op.kind == "F" for op in stage_ops), dtype=bool, count=count)
+        unit = np.fromiter((op.unit for op in stage_ops), dtype=np.int64, count=count)
+        chunk = np.fromiter((op.chunk for op in stage_ops), dtype=np.int64, count=count)
+        n = layer_counts[chunk * pp + s]
+        is_bwd = ~is_fwd
+        fu, fn, bu, bn = unit[is_fwd], n[is_fwd], unit[is_bwd], n[is_bwd]
+        grow, shrink = np.empty(count), np.empty(count)
+        grow[is_fwd] = fwd_alloc[fu] * fn
+        shrink[is_fwd] = -(fwd_offload[fu] * fn)
+        base = 0.0 if start is None else start[s]
+        grow[is_bwd] = bwd_alloc[bu] * bn
+        shrink[is_bwd] = -(bwd_release[bu] * bn)
+        dynamic.append(_walk_peak(base, grow, shrink))
+        grow[is_bwd] = fetch[bu] * bn
+        shrink[is_bwd] = -(bwd_free[bu] * bn)
+        activations.append(_walk_peak(base, grow, shrink))
+    return dynamic, activations
+
+
+def _walk_peak(start: float, grow: np.ndarray, shrink: np.ndarray) -> float:
+    """The largest running total of ``start``, then each op's ``grow`` and ``shrink`` terms
+    in turn, summed left to right."""
+    terms = np.empty(1 + 2 * len(grow))
+    terms[0] = start
+    terms[1::2] = grow
+    terms[2::2] = shrink
+    return float(np.cumsum(terms).max())
 
 
 def peak_bytes_from_counts(counts: list[np.ndarray], memory: GroupMemory,
