@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from repro.experiments import paper_scale
-from repro.experiments.common import draw_batch, harness_caps
+from repro.experiments.common import BEST_LAYOUT, FIXED_LAYOUT, draw_batch, harness_caps
 
 
 def test_the_batch_is_512_context_length_samples_of_tokens():
@@ -21,12 +21,13 @@ def test_the_batch_is_512_context_length_samples_of_tokens():
     assert all(sorted(p.items(), key=str) in full_keys for p in quick)
 
 
-def _records(megatron_step: float, exhaustive: bool) -> pd.DataFrame:
+def _records(megatron_step: float, exhaustive: bool,
+             protocol: str = BEST_LAYOUT) -> pd.DataFrame:
     rows = [("megatron", megatron_step, exhaustive), ("megatron-causal", 1445.0, True),
             ("slimpack", 492.0, False)]
     # One point per method: the rows share dataset and seed, not point_key.
-    return pd.DataFrame([{"point_key": f"p-{m}", "dataset": "commoncrawl", "seed": 0, "method": m,
-                          "token_budget": 134217728,
+    return pd.DataFrame([{"point_key": f"p-{m}-{protocol}", "dataset": "commoncrawl", "seed": 0,
+                          "method": m, "token_budget": 134217728, "protocol": protocol,
                           "tokens_per_s": 134217728 / step, "search_exhaustive": done}
                          for m, step, done in rows])
 
@@ -56,16 +57,38 @@ def test_headline_is_bracketed_and_its_rule_can_fail():
     assert slower["paper-scale-megatron-search-exhaustive"].verdict == "not reproduced"
 
 
-def test_one_point_per_method_with_the_whole_search_mapping():
+def test_one_point_per_method_and_one_fixed_layout_point_per_batch():
+    methods = list(paper_scale.METHODS)
     for quick in (True, False):
         pts = paper_scale.points(quick)
         batches = 1 if quick else 2
-        assert [p["methods"] for p in pts] == [[m] for m in paper_scale.METHODS] * batches
+        assert [(p["protocol"], p["methods"]) for p in pts] == (
+            [(BEST_LAYOUT, [m]) for m in methods] + [(FIXED_LAYOUT, methods)]) * batches
         assert all(p["search_top_k"] == harness_caps(paper_scale.METHODS) for p in pts)
-    # The cost hint starts SlimPipe's point (the longest search) first.
+    # The cost hint starts SlimPipe's point (the longest search) first, the fixed-layout
+    # point (Megatron-LM's search, then every method) next.
     by_cost = sorted(paper_scale.points(False), key=paper_scale.point_cost, reverse=True)
-    assert by_cost[0]["methods"] == ["slimpipe"]
+    assert [(p["protocol"], p["methods"]) for p in by_cost[:2]] == [
+        (BEST_LAYOUT, ["slimpipe"]), (FIXED_LAYOUT, methods)]
     assert paper_scale.EXPERIMENT.point_cost is paper_scale.point_cost
+
+
+def test_the_fixed_layout_claim_reads_its_own_rows_and_can_fail():
+    # Best layout: SlimPack 597/492 over Megatron-LM; at Megatron-LM's layout it loses.
+    fixed = _records(450.0, True, FIXED_LAYOUT)
+    claims = {c.claim_id: c for c in paper_scale.claims(pd.concat([_records(597.0, True),
+                                                                     fixed]))}
+    assert claims["paper-scale-speedup"].reproduced == pytest.approx(597.0 / 492.0)
+    assert claims["paper-scale-speedup"].verdict == "reproduced"
+    loses = claims["paper-scale-speedup-fixed-layout"]
+    assert loses.reproduced == pytest.approx(450.0 / 492.0)
+    assert loses.verdict == "not reproduced"
+    wins = {c.claim_id: c for c in paper_scale.claims(_records(597.0, True, FIXED_LAYOUT))}
+    assert wins["paper-scale-speedup-fixed-layout"].verdict == "reproduced"
+    # Records written before the fixed-layout points hold the best-layout protocol only.
+    old = _records(597.0, True).drop(columns="protocol")
+    assert {c.claim_id: c for c in paper_scale.claims(old)}[
+        "paper-scale-speedup"].reproduced == pytest.approx(597.0 / 492.0)
 
 
 def test_speedup_pairs_each_method_with_megatron_of_the_same_batch():
@@ -88,7 +111,7 @@ def test_a_methods_rows_do_not_depend_on_the_methods_sharing_its_point():
     base = {"model": "llama-7b", "dataset": "commoncrawl", "context": 16384, "num_gpus": 8,
             "token_budget": 32 * 16384, "seed": 0, "hardware": "h800-80g",
             "search_top_k": {**harness_caps(paper_scale.METHODS), "wlb-llm": 1, "slimpipe": 1,
-                             "slimpack": 1}}
+                             "slimpack": 1}, "protocol": BEST_LAYOUT}
     together = paper_scale.run_point({**base, "methods": list(paper_scale.METHODS)})
     alone = [row for m in paper_scale.METHODS
              for row in paper_scale.run_point({**base, "methods": [m]})]
@@ -108,3 +131,21 @@ def test_a_methods_rows_do_not_depend_on_the_methods_sharing_its_point():
         assert "speedup_vs_first" not in a  # over the point's first method: meaningless here
     assert extended < len(together)
     assert not any(r.get("error") for r in together)
+
+
+def test_the_fixed_layout_point_runs_every_method_at_megatrons_best_layout():
+    """The fixed-layout point repeats Megatron-LM's search and plans every method on the
+    layout it finds: the layout of Megatron-LM's best-layout point (a small batch stands in
+    for the 134M-token one)."""
+    base = {"model": "llama-7b", "dataset": "commoncrawl", "context": 16384, "num_gpus": 8,
+            "token_budget": 32 * 16384, "seed": 0, "hardware": "h800-80g",
+            "search_top_k": harness_caps(paper_scale.METHODS)}
+    best = paper_scale.run_point({**base, "methods": ["megatron"], "protocol": BEST_LAYOUT})
+    fixed = paper_scale.run_point({**base, "methods": list(paper_scale.METHODS),
+                                   "protocol": FIXED_LAYOUT})
+    assert [r["method"] for r in fixed] == list(paper_scale.METHODS)
+    assert not any(r.get("error") for r in fixed)
+    assert {r["parallel"] for r in fixed} == {best[0]["parallel"]}
+    assert {r["search"] for r in fixed} == {"fixed layout"}
+    megatron = next(r for r in fixed if r["method"] == "megatron")
+    assert megatron["step_time_s"] == best[0]["step_time_s"]

@@ -54,6 +54,10 @@ BASELINE = "megatron"
 MEGATRON_BRACKET = ("megatron", "megatron-causal")
 """Megatron-LM with and without document masks: the paper does not say which it ran, so every
 SlimPack-over-Megatron claim is shown against both (``Claim.bracket``), judged on the first."""
+BEST_LAYOUT, FIXED_LAYOUT = "best layout", "fixed layout"
+"""The ``protocol`` of a method comparison's row (issue 24): each method at the layout its own
+search found best (as the SlimPipe authors compared methods), or every method at Megatron-LM's
+best layout (the papers' protocol of one configuration for all)."""
 SLIMPACK_SOURCE = "SlimPack arXiv 2509.26246"
 SLIMPIPE_SOURCE = "SlimPipe arXiv 2504.14519"
 TIMING_COLUMNS = ("plan_seconds", "sim_seconds")

@@ -52,6 +52,8 @@ from repro.diagnosis import DOCUMENTS_WORKLOAD, losses
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import (
     BASELINE,
+    BEST_LAYOUT,
+    FIXED_LAYOUT,
     SLIMPACK_SOURCE,
     TIMING_COLUMNS,
     all_methods,
@@ -132,11 +134,6 @@ def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
     smoke = [point(*SETTINGS[0], SMOKE_SAMPLES)]
     return smoke if quick else [point(m, d, SAMPLES, w) for w in WORKLOADS
                                 for m, d in SETTINGS] + smoke
-
-
-BEST_LAYOUT, FIXED_LAYOUT = "best layout", "fixed layout"
-"""The ``protocol`` of a row: each method at its own searched layout, or every method at
-Megatron-LM's."""
 
 
 def with_workload(records: pd.DataFrame) -> pd.DataFrame:
