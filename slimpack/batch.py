@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def _require_int(name: str, value: object) -> int:
@@ -49,6 +52,7 @@ class Batch:
     source: str = "manual"
     """Profile name or file path it was drawn from."""
     _lengths: dict[int, int] = field(init=False, repr=False, compare=False)
+    _derived: dict[Hashable, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.sequences:
@@ -59,6 +63,7 @@ class Batch:
                 raise ValueError(f"Batch.sequences: duplicate seq_id {seq.seq_id}")
             lengths[seq.seq_id] = seq.length
         object.__setattr__(self, "_lengths", lengths)
+        object.__setattr__(self, "_derived", {})
 
     @classmethod
     def from_lengths(
@@ -81,3 +86,17 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.sequences)
+
+    def derived(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``, computed once per batch and ``key``: for a value that depends on the
+        batch alone (and on what ``key`` names), such as Megatron-LM's fixed-length samples
+        at a context, which a configuration search would otherwise rebuild for every layout.
+        The batch is immutable, so the value stays true; callers must not modify it."""
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A batch sent to another process travels without its derived values (they can be
+        # large and are rebuilt there on first use).
+        return {**self.__dict__, "_derived": {}}

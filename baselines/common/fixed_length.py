@@ -26,8 +26,15 @@ class FixedLengthSamples:
 
 
 def fixed_length_samples(batch: Batch, context: int) -> FixedLengthSamples:
+    """The batch cut as Megatron-LM's GPTDataset cuts it, built once per batch and context
+    (every layout of a configuration search plans the same samples); read-only."""
     if context < 1:
         raise ValueError(f"context must be >= 1 token, got {context}")
+    return batch.derived(("fixed_length_samples", context),
+                         lambda: _fixed_length_samples(batch, context))
+
+
+def _fixed_length_samples(batch: Batch, context: int) -> FixedLengthSamples:
     ids = [s.seq_id for s in batch.sequences]
     chunks = concat_and_chunk(batch.lengths, context)
     next_id = max(ids) + 1
