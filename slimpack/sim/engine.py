@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from slimpack.records import OpTiming
 from slimpack.schedules import Op, describe_stuck
 from slimpack.sim.costs import GroupCosts
-from slimpack.sim.memory import GroupMemory, op_list_peaks
+from slimpack.sim.memory import GroupMemory, op_arrays, op_list_peaks
 
 
 class DeadlockError(RuntimeError):
@@ -60,7 +60,9 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
     # Arrival time of each op's input, flat-indexed: F at vs*nf + u, B at b_base + vs*nb + u.
     b_base = num_vs * nf
     arrival: list[float | None] = [None] * (b_base + num_vs * nb)
-    waiting: dict[int, int] = {}
+    # The stage waiting on each input (-1: none): every input arrives once, so a list
+    # indexed like ``arrival`` replaces a dict's pops.
+    waiting = [-1] * len(arrival)
     pos = [0] * pp
     lane_free = list(start_s)
     send_next_free = list(start_s)
@@ -72,7 +74,9 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
     fwd_send, bwd_send = costs.fwd_send_s, costs.bwd_send_s
     blocking = costs.blocking_sends and pp > 1
     timings: list[OpTiming] = []
-    plain = [[(op.kind == "F", op.unit, op.chunk) for op in stage_ops] for stage_ops in ops]
+    # Each op as (is forward, unit, chunk), read off the ops once for the loop and the walk.
+    arrays = [op_arrays(stage_ops) for stage_ops in ops]
+    plain = [list(zip(*(a.tolist() for a in stage), strict=True)) for stage in arrays]
     work = list(range(pp - 1, -1, -1))
     while work:
         s = work.pop()
@@ -108,8 +112,8 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                     else:
                         arrive = end
                     arrival[key] = arrive
-                    waiter = waiting.pop(key, None)
-                    if waiter is not None:
+                    waiter = waiting[key]
+                    if waiter >= 0:
                         work.append(waiter)
             else:
                 if vs < last_vs:
@@ -137,8 +141,8 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                     else:
                         arrive = end
                     arrival[key] = arrive
-                    waiter = waiting.pop(key, None)
-                    if waiter is not None:
+                    waiter = waiting[key]
+                    if waiter >= 0:
                         work.append(waiter)
             busy[s] += end - start
             if record:
@@ -153,7 +157,7 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                             f"{describe_stuck(ops, pos, pp)}")
     # Memory changes only at a stage's own ops, in its op-list order: the order-only walk
     # (offload copies to host as F ends and fetches back before B runs) gives the peaks.
-    peak_mem, peak_act = op_list_peaks(ops, memory, layers)
+    peak_mem, peak_act = op_list_peaks(ops, memory, layers, arrays=arrays)
     ideal = 0.0
     for vs in range(num_vs):
         ideal += sum(costs.fwd_ideal_s[vs]) + sum(costs.bwd_ideal_s[vs])

@@ -435,8 +435,18 @@ def _peaks_of_op_lists(ops: list[list], memory: GroupMemory, layers: list[int]) 
     return op_list_peaks(ops, memory, layers, start=memory.static_bytes)[0]
 
 
+def op_arrays(stage_ops: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(is forward, unit, chunk) of each op of one stage's list, as arrays."""
+    count = len(stage_ops)
+    return (np.fromiter((op.kind == "F" for op in stage_ops), dtype=bool, count=count),
+            np.fromiter((op.unit for op in stage_ops), dtype=np.int64, count=count),
+            np.fromiter((op.chunk for op in stage_ops), dtype=np.int64, count=count))
+
+
 def op_list_peaks(ops: list[list], memory: GroupMemory, layers: list[int], *,
-                  start: list[float] | None = None) -> tuple[list[float], list[float]]:
+                  start: list[float] | None = None,
+                  arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
+                  ) -> tuple[list[float], list[float]]:
     """Per stage, (peak of activations plus dK/dV buffers, peak of activations alone) of the
     walk over its op list from ``start`` bytes (None: 0, the timed engine's dynamic bytes);
     block extras are not counted (the suite's GPU accounting).
@@ -447,7 +457,7 @@ def op_list_peaks(ops: list[list], memory: GroupMemory, layers: list[int], *,
     computes it, laid out in op order after the start and summed left to right by ``cumsum``
     (sequential, so the same floats as a running total); the peak is the largest partial
     sum, the running total checked after every term. Order-only: the timed engine's peaks are
-    these."""
+    these. ``arrays``: each stage's :func:`op_arrays` when the caller has them."""
     pp = len(ops)
     fwd_alloc = np.asarray(memory.fwd_alloc, dtype=np.float64)
     fwd_offload = np.asarray(memory.fwd_offload, dtype=np.float64)
@@ -459,9 +469,7 @@ def op_list_peaks(ops: list[list], memory: GroupMemory, layers: list[int], *,
     dynamic, activations = [], []
     for s, stage_ops in enumerate(ops):
         count = len(stage_ops)
-        is_fwd = np.fromiter((op.kind == "F" for op in stage_ops), dtype=bool, count=count)
-        unit = np.fromiter((op.unit for op in stage_ops), dtype=np.int64, count=count)
-        chunk = np.fromiter((op.chunk for op in stage_ops), dtype=np.int64, count=count)
+        is_fwd, unit, chunk = op_arrays(stage_ops) if arrays is None else arrays[s]
         n = layer_counts[chunk * pp + s]
         is_bwd = ~is_fwd
         fu, fn, bu, bn = unit[is_fwd], n[is_fwd], unit[is_bwd], n[is_bwd]
