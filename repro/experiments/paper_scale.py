@@ -171,7 +171,7 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     records = headline(records, protocol=None)
     frame = with_speedup(records)
     protocols = [p for p in (BEST_LAYOUT, FIXED_LAYOUT) if (frame["protocol"] == p).any()]
-    fig, axes = new_figure(len(protocols), width=7.0)
+    fig, axes = new_figure(len(protocols), width=5.0, sharey=True)
     order = method_order(frame["method"].unique())
     for ax, protocol in zip(axes[0], protocols, strict=True):
         shown = frame[frame["protocol"] == protocol]
@@ -188,7 +188,7 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
             ax.get_legend().remove()
     tokens = int(records["num_tokens"].max())
     fig.suptitle(f"{MODEL}, {GPUS} {HARDWARE}, {CONTEXT // 1024}K context, batch {tokens:,} "
-                 f"tokens ({tokens // CONTEXT} samples); Megatron-LM searched exhaustively, "
+                 f"tokens ({tokens // CONTEXT} samples);\nMegatron-LM searched exhaustively, "
                  "SlimPipe and SlimPack at their best of 3", fontsize=9)
     sns.move_legend(axes[0][-1], "upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
                     title=None)
