@@ -145,6 +145,24 @@ def test_batch_rejects_bad_lengths():
         Batch.from_lengths([])
 
 
+def test_batch_derived_values_are_made_once_and_not_pickled():
+    import pickle
+
+    from baselines.common.fixed_length import fixed_length_samples
+
+    batch = Batch.from_lengths([5, 9, 3])
+    made = []
+    first = batch.derived(("cut", 4), lambda: made.append(1) or [0, 1])
+    assert batch.derived(("cut", 4), lambda: made.append(1) or [2]) is first
+    assert made == [1]
+    # Megatron-LM's samples at one context, built once for every layout of a search.
+    assert fixed_length_samples(batch, 4) is fixed_length_samples(batch, 4)
+    assert fixed_length_samples(batch, 8) is not fixed_length_samples(batch, 4)
+    copy = pickle.loads(pickle.dumps(batch))
+    assert copy == batch and copy.lengths == [5, 9, 3]
+    assert copy.derived(("cut", 4), lambda: "rebuilt") == "rebuilt"  # travels without it
+
+
 def test_unknown_sequence_and_segments_past_the_end():
     # Validation checks ownership and coverage on whole groups at once; a broken rule falls
     # back to the slice-by-slice walk, which names the first offender as before.
