@@ -125,6 +125,24 @@ def test_a_run_that_ran_fits_the_simulated_memory(records):
     assert validate([fp32], express_fn=express_hopper).predicted_not_to_fit == [rec["id"]]
 
 
+def test_the_nemo_2403_llama2_7b_run_fits_under_its_releases_launcher_recipe(records):
+    """NeMo 24.03.01 Llama 2 7B FP8, 4K tokens, tp1 pp1 dp4 (the long-sequence page) ran. The
+    launcher at that release (NVIDIA/NeMo-Framework-Launcher tag 24.03.01,
+    examples/training/llama/h100/llama2_7b_fp8.sh and llama2_7b.yaml) reduces gradients in bf16
+    with Apex's distributed Adam: 52.9 GiB of states plus 13.7 GiB of activations and logits
+    fit the 73.6 GiB usable. Under Megatron-Core's defaults (fp32 gradients, fp32 master
+    weights) the same run would need 82.3 GiB: the recipe, not a memory term, decides it."""
+    rec = next(r for r in records if r["id"] == "nemo-longctx-llama2-7b-fp8-4k")
+    assert rec["training"]["grad_dtype"] == "bf16" and rec["training"]["optimizer"] == "apex"
+    report = validate([rec], express_fn=express_hopper)
+    assert report.rows[0].fits is True
+    defaults = json.loads(json.dumps(rec))
+    defaults["training"].update(grad_dtype="fp32", optimizer="megatron")
+    assert validate([defaults], express_fn=express_hopper).predicted_not_to_fit == [rec["id"]]
+    every = validate(records, express_fn=express_hopper)
+    assert every.predicted_not_to_fit == []
+
+
 def test_published_runs_the_suite_cannot_express_are_listed_with_the_reason(records):
     """Megatron-Bridge 25.11 DGX-H100 rows: MoE (expert parallelism), Llama3 8B FP8 with
     recompute of 5 layers, Llama 3.1 405B whose 8x8 layer chunks do not divide 126 layers."""
