@@ -220,11 +220,13 @@ def _layout(text: str) -> str:
 def claims(records: pd.DataFrame) -> list[Claim]:
     raw, records = records, headline(records)
     samples = int(records["token_budget"].max() // CONTEXT) if not records.empty else SAMPLES
-    ratio = bracket_speedups(records, KEYS, lambda f: float(
-        select(f, method="slimpack")["speedup"].min()) if not f.empty else float("nan"))
-    fixed = headline(raw, FIXED_LAYOUT)
-    fixed_ratio = bracket_speedups(fixed, KEYS, lambda f: float(
-        select(f, method="slimpack")["speedup"].min()) if not f.empty else float("nan"))
+
+    def slimpack_ratio(frame: pd.DataFrame) -> float:
+        return float(select(frame, method="slimpack")["speedup"].min()) if not frame.empty \
+            else float("nan")
+
+    ratio = bracket_speedups(records, KEYS, slimpack_ratio)
+    fixed_ratio = bracket_speedups(headline(raw, FIXED_LAYOUT), KEYS, slimpack_ratio)
     searched = float("nan")
     megatron = records[records["method"].isin(MEGATRON_BRACKET)] if not records.empty \
         else records

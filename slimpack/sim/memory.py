@@ -381,8 +381,9 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int],
     after the stage's forward of the unit on its last chunk (``sim.costs.head_stages``'s
     placement, the one the runtime tries first).
     """
-    if memory.block_extras is None:
-        return _peaks_of_op_lists(ops, memory, layers)
+    if memory.block_extras is None:  # the suite's GPU accounting: the walk over arrays
+        return op_list_peaks(ops, memory, layers, start=memory.static_bytes,
+                             with_activations=False)[0]
     pp = len(ops)
     peaks = []
     fwd_alloc, fwd_offload = memory.fwd_alloc, memory.fwd_offload
@@ -428,13 +429,6 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int],
     return peaks
 
 
-def _peaks_of_op_lists(ops: list[list], memory: GroupMemory, layers: list[int]) -> list[float]:
-    """:func:`peak_bytes_by_stage` without block extras (the suite's GPU accounting, the one
-    planners check every candidate group with): :func:`op_list_peaks` from the static
-    bytes."""
-    return op_list_peaks(ops, memory, layers, start=memory.static_bytes)[0]
-
-
 def op_arrays(stage_ops: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(is forward, unit, chunk) of each op of one stage's list, as arrays."""
     count = len(stage_ops)
@@ -446,7 +440,7 @@ def op_arrays(stage_ops: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def op_list_peaks(ops: list[list], memory: GroupMemory, layers: list[int], *,
                   start: list[float] | None = None,
                   arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
-                  ) -> tuple[list[float], list[float]]:
+                  with_activations: bool = True) -> tuple[list[float], list[float]]:
     """Per stage, (peak of activations plus dK/dV buffers, peak of activations alone) of the
     walk over its op list from ``start`` bytes (None: 0, the timed engine's dynamic bytes);
     block extras are not counted (the suite's GPU accounting).
@@ -457,7 +451,8 @@ def op_list_peaks(ops: list[list], memory: GroupMemory, layers: list[int], *,
     computes it, laid out in op order after the start and summed left to right by ``cumsum``
     (sequential, so the same floats as a running total); the peak is the largest partial
     sum, the running total checked after every term. Order-only: the timed engine's peaks are
-    these. ``arrays``: each stage's :func:`op_arrays` when the caller has them."""
+    these. ``arrays``: each stage's :func:`op_arrays` when the caller has them;
+    ``with_activations`` False: the second list is empty (planners read the first only)."""
     pp = len(ops)
     fwd_alloc = np.asarray(memory.fwd_alloc, dtype=np.float64)
     fwd_offload = np.asarray(memory.fwd_offload, dtype=np.float64)
@@ -480,6 +475,8 @@ def op_list_peaks(ops: list[list], memory: GroupMemory, layers: list[int], *,
         grow[is_bwd] = bwd_alloc[bu] * bn
         shrink[is_bwd] = -(bwd_release[bu] * bn)
         dynamic.append(_walk_peak(base, grow, shrink))
+        if not with_activations:
+            continue
         grow[is_bwd] = fetch[bu] * bn
         shrink[is_bwd] = -(bwd_free[bu] * bn)
         activations.append(_walk_peak(base, grow, shrink))
