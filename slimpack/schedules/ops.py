@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 OpKind = Literal["F", "B"]
 
@@ -39,3 +42,33 @@ class Op:
 def virtual_stage(stage: int, chunk: int, pp: int) -> int:
     """Index of the layer block (0 = first layers) that ``chunk`` of ``stage`` holds."""
     return chunk * pp + stage
+
+
+OpArrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""(is forward, unit, chunk) of each op of one stage's list."""
+
+
+class OpList(list):
+    """One stage's op list as :func:`~slimpack.schedules.build_schedule` returns it: a list of
+    :class:`Op` that also carries its ops' fields as read-only arrays, which the builder holds
+    already, so the walks over 10^6 ops (memory, timing) need not read them off the objects
+    again (:func:`op_arrays`). Never changed in place; a copy (``list(ops)``) is a plain list."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, ops: Iterable[Op], arrays: OpArrays) -> None:
+        super().__init__(ops)
+        for array in arrays:
+            array.flags.writeable = False
+        self.arrays = arrays
+
+
+def op_arrays(stage_ops: list) -> OpArrays:
+    """(is forward, unit, chunk) of each op of one stage's list, as arrays (an
+    :class:`OpList`'s own, when its length still matches them)."""
+    if type(stage_ops) is OpList and len(stage_ops.arrays[0]) == len(stage_ops):
+        return stage_ops.arrays
+    count = len(stage_ops)
+    return (np.fromiter((op.kind == "F" for op in stage_ops), dtype=bool, count=count),
+            np.fromiter((op.unit for op in stage_ops), dtype=np.int64, count=count),
+            np.fromiter((op.chunk for op in stage_ops), dtype=np.int64, count=count))

@@ -36,7 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from slimpack.plan import Group
-from slimpack.schedules.ops import Op
+from slimpack.schedules.dependency_walk import walk_ticks
+from slimpack.schedules.ops import Op, OpList
 from slimpack.schedules.orders import backward_order, forward_order
 from slimpack.schedules.validate import ScheduleError, describe_stuck, progress
 
@@ -64,7 +65,9 @@ def build_schedule(group: Group) -> list[list[Op]]:
         # forward, and so on down to stage 0, whose forwards need nothing: no stage is
         # stuck at a forward. A stage stuck at B_j waits on stage r+1; the highest such
         # stage waits on one that is stuck nowhere, so has finished: none is stuck.
-        return [_interleave(fwd, bwd, counts) for counts in stage_forward_counts(group)]
+        codes = _OpCodes.of(fwd, bwd, p, v)
+        return _stage_lists(fwd, bwd, codes, [_stage_order(len(fwd), counts)
+                                              for counts in stage_forward_counts(group)])
     needs = _backward_needs(group, fwd, bwd)
     codes = _OpCodes.of(fwd, bwd, p, v)
     extra = [0] * p
@@ -75,8 +78,7 @@ def build_schedule(group: Group) -> list[list[Op]]:
         pos = codes.progress(orders)
         stuck_stages = [r for r in range(p) if pos[r] < len(orders[r])]
         if not stuck_stages:
-            everything = fwd + bwd
-            return [[everything[k] for k in order.tolist()] for order in orders]
+            return _stage_lists(fwd, bwd, codes, orders)
         for r in stuck_stages:
             extra[r] = max(1, 2 * extra[r])
         # A stage may not hold fewer forwards than the one after it (the 1F1B invariant).
@@ -144,21 +146,18 @@ def _unit_needs(group: Group, last_pos_of_slice: dict[int, int]) -> list[int]:
             for unit in group.backward_units]
 
 
-def _interleave(fwd: list[Op], bwd: list[Op], counts: np.ndarray) -> list[Op]:
-    """One stage's ops: before backward j, the forwards up to ``counts[j]``."""
-    out: list[Op] = []
-    done = 0
-    for op, count in zip(bwd, counts.tolist(), strict=True):
-        if count > done:
-            out.extend(fwd[done:count])
-            done = count
-        out.append(op)
-    out.extend(fwd[done:])
-    return out
+def _stage_lists(fwd: list[Op], bwd: list[Op], codes: _OpCodes,
+                 orders: list[np.ndarray]) -> list[OpList]:
+    """Each stage's ops in ``orders`` (indices into ``fwd + bwd``), with their fields as
+    arrays taken from ``codes`` (no second read of the op objects)."""
+    everything = fwd + bwd
+    return [OpList([everything[k] for k in order.tolist()],
+                   (~codes.is_backward[order], codes.unit[order], codes.chunk[order]))
+            for order in orders]
 
 
 def _stage_order(num_forwards: int, counts: np.ndarray) -> np.ndarray:
-    """:func:`_interleave` as indices into ``fwd + bwd``: forward ``i`` sorts at ``2i + 1``,
+    """One stage's interleaving as indices into ``fwd + bwd``: forward ``i`` sorts at ``2i + 1``,
     backward ``j`` at ``2 counts[j]`` (after the forwards it follows, before the next one);
     a stable sort keeps the backwards in order."""
     place = np.concatenate([np.arange(num_forwards, dtype=np.int64) * 2 + 1,
@@ -176,9 +175,11 @@ class _OpCodes:
     one virtual stage before (F) or after (B), or nothing on the first (last) one."""
 
     def __init__(self, code: np.ndarray, first_vs: np.ndarray, last_vs: np.ndarray,
-                 is_backward: np.ndarray, size: int) -> None:
+                 is_backward: np.ndarray, size: int, unit: np.ndarray,
+                 chunk: np.ndarray) -> None:
         self.code, self.first_vs, self.last_vs = code, first_vs, last_vs
         self.is_backward, self.size = is_backward, size
+        self.unit, self.chunk = unit, chunk
 
     @classmethod
     def of(cls, fwd: list[Op], bwd: list[Op], p: int, v: int) -> _OpCodes:
@@ -190,14 +191,12 @@ class _OpCodes:
         is_backward[len(fwd):] = 1
         code = (unit * num_vs + chunk * p) * 2 + is_backward
         size = 2 * num_vs * (int(unit.max()) + 1 if len(ops) else 1)
-        return cls(code, chunk == 0, chunk == v - 1, is_backward.astype(bool), size)
+        return cls(code, chunk == 0, chunk == v - 1, is_backward.astype(bool), size, unit, chunk)
 
     def progress(self, orders: list[np.ndarray]) -> list[int]:
         """How many ops of each stage's order can run (the lists of :func:`progress`)."""
         p = len(orders)
         none = self.size  # the input of an op that needs none: always done
-        done = bytearray(self.size + 1)
-        done[none] = 1
         keys, needs = [], []
         for r, idx in enumerate(orders):
             key = self.code[idx] + 2 * r
@@ -205,26 +204,9 @@ class _OpCodes:
             # F on virtual stage 0 (chunk 0 of stage 0) and B on the last need nothing.
             free = np.where(is_b, self.last_vs[idx] & (r == p - 1),
                             self.first_vs[idx] & (r == 0))
-            need = np.where(free, none, np.where(is_b, key + 2, key - 2))
-            keys.append(key.tolist())
-            needs.append(need.tolist())
-        waiter = [-1] * (self.size + 1)
-        pos = [0] * p
-        work = list(range(p - 1, -1, -1))
-        while work:
-            stage = work.pop()
-            stage_keys, stage_needs = keys[stage], needs[stage]
-            i, n = pos[stage], len(stage_keys)
-            while i < n:
-                need = stage_needs[i]
-                if not done[need]:
-                    waiter[need] = stage
-                    break
-                key = stage_keys[i]
-                done[key] = 1
-                i += 1
-                w = waiter[key]
-                if w >= 0:
-                    work.append(w)
-            pos[stage] = i
-        return pos
+            keys.append(key)
+            needs.append(np.where(free, none, np.where(is_b, key + 2, key - 2)))
+        stage_first = np.zeros(p + 1, dtype=np.int64)
+        stage_first[1:] = np.cumsum([len(idx) for idx in orders])
+        ran, _ = walk_ticks(stage_first, np.concatenate(keys), np.concatenate(needs), self.size)
+        return ran.tolist()

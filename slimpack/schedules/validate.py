@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from slimpack.plan import Group, PlanError
-from slimpack.schedules.ops import Op
+from slimpack.schedules.dependency_walk import walk_ticks
+from slimpack.schedules.ops import Op, op_arrays
 
 
 class ScheduleError(PlanError):
@@ -123,47 +126,25 @@ def unit_time_walk(ops: Sequence[Sequence[Op]], *, pp: int,
     concurrency (``slimpack.sim.redistribution.schedule_ticks``) both read it.
     """
     num_vs = pp * vpp
-    last_vs = num_vs - 1
-    # (kind, unit, virtual stage) as one int, (unit * num_vs + vs) * 2 + is_backward: int keys
-    # are several times cheaper than tuples (planners run this once per candidate group, on
-    # every op of every stage; a paper-size SlimPipe group has ~10^6 ops).
-    done: dict[int, int] = {}  # op key -> the tick after it ends
-    ticks = [[0] * len(stage_ops) for stage_ops in ops]
-    pos = [0] * pp
-    free = [0] * pp
-    waiting: dict[int, int] = {}
-    work = list(range(pp - 1, -1, -1))
-    while work:
-        stage = work.pop()
-        stage_ops, stage_ticks = ops[stage], ticks[stage]
-        i, n, start_free = pos[stage], len(stage_ops), free[stage]
-        while i < n:
-            op = stage_ops[i]
-            vs = op.chunk * pp + stage
-            base = op.unit * num_vs
-            start = start_free
-            if op.kind == "F":
-                key = (base + vs) * 2
-                need = key - 2 if vs > 0 else -1
-            else:
-                key = (base + vs) * 2 + 1
-                need = key + 2 if vs < last_vs else -1
-            if need >= 0:
-                ready = done.get(need)
-                if ready is None:
-                    waiting[need] = stage
-                    break
-                if ready > start:
-                    start = ready
-            stage_ticks[i] = start
-            start_free = start + 1
-            done[key] = start_free
-            i += 1
-            waiter = waiting.pop(key, None)
-            if waiter is not None:
-                work.append(waiter)
-        pos[stage], free[stage] = i, start_free
-    return pos, ticks
+    # (kind, unit, virtual stage) as one int, (unit * num_vs + vs) * 2 + is_backward, the
+    # op's input the same op one virtual stage before (F) or after (B), or none (``size``).
+    arrays = [op_arrays(stage_ops) for stage_ops in ops]
+    stage_first = np.zeros(pp + 1, dtype=np.int64)
+    stage_first[1:] = np.cumsum([len(stage_ops) for stage_ops in ops])
+    if not stage_first[-1]:
+        return [0] * pp, [[] for _ in ops]
+    is_fwd = np.concatenate([a[0] for a in arrays])
+    unit = np.concatenate([a[1] for a in arrays])
+    stage = np.repeat(np.arange(pp, dtype=np.int64), np.diff(stage_first))
+    vs = np.concatenate([a[2] for a in arrays]) * pp + stage
+    key = (unit * num_vs + vs) * 2 + ~is_fwd
+    size = 2 * num_vs * (int(unit.max()) + 1)
+    need = np.where(is_fwd, np.where(vs > 0, key - 2, size),
+                    np.where(vs < num_vs - 1, key + 2, size))
+    ran, ticks = walk_ticks(stage_first, key, need, size)
+    # Ops that never ran keep tick 0, as the lists the walk fills in place did.
+    return ran.tolist(), [np.maximum(ticks[a:b], 0).tolist()
+                          for a, b in zip(stage_first[:-1], stage_first[1:], strict=True)]
 
 
 def describe_stuck(ops: list[list[Op]], pos: list[int], pp: int) -> str:

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from slimpack.records import OpTiming
 from slimpack.schedules import Op, describe_stuck
+from slimpack.schedules.ops import op_arrays
 from slimpack.sim.costs import GroupCosts
-from slimpack.sim.memory import GroupMemory, op_arrays, op_list_peaks
+from slimpack.sim.memory import GroupMemory, op_list_peaks
+from slimpack.sim.timing_walk import walk
 
 
 class DeadlockError(RuntimeError):
@@ -54,107 +58,25 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
               start_s: list[float], record: bool) -> GroupTimeline:
     pp = len(ops)
     num_vs = len(costs.layers)
-    last_vs = num_vs - 1
-    nf = len(costs.fwd_s[0])
-    nb = len(costs.bwd_s[0])
-    # Arrival time of each op's input, flat-indexed: F at vs*nf + u, B at b_base + vs*nb + u.
-    b_base = num_vs * nf
-    arrival: list[float | None] = [None] * (b_base + num_vs * nb)
-    # The stage waiting on each input (-1: none): every input arrives once, so a list
-    # indexed like ``arrival`` replaces a dict's pops.
-    waiting = [-1] * len(arrival)
-    pos = [0] * pp
-    lane_free = list(start_s)
-    send_next_free = list(start_s)
-    send_prev_free = list(start_s)
-    busy = [0.0] * pp
-    last_b_start = [0.0] * pp
     layers = costs.layers
-    fwd_s, bwd_s = costs.fwd_s, costs.bwd_s
-    fwd_send, bwd_send = costs.fwd_send_s, costs.bwd_send_s
-    blocking = costs.blocking_sends and pp > 1
-    timings: list[OpTiming] = []
     # Each op as (is forward, unit, chunk), read off the ops once for the loop and the walk.
     arrays = [op_arrays(stage_ops) for stage_ops in ops]
-    plain = [list(zip(*(a.tolist() for a in stage), strict=True)) for stage in arrays]
-    work = list(range(pp - 1, -1, -1))
-    while work:
-        s = work.pop()
-        stage_ops = plain[s]
-        i = pos[s]
-        n = len(stage_ops)
-        free = lane_free[s]
-        while i < n:
-            is_f, u, c = stage_ops[i]
-            vs = c * pp + s
-            if is_f:
-                if vs:
-                    ready = arrival[(vs - 1) * nf + u]
-                    if ready is None:
-                        waiting[(vs - 1) * nf + u] = s
-                        break
-                    start = ready if ready > free else free
-                else:
-                    start = free
-                end = lane_end = start + fwd_s[vs][u]
-                if vs < last_vs:
-                    key = vs * nf + u
-                    if pp > 1:
-                        t0 = end if end > send_next_free[s] else send_next_free[s]
-                        arrive = t0 + fwd_send[s][u]
-                        send_next_free[s] = arrive
-                        if blocking:
-                            lane_end = arrive
-                        if record:
-                            timings.append(OpTiming(stage=s, kind="send-F", unit=u, chunk=c,
-                                                    start_s=t0, end_s=arrive, lane="send-next",
-                                                    group=group_id))
-                    else:
-                        arrive = end
-                    arrival[key] = arrive
-                    waiter = waiting[key]
-                    if waiter >= 0:
-                        work.append(waiter)
-            else:
-                if vs < last_vs:
-                    ready = arrival[b_base + (vs + 1) * nb + u]
-                    if ready is None:
-                        waiting[b_base + (vs + 1) * nb + u] = s
-                        break
-                    start = ready if ready > free else free
-                else:
-                    start = free
-                end = lane_end = start + bwd_s[vs][u]
-                last_b_start[s] = start
-                if vs > 0:
-                    key = b_base + vs * nb + u
-                    if pp > 1:
-                        t0 = end if end > send_prev_free[s] else send_prev_free[s]
-                        arrive = t0 + bwd_send[s][u]
-                        send_prev_free[s] = arrive
-                        if blocking:
-                            lane_end = arrive
-                        if record:
-                            timings.append(OpTiming(stage=s, kind="send-B", unit=u, chunk=c,
-                                                    start_s=t0, end_s=arrive, lane="send-prev",
-                                                    group=group_id))
-                    else:
-                        arrive = end
-                    arrival[key] = arrive
-                    waiter = waiting[key]
-                    if waiter >= 0:
-                        work.append(waiter)
-            busy[s] += end - start
-            if record:
-                timings.append(OpTiming(stage=s, kind="F" if is_f else "B", unit=u, chunk=c,
-                                        start_s=start, end_s=end, group=group_id))
-            free = lane_end  # blocking p2p: the lane is held until the send arrives
-            i += 1
-        pos[s] = i
-        lane_free[s] = free
-    if any(pos[s] < len(ops[s]) for s in range(pp)):
+    stage_first = np.zeros(pp + 1, dtype=np.int64)
+    stage_first[1:] = np.cumsum([len(stage_ops) for stage_ops in ops])
+    is_fwd, unit, chunk = (np.concatenate([a[k] for a in arrays]) if pp else np.zeros(0)
+                           for k in range(3))
+    fwd_s = _table(costs.fwd_s, num_vs)
+    bwd_s = _table(costs.bwd_s, num_vs)
+    fwd_send = _table(costs.fwd_send_s, pp, width=fwd_s.shape[1])
+    bwd_send = _table(costs.bwd_send_s, pp, width=bwd_s.shape[1])
+    (lane_free, last_b_start, busy, ran, op_start, op_end, send_start, send_end,
+     visit_order) = walk(stage_first, is_fwd, unit, chunk, fwd_s, bwd_s, fwd_send, bwd_send,
+                         np.asarray(start_s, dtype=np.float64), costs.blocking_sends)
+    if any(int(ran[s]) < len(ops[s]) for s in range(pp)):
         raise DeadlockError(f"Group {group_id}: simulation deadlocked; "
-                            f"{describe_stuck(ops, pos, pp)}")
+                            f"{describe_stuck(ops, ran.tolist(), pp)}")
+    timings = _timings(group_id, stage_first, visit_order, is_fwd, unit, chunk, op_start, op_end,
+                       send_start, send_end) if record else []
     # Memory changes only at a stage's own ops, in its op-list order: the order-only walk
     # (offload copies to host as F ends and fetches back before B runs) gives the peaks.
     peak_mem, peak_act = op_list_peaks(ops, memory, layers, arrays=arrays)
@@ -162,7 +84,37 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
     for vs in range(num_vs):
         ideal += sum(costs.fwd_ideal_s[vs]) + sum(costs.bwd_ideal_s[vs])
     total_ops = sum(len(x) for x in ops)
-    comm_ops = 0 if pp == 1 else (num_vs - 1) * (nf + nb)
-    return GroupTimeline(compute_end=lane_free, last_backward_start=last_b_start, busy_s=busy,
+    comm_ops = 0 if pp == 1 else (num_vs - 1) * (fwd_s.shape[1] + bwd_s.shape[1])
+    return GroupTimeline(compute_end=lane_free.tolist(),
+                         last_backward_start=last_b_start.tolist(), busy_s=busy.tolist(),
                          ideal_s=ideal, peak_activation=peak_act, peak_dynamic=peak_mem,
                          num_ops=total_ops + comm_ops, ops=timings)
+
+
+def _table(rows: list[list[float]], count: int, *, width: int | None = None) -> np.ndarray:
+    """``rows`` (``count`` rows of one length) as a float64 array; no rows (a single stage
+    sends nothing): zeros of ``width`` columns."""
+    if not rows:
+        return np.zeros((count, width or 0), dtype=np.float64)
+    table = np.asarray(rows, dtype=np.float64)
+    if table.ndim != 2 or table.shape[0] != count:
+        raise ValueError(f"cost table must be {count} equal rows, got shape {table.shape}")
+    return table
+
+
+def _timings(group_id: int, stage_first: np.ndarray, visit_order: np.ndarray, is_fwd: np.ndarray,
+             unit: np.ndarray, chunk: np.ndarray, op_start: np.ndarray, op_end: np.ndarray,
+             send_start: np.ndarray, send_end: np.ndarray) -> list[OpTiming]:
+    """The trace: each op in the order the walk visited it, its send (if any) first."""
+    stage_of = np.repeat(np.arange(len(stage_first) - 1), np.diff(stage_first))
+    timings: list[OpTiming] = []
+    for i in visit_order.tolist():
+        s, u, c, fwd = int(stage_of[i]), int(unit[i]), int(chunk[i]), bool(is_fwd[i])
+        if not np.isnan(send_start[i]):
+            timings.append(OpTiming(stage=s, kind="send-F" if fwd else "send-B", unit=u, chunk=c,
+                                    start_s=float(send_start[i]), end_s=float(send_end[i]),
+                                    lane="send-next" if fwd else "send-prev", group=group_id))
+        timings.append(OpTiming(stage=s, kind="F" if fwd else "B", unit=u, chunk=c,
+                                start_s=float(op_start[i]), end_s=float(op_end[i]),
+                                group=group_id))
+    return timings

@@ -44,6 +44,7 @@ from slimpack.cost.memory import (
 )
 from slimpack.plan import Group, Plan, PlanError
 from slimpack.schedules import Op, build_schedule, stage_forward_counts
+from slimpack.schedules.ops import op_arrays
 from slimpack.sim.costs import head_stages, layers_per_virtual_stage
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
@@ -427,14 +428,6 @@ def peak_bytes_by_stage(ops: list[list], memory: GroupMemory, layers: list[int],
             peak = max(peak, mem + extras.head_logits[u])
         peaks.append(peak)
     return peaks
-
-
-def op_arrays(stage_ops: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(is forward, unit, chunk) of each op of one stage's list, as arrays."""
-    count = len(stage_ops)
-    return (np.fromiter((op.kind == "F" for op in stage_ops), dtype=bool, count=count),
-            np.fromiter((op.unit for op in stage_ops), dtype=np.int64, count=count),
-            np.fromiter((op.chunk for op in stage_ops), dtype=np.int64, count=count))
 
 
 def op_list_peaks(ops: list[list], memory: GroupMemory, layers: list[int], *,
