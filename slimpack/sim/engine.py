@@ -14,7 +14,9 @@ compute lane is held until each of its sends arrives; the op's own busy time is 
 Sends leave a lane in the order its stage produces them, so a lane is a single "free at"
 time, not a queue. A stage that waits for a missing input parks on that input's key and is
 woken when it is produced: every op is visited once, O(ops), no heap needed. If the work list
-empties with ops left, the op lists deadlock and the error names each stage's stuck op.
+empties with ops left, the op lists deadlock and the error names each stage's stuck op. The
+loop runs compiled over flat op arrays (:mod:`slimpack.sim.timing_walk`); this module prepares
+them and reads the results back.
 """
 
 from __future__ import annotations
@@ -63,8 +65,7 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
     arrays = [op_arrays(stage_ops) for stage_ops in ops]
     stage_first = np.zeros(pp + 1, dtype=np.int64)
     stage_first[1:] = np.cumsum([len(stage_ops) for stage_ops in ops])
-    is_fwd, unit, chunk = (np.concatenate([a[k] for a in arrays]) if pp else np.zeros(0)
-                           for k in range(3))
+    is_fwd, unit, chunk = (np.concatenate([a[k] for a in arrays]) for k in range(3))
     fwd_s = _table(costs.fwd_s, num_vs)
     bwd_s = _table(costs.bwd_s, num_vs)
     fwd_send = _table(costs.fwd_send_s, pp, width=fwd_s.shape[1])
