@@ -219,3 +219,20 @@ def test_built_op_lists_carry_their_fields(plans):
     grown = build_schedule(next(plans[0].groups()))[0]
     grown.append(Op("F", 0, 0))
     assert len(op_arrays(grown)[0]) == len(grown)
+
+
+def test_walks_refuse_ops_outside_the_group(plans):
+    """Compiled code has no bounds checks: an op naming a unit or chunk the group does not
+    have is refused before either walk runs."""
+    plan = next(p for p in plans if p.method == "megatron" and p.parallel.pp > 1)
+    group = next(plan.groups())
+    ops = [list(stage) for stage in build_schedule(group)]
+    ops[0].append(Op("F", len(group.forward_units), 0))
+    with pytest.raises(ValueError, match="units below"):
+        run_group(group_id=group.group_id, ops=ops,
+                  costs=_costs(group, blocking=False, offload=False),
+                  memory=group_memory(group, model=MODEL, dp=2), start_s=[0.0] * group.pp,
+                  record=False)
+    ops[0][-1] = Op("F", 0, group.vpp)
+    with pytest.raises(ValueError, match="chunk"):
+        unit_time_walk(ops, pp=group.pp, vpp=group.vpp)

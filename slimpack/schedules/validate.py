@@ -135,8 +135,14 @@ def unit_time_walk(ops: Sequence[Sequence[Op]], *, pp: int,
         return [0] * pp, [[] for _ in ops]
     is_fwd = np.concatenate([a[0] for a in arrays])
     unit = np.concatenate([a[1] for a in arrays])
+    chunk = np.concatenate([a[2] for a in arrays])
+    if unit.min() < 0 or chunk.min() < 0 or chunk.max() >= vpp:
+        # The compiled walk indexes arrays by these without bounds checks.
+        raise ScheduleError(f"unit_time_walk: ops need unit >= 0 and chunk in [0, {vpp}), got "
+                            f"units {unit.min()}..{unit.max()}, chunks "
+                            f"{chunk.min()}..{chunk.max()}")
     stage = np.repeat(np.arange(pp, dtype=np.int64), np.diff(stage_first))
-    vs = np.concatenate([a[2] for a in arrays]) * pp + stage
+    vs = chunk * pp + stage
     key = (unit * num_vs + vs) * 2 + ~is_fwd
     size = 2 * num_vs * (int(unit.max()) + 1)
     need = np.where(is_fwd, np.where(vs > 0, key - 2, size),

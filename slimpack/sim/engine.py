@@ -70,6 +70,8 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
     bwd_s = _table(costs.bwd_s, num_vs)
     fwd_send = _table(costs.fwd_send_s, pp, width=fwd_s.shape[1])
     bwd_send = _table(costs.bwd_send_s, pp, width=bwd_s.shape[1])
+    _check_in_range(is_fwd, unit, chunk, pp=pp, num_vs=num_vs, nf=fwd_s.shape[1],
+                    nb=bwd_s.shape[1])
     (lane_free, last_b_start, busy, ran, op_start, op_end, send_start, send_end,
      visit_order) = walk(stage_first, is_fwd, unit, chunk, fwd_s, bwd_s, fwd_send, bwd_send,
                          np.asarray(start_s, dtype=np.float64), costs.blocking_sends)
@@ -90,6 +92,20 @@ def run_group(*, group_id: int, ops: list[list[Op]], costs: GroupCosts, memory: 
                          last_backward_start=last_b_start.tolist(), busy_s=busy.tolist(),
                          ideal_s=ideal, peak_activation=peak_act, peak_dynamic=peak_mem,
                          num_ops=total_ops + comm_ops, ops=timings)
+
+
+def _check_in_range(is_fwd: np.ndarray, unit: np.ndarray, chunk: np.ndarray, *, pp: int,
+                    num_vs: int, nf: int, nb: int) -> None:
+    """The compiled walk indexes its tables by unit and virtual stage without bounds checks:
+    every op must name a priced unit on a virtual stage of the group."""
+    if not len(unit):
+        return
+    limit = np.where(is_fwd, nf, nb)
+    if (unit < 0).any() or (unit >= limit).any() or chunk.min() < 0 \
+            or (chunk.max() + 1) * pp > num_vs:
+        raise ValueError(f"run_group: ops must name units below {nf} (F) / {nb} (B) and chunks "
+                         f"below {num_vs // max(pp, 1)}; got units {unit.min()}..{unit.max()}, "
+                         f"chunks {chunk.min()}..{chunk.max()}")
 
 
 def _table(rows: list[list[float]], count: int, *, width: int | None = None) -> np.ndarray:
