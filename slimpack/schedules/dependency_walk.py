@@ -5,7 +5,7 @@ each op after the op producing its input) and the schedule builder's repair loop
 same walk as a deadlock check; both hand their ops here as integer keys. Planners run it once
 per warm-up tried and per candidate group over ~10^6 ops, and a walk over dependent ops does
 not vectorise, so it is compiled rather than written in numpy (integer arithmetic only: the
-same ticks as the walk written in Python, checked in ``tests/test_schedule_validate``).
+same ticks as the walk written in Python, checked in ``tests/test_compiled_walks``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the arrays; this module only runs the loop. It is the hottest loop of every sear
 paper-scale plan walks ~10^6 ops per candidate), and a max-plus recurrence over ~10^5
 dependent levels does not vectorise, so it is compiled rather than written in numpy. Every
 float operation is the one the walk written in Python does, in the same order (``+`` and
-comparisons on float64), so the times are the same to the last bit: ``tests/test_engine_walk``
+comparisons on float64), so the times are the same to the last bit: ``tests/test_compiled_walks``
 checks that against the walk written op by op.
 
 The work list is the same last-in-first-out stack, so the order in which ops are visited
