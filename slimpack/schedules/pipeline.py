@@ -36,10 +36,9 @@ from __future__ import annotations
 import numpy as np
 
 from slimpack.plan import Group
-from slimpack.schedules.dependency_walk import walk_ticks
-from slimpack.schedules.ops import Op, OpList
+from slimpack.schedules.ops import Op, OpArrays, OpList
 from slimpack.schedules.orders import backward_order, forward_order
-from slimpack.schedules.validate import ScheduleError, describe_stuck, progress
+from slimpack.schedules.validate import ScheduleError, describe_stuck, progress, walk_op_arrays
 
 MAX_REPAIRS = 64
 
@@ -151,8 +150,7 @@ def _stage_lists(fwd: list[Op], bwd: list[Op], codes: _OpCodes,
     """Each stage's ops in ``orders`` (indices into ``fwd + bwd``), with their fields as
     arrays taken from ``codes`` (no second read of the op objects)."""
     everything = fwd + bwd
-    return [OpList([everything[k] for k in order.tolist()],
-                   (~codes.is_backward[order], codes.unit[order], codes.chunk[order]))
+    return [OpList([everything[k] for k in order.tolist()], codes.arrays(order))
             for order in orders]
 
 
@@ -166,47 +164,30 @@ def _stage_order(num_forwards: int, counts: np.ndarray) -> np.ndarray:
 
 
 class _OpCodes:
-    """The ops of ``fwd + bwd`` as integers for the deadlock check of the repair loop, which
-    runs once per warm-up tried and per candidate group: :func:`progress` on the ``Op``
-    lists gives the same positions, this only skips building them and timing the walk.
+    """The fields of ``fwd + bwd`` as arrays, for the deadlock check of the repair loop (which
+    runs once per warm-up tried and per candidate group) and the built lists: an order of
+    indices into ``fwd + bwd`` is walked (:func:`slimpack.schedules.validate.walk_op_arrays`,
+    the walk of :func:`progress`) without building its ops."""
 
-    Op ``(kind, unit, chunk)`` on stage ``r`` is ``(unit * p * v + chunk * p + r) * 2 + is_B``
-    (the key of :func:`slimpack.schedules.validate.unit_time_walk`); its input is the same op
-    one virtual stage before (F) or after (B), or nothing on the first (last) one."""
-
-    def __init__(self, code: np.ndarray, first_vs: np.ndarray, last_vs: np.ndarray,
-                 is_backward: np.ndarray, size: int, unit: np.ndarray,
-                 chunk: np.ndarray) -> None:
-        self.code, self.first_vs, self.last_vs = code, first_vs, last_vs
-        self.is_backward, self.size = is_backward, size
-        self.unit, self.chunk = unit, chunk
+    def __init__(self, is_backward: np.ndarray, unit: np.ndarray, chunk: np.ndarray,
+                 vpp: int) -> None:
+        self.is_backward, self.unit, self.chunk, self.vpp = is_backward, unit, chunk, vpp
 
     @classmethod
     def of(cls, fwd: list[Op], bwd: list[Op], p: int, v: int) -> _OpCodes:
-        num_vs = p * v
         ops = fwd + bwd
         unit = np.fromiter((op.unit for op in ops), dtype=np.int64, count=len(ops))
         chunk = np.fromiter((op.chunk for op in ops), dtype=np.int64, count=len(ops))
-        is_backward = np.zeros(len(ops), dtype=np.int64)
-        is_backward[len(fwd):] = 1
-        code = (unit * num_vs + chunk * p) * 2 + is_backward
-        size = 2 * num_vs * (int(unit.max()) + 1 if len(ops) else 1)
-        return cls(code, chunk == 0, chunk == v - 1, is_backward.astype(bool), size, unit, chunk)
+        is_backward = np.zeros(len(ops), dtype=bool)
+        is_backward[len(fwd):] = True
+        return cls(is_backward, unit, chunk, v)
+
+    def arrays(self, order: np.ndarray) -> OpArrays:
+        """(is forward, unit, chunk) of the ops of one stage's order."""
+        return ~self.is_backward[order], self.unit[order], self.chunk[order]
 
     def progress(self, orders: list[np.ndarray]) -> list[int]:
         """How many ops of each stage's order can run (the lists of :func:`progress`)."""
-        p = len(orders)
-        none = self.size  # the input of an op that needs none: always done
-        keys, needs = [], []
-        for r, idx in enumerate(orders):
-            key = self.code[idx] + 2 * r
-            is_b = self.is_backward[idx]
-            # F on virtual stage 0 (chunk 0 of stage 0) and B on the last need nothing.
-            free = np.where(is_b, self.last_vs[idx] & (r == p - 1),
-                            self.first_vs[idx] & (r == 0))
-            keys.append(key)
-            needs.append(np.where(free, none, np.where(is_b, key + 2, key - 2)))
-        stage_first = np.zeros(p + 1, dtype=np.int64)
-        stage_first[1:] = np.cumsum([len(idx) for idx in orders])
-        ran, _ = walk_ticks(stage_first, np.concatenate(keys), np.concatenate(needs), self.size)
+        ran, _, _ = walk_op_arrays([self.arrays(order) for order in orders], pp=len(orders),
+                                   vpp=self.vpp)
         return ran.tolist()

@@ -12,7 +12,7 @@ import numpy as np
 
 from slimpack.plan import Group, PlanError
 from slimpack.schedules.dependency_walk import walk_ticks
-from slimpack.schedules.ops import Op, op_arrays
+from slimpack.schedules.ops import Op, OpArrays, op_arrays
 
 
 class ScheduleError(PlanError):
@@ -125,32 +125,39 @@ def unit_time_walk(ops: Sequence[Sequence[Op]], *, pp: int,
     O(ops). The one home of this walk: the deadlock check (:func:`progress`) and SlimPipe's
     concurrency (``slimpack.sim.redistribution.schedule_ticks``) both read it.
     """
+    ran, ticks, stage_first = walk_op_arrays([op_arrays(stage_ops) for stage_ops in ops],
+                                             pp=pp, vpp=vpp)
+    # Ops that never ran keep tick 0, as the lists the walk fills in place did.
+    return ran.tolist(), [np.maximum(ticks[a:b], 0).tolist()
+                          for a, b in zip(stage_first[:-1], stage_first[1:], strict=True)]
+
+
+def walk_op_arrays(arrays: Sequence[OpArrays], *, pp: int,
+                   vpp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`unit_time_walk` over each stage's :func:`op_arrays`: (ops each stage ran, start
+    tick of each op flat in stage order (-1: never ran), each stage's first flat index and one
+    past the last). The schedule builder's deadlock check runs it on index orders without
+    building ops."""
     num_vs = pp * vpp
-    # (kind, unit, virtual stage) as one int, (unit * num_vs + vs) * 2 + is_backward, the
-    # op's input the same op one virtual stage before (F) or after (B), or none (``size``).
-    arrays = [op_arrays(stage_ops) for stage_ops in ops]
     stage_first = np.zeros(pp + 1, dtype=np.int64)
-    stage_first[1:] = np.cumsum([len(stage_ops) for stage_ops in ops])
+    stage_first[1:] = np.cumsum([len(a[0]) for a in arrays])
     if not stage_first[-1]:
-        return [0] * pp, [[] for _ in ops]
-    is_fwd = np.concatenate([a[0] for a in arrays])
-    unit = np.concatenate([a[1] for a in arrays])
-    chunk = np.concatenate([a[2] for a in arrays])
+        return np.zeros(pp, dtype=np.int64), np.zeros(0, dtype=np.int64), stage_first
+    is_fwd, unit, chunk = (np.concatenate([a[k] for a in arrays]) for k in range(3))
     if unit.min() < 0 or chunk.min() < 0 or chunk.max() >= vpp:
         # The compiled walk indexes arrays by these without bounds checks.
         raise ScheduleError(f"unit_time_walk: ops need unit >= 0 and chunk in [0, {vpp}), got "
                             f"units {unit.min()}..{unit.max()}, chunks "
                             f"{chunk.min()}..{chunk.max()}")
-    stage = np.repeat(np.arange(pp, dtype=np.int64), np.diff(stage_first))
-    vs = chunk * pp + stage
+    # (kind, unit, virtual stage) as one int, (unit * num_vs + vs) * 2 + is_backward; an op's
+    # input is the same op one virtual stage before (F) or after (B), or none (``size``).
+    vs = chunk * pp + np.repeat(np.arange(pp, dtype=np.int64), np.diff(stage_first))
     key = (unit * num_vs + vs) * 2 + ~is_fwd
     size = 2 * num_vs * (int(unit.max()) + 1)
     need = np.where(is_fwd, np.where(vs > 0, key - 2, size),
                     np.where(vs < num_vs - 1, key + 2, size))
     ran, ticks = walk_ticks(stage_first, key, need, size)
-    # Ops that never ran keep tick 0, as the lists the walk fills in place did.
-    return ran.tolist(), [np.maximum(ticks[a:b], 0).tolist()
-                          for a, b in zip(stage_first[:-1], stage_first[1:], strict=True)]
+    return ran, ticks, stage_first
 
 
 def describe_stuck(ops: list[list[Op]], pos: list[int], pp: int) -> str:
