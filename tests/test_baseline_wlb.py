@@ -167,13 +167,57 @@ def scan_pack(lengths, num_microbatches, s_max, workload, preplaced=()):
 @given(lengths=st.lists(st.integers(1, 5000), max_size=80), num_microbatches=st.integers(1, 12),
        s_max=st.sampled_from([100, 1000, 5000, 20000]), flat=st.booleans(),
        preplace=st.booleans())
-def test_heap_packer_chooses_exactly_as_the_scan_of_algorithm_1(lengths, num_microbatches, s_max,
+def test_compiled_packer_chooses_exactly_as_the_scan_of_algorithm_1(lengths, num_microbatches, s_max,
                                                                 flat, preplace):
     # A flat workload (lengths // 100, often 0) makes ties: both must break them to the lowest
-    # micro-batch index.
+    # micro-batch index (the tournament trees' tie rule).
     workload = (lambda n: float(n // 100)) if flat else (lambda n: n * n * 1e-3 + n)
     preplaced = [[i] for i in range(min(num_microbatches, 2, len(lengths)))] if preplace else []
     got = wlb_pack(lengths, num_microbatches, s_max, workload, preplaced=preplaced)
     bins, carried, loads, tokens = scan_pack(lengths, num_microbatches, s_max, workload, preplaced)
     assert (got.microbatches, got.carried, got.workloads, got.tokens) == (bins, carried, loads,
                                                                          tokens)
+
+
+def test_fitted_workload_packs_as_the_scan_calling_it_per_document(setup):
+    """The planner's workload is applied to all lengths at once (``Workload.of_lengths``):
+    the same float64 operations as calling it per document, so the packing, loads and tokens
+    equal the scan's exactly on a real-length batch (Common Crawl profile, 1M tokens)."""
+    from baselines.wlb_llm.workload import fit_workload
+    from slimpack import data
+
+    _, _, cost, _ = setup
+    workload = fit_workload(cost, tp=8, cp=2)
+    lengths = list(data.sample_batch("commoncrawl", token_budget=MICROBATCHES * CONTEXT,
+                                     context=CONTEXT, seed=1).lengths)
+    assert len(lengths) > 100
+    vector = workload.of_lengths(np.asarray(lengths, dtype=np.int64))
+    assert vector.tolist() == [workload(n) for n in lengths]
+    preplaced = [[i] for i in range(2)]
+    got = wlb_pack(lengths, MICROBATCHES, CONTEXT, workload, preplaced=preplaced)
+    bins, carried, loads, tokens = scan_pack(lengths, MICROBATCHES, CONTEXT, workload, preplaced)
+    assert (got.microbatches, got.carried, got.workloads, got.tokens) == (bins, carried, loads,
+                                                                         tokens)
+
+
+def test_steady_state_release_takes_the_first_outliers_of_each_queue_in_batch_order():
+    """One-shot planning releases, per queue, the first M documents at its level (M: the
+    micro-batches); the rest are packed. Checked against the rule applied one document at a
+    time on a real-length batch, with queues that overflow (M = 2)."""
+    from baselines.wlb_llm.iteration import _release_steady_state
+    from slimpack import data
+
+    lengths = data.sample_batch("commoncrawl", token_budget=MICROBATCHES * CONTEXT,
+                                context=CONTEXT, seed=2).lengths
+    docs = list(enumerate(int(n) for n in lengths))
+    thresholds = (1024, 4096, 16384)
+    queues = OutlierQueues(thresholds=thresholds)
+    keep, released = [], [[] for _ in thresholds]
+    for d in docs:
+        level = queues.level(d[1])
+        if level is not None and len(released[level]) < 2:
+            released[level].append(d)
+        else:
+            keep.append(d)
+    assert all(len(r) == 2 for r in released)  # every queue overflows: the cut is exercised
+    assert _release_steady_state(docs, thresholds, 2) == (keep, released)

@@ -16,7 +16,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
 from slimpack.methods import method_names
 from slimpack.plan import Group, Plan
@@ -27,14 +26,10 @@ from slimpack.schedules.validate import unit_time_walk
 from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
 from slimpack.sim.engine import DeadlockError, run_group
 from slimpack.sim.memory import group_memory
-from slimpack.specs import ParallelSpec, hardware_preset, model_preset
-
-data = pytest.importorskip("slimpack.data")
+from slimpack.specs import hardware_preset, model_preset
 
 MODEL, HW = model_preset("llama-7b"), hardware_preset("h800")
 COST = AnalyticCostModel(model=MODEL, hardware=HW)
-PARALLEL = ParallelSpec(tp=2, cp=2, pp=4, dp=2)
-NO_PIPELINE = ParallelSpec(tp=2, cp=4, pp=1, dp=2)
 
 
 def _timing_oracle(group_id: int, ops: list[list[Op]], costs: GroupCosts, start_s: list[float]):
@@ -130,20 +125,11 @@ def _ticks_oracle(ops: list[list[Op]], pp: int) -> tuple[list[int], list[list[in
 
 
 @pytest.fixture(scope="module")
-def plans() -> list[Plan]:
-    """Every registered planner's plan of two real length samples, and the pipeline
-    planners' with virtual stages (a few seconds)."""
-    out = []
-    for seed, dataset in enumerate(("commoncrawl", "github")):
-        batch = data.sample_batch(dataset, num_sequences=96, context=65536, seed=seed)
-        out.extend(plan_method(m, batch, MODEL, HW,
-                               NO_PIPELINE if m.startswith("ulysses") else PARALLEL, COST,
-                               context=65536)
-                   for m in method_names())
-    batch = data.sample_batch("wikipedia", num_sequences=96, context=65536, seed=3)
-    out.extend(plan_method(m, batch, MODEL, HW, dataclasses.replace(PARALLEL, vpp=2), COST,
-                           context=65536) for m in ("megatron", "slimpack", "slimpipe"))
-    return out
+def plans(registered_planner_plans) -> list[Plan]:
+    """Every registered planner's plans of real length samples (``tests/conftest.py``:
+    llama-7b on H800 as ``MODEL``/``HW`` here, tp2 cp2 pp4 dp2, vpp 2 for the pipeline
+    planners)."""
+    return registered_planner_plans
 
 
 def _costs(group: Group, *, blocking: bool, offload: bool) -> GroupCosts:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from baselines.wlb_llm.outlier_queue import OutlierQueues, admit_and_release
 from baselines.wlb_llm.packer import wlb_pack
 from baselines.wlb_llm.workload import Workload
@@ -38,14 +40,8 @@ def pack_iteration(docs: Sequence[Doc], *, num_microbatches: int, s_max: int,
     """
     arrivals = arrivals or {}
     if steady_state:
-        state, keep, released = queues, [], [[] for _ in queues.thresholds]
-        for d in docs:
-            level = queues.level(d[1])
-            if level is not None and len(released[level]) < num_microbatches:
-                released[level].append(d)
-            else:
-                keep.append(d)
-        released_docs = [[d for d in level] for level in released]
+        state = queues
+        keep, released_docs = _release_steady_state(docs, queues.thresholds, num_microbatches)
         held_arrival = {}
     else:
         state, keep, held = admit_and_release(queues, docs, iteration, num_microbatches)
@@ -58,14 +54,33 @@ def pack_iteration(docs: Sequence[Doc], *, num_microbatches: int, s_max: int,
     microbatches = [[pool[i] for i in mb] for mb in result.microbatches]
     delay = 0.0
     trained = 0
-    for mb in microbatches:
-        for seq_id, n in mb:
-            arrived = held_arrival.get(seq_id, arrivals.get(seq_id, iteration))
-            delay += (iteration - arrived) * n
-            trained += n
+    if held_arrival or arrivals:
+        for mb in microbatches:
+            for seq_id, n in mb:
+                arrived = held_arrival.get(seq_id, arrivals.get(seq_id, iteration))
+                delay += (iteration - arrived) * n
+                trained += n
+    else:  # every document arrived this iteration: no delay
+        trained = sum(n for mb in microbatches for _, n in mb)
     return IterationPacking(microbatches=microbatches,
                             carried=[pool[i] for i in result.carried], queues=state,
                             delay_token_iterations=delay, trained_tokens=trained)
+
+
+def _release_steady_state(docs: Sequence[Doc], thresholds: tuple[int, ...],
+                          num_microbatches: int) -> tuple[list[Doc], list[list[Doc]]]:
+    """(documents to pack, released documents per queue): each queue releases the first
+    ``num_microbatches`` of the documents at its level, in batch order (a document's level is
+    the highest threshold it reaches, :meth:`OutlierQueues.level`)."""
+    lengths = np.fromiter((n for _, n in docs), dtype=np.int64, count=len(docs))
+    levels = np.searchsorted(np.asarray(thresholds, dtype=np.int64), lengths, side="right") - 1
+    released_at: list[np.ndarray] = [np.flatnonzero(levels == k)[:num_microbatches]
+                                     for k in range(len(thresholds))]
+    kept = np.ones(len(docs), dtype=bool)
+    for positions in released_at:
+        kept[positions] = False
+    return ([docs[i] for i in np.flatnonzero(kept).tolist()],
+            [[docs[i] for i in positions.tolist()] for positions in released_at])
 
 
 def _place_released(released: list[list[Doc]], pool: list[Doc], num_microbatches: int,

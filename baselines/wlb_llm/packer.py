@@ -8,9 +8,13 @@ next iteration. Micro-batches may start with pre-placed documents (released outl
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from baselines.wlb_llm.workload import Workload
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,33 +46,76 @@ def wlb_pack(lengths: Sequence[int], num_microbatches: int, s_max: int,
             loads[m] += workload(lengths[i])
             tokens[m] += lengths[i]
             placed.add(i)
+    free = np.array([i for i in range(len(lengths)) if i not in placed], dtype=np.int64)
+    length_of = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    # Longest first, ties to the lower index (a stable sort of the free indices).
+    order = free[np.argsort(-length_of[free], kind="stable")]
+    ordered = length_of[order]
+    weights = (workload.of_lengths(ordered) if isinstance(workload, Workload) else
+               np.array([workload(int(n)) for n in ordered.tolist()], dtype=np.float64))
+    load_of = np.array(loads, dtype=np.float64)
+    token_of = np.array(tokens, dtype=np.int64)
+    target = _pack_in_order(ordered, weights, load_of, token_of, int(s_max))
     carried: list[int] = []
-    order = sorted((i for i in range(len(lengths)) if i not in placed),
-                   key=lambda i: (-lengths[i], i))
-    # Two lazy min-heaps give the least-loaded and the fewest-token micro-batch (ties to the
-    # lowest index, as a scan would) in O(log M): loads and tokens only grow, so an entry
-    # whose value is no longer the bin's is stale and dropped when it surfaces.
-    by_load = [(loads[m], m) for m in range(num_microbatches)]
-    by_tokens = [(tokens[m], m) for m in range(num_microbatches)]
-    heapq.heapify(by_load)
-    heapq.heapify(by_tokens)
+    for i, t in zip(order.tolist(), target.tolist(), strict=True):
+        if t < 0:
+            carried.append(i)
+        else:
+            bins[t].append(i)
+    return PackResult(microbatches=bins, carried=carried, workloads=load_of.tolist(),
+                      tokens=token_of.tolist())
 
-    def lowest(heap: list[tuple], current: list) -> int:
-        while heap[0][0] != current[heap[0][1]]:
-            heapq.heappop(heap)
-        return heap[0][1]
 
-    for i in order:
-        n = lengths[i]
-        target = lowest(by_load, loads)
-        if tokens[target] + n > s_max:
-            target = lowest(by_tokens, tokens)
-            if tokens[target] + n > s_max:
-                carried.append(i)
+@numba.njit(cache=True, nogil=True)
+def _pack_in_order(lengths: np.ndarray, weights: np.ndarray, loads: np.ndarray,
+                   tokens: np.ndarray, s_max: int):  # noqa: ANN201
+    """Algorithm 1's loop over documents already in packing order, compiled: the packer runs
+    once per layout a search tries over ~10^5 documents. ``loads``/``tokens`` (per
+    micro-batch) are updated in place; returns each document's micro-batch, -1 if carried.
+
+    Two tournament trees give the least-loaded and the fewest-token micro-batch, ties to the
+    lowest index (what a scan of Algorithm 1 picks), in O(log M) per document. Loads only
+    ever receive ``+= weights[k]``, the same float64 additions in the same order as the loop
+    written in Python, so the choices and the loads are the same bits
+    (``tests/test_baseline_wlb.py`` checks them against the scan)."""
+    num_bins = len(loads)
+    leaves = 1
+    while leaves < num_bins:
+        leaves *= 2
+    by_load = np.full(2 * leaves, -1, dtype=np.int64)
+    by_tokens = np.full(2 * leaves, -1, dtype=np.int64)
+    for m in range(num_bins):
+        by_load[leaves + m] = m
+        by_tokens[leaves + m] = m
+    for node in range(leaves - 1, 0, -1):
+        by_load[node] = _lower(loads, by_load[2 * node], by_load[2 * node + 1])
+        by_tokens[node] = _lower(tokens, by_tokens[2 * node], by_tokens[2 * node + 1])
+    target = np.empty(len(lengths), dtype=np.int64)
+    for k in range(len(lengths)):
+        n = lengths[k]
+        m = by_load[1]
+        if tokens[m] + n > s_max:
+            m = by_tokens[1]
+            if tokens[m] + n > s_max:
+                target[k] = -1
                 continue
-        bins[target].append(i)
-        loads[target] += workload(n)
-        tokens[target] += n
-        heapq.heappush(by_load, (loads[target], target))
-        heapq.heappush(by_tokens, (tokens[target], target))
-    return PackResult(microbatches=bins, carried=carried, workloads=loads, tokens=tokens)
+        target[k] = m
+        loads[m] += weights[k]
+        tokens[m] += n
+        node = (leaves + m) // 2
+        while node >= 1:
+            by_load[node] = _lower(loads, by_load[2 * node], by_load[2 * node + 1])
+            by_tokens[node] = _lower(tokens, by_tokens[2 * node], by_tokens[2 * node + 1])
+            node //= 2
+    return target
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lower(values: np.ndarray, left: int, right: int) -> int:
+    """The micro-batch with the smaller value; ``left`` on a tie (its indices are lower);
+    -1 is an empty leaf."""
+    if left < 0:
+        return right
+    if right < 0:
+        return left
+    return right if values[right] < values[left] else left

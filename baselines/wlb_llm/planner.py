@@ -148,6 +148,10 @@ def _flush_carried(packing: IterationPacking, s_max: int, dp: int) -> list[list[
 def _sharding_seconds(cost: CostModel, docs: list[int], parallel: ParallelSpec,
                       recompute: str) -> dict[str, float]:
     """Forward+backward stage seconds of one micro-batch under each CP sharding."""
+    if parallel.cp == 1:  # one rank holds every token either way
+        t = microbatch_stage_times(cost, docs, tp=parallel.tp, pp=parallel.pp,
+                                   recompute=recompute)
+        return dict.fromkeys(("per-sequence", "per-document"), t.forward_s + t.backward_s)
     out = {}
     for sharding in ("per-sequence", "per-document"):
         t = microbatch_stage_times(cost, docs, tp=parallel.tp, cp=parallel.cp, pp=parallel.pp,

@@ -17,5 +17,5 @@ SCHEDULE_SOURCE = "slimpack.schedules"
 
 
 def build_group_schedule(group: Group) -> list[list[Op]]:
-    """The group's op lists, one per pipeline stage."""
-    return [list(stage_ops) for stage_ops in build_schedule(group)]
+    """The group's op lists, one per pipeline stage (the builder's own: never changed)."""
+    return build_schedule(group)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from slimpack.plan import Group, Move, Plan, PlanError
 from slimpack.runtime.capabilities import (
     check_group_fields,
@@ -20,7 +22,9 @@ from slimpack.runtime.capabilities import (
     check_vocab_layout,
     check_zero_stage,
 )
+from slimpack.runtime.dry_run_walk import dry_run
 from slimpack.runtime.schedule import SCHEDULE_SOURCE, build_group_schedule
+from slimpack.schedules.ops import op_arrays
 from slimpack.sim.redistribution import check_move_ticks
 from slimpack.specs.model import ModelSpec
 
@@ -154,11 +158,15 @@ def check_schedule(group: Group, ops: list[list]) -> list[list[tuple[int, int]]]
     gid, pp, vpp = group.group_id, group.pp, group.vpp
     if len(ops) != pp:
         raise PlanError(f"group {gid}: schedule has {len(ops)} stages, group has pp={pp}")
-    want = sorted([("F", u, c) for u in range(len(group.forward_units)) for c in range(vpp)]
-                  + [("B", u, c) for u in range(len(group.backward_units)) for c in range(vpp)])
+    num_f, num_b = len(group.forward_units), len(group.backward_units)
     for s, stage_ops in enumerate(ops):
-        got = sorted((op.kind, op.unit, op.chunk) for op in stage_ops)
-        if got != want:
+        is_forward, unit, chunk = op_arrays(stage_ops)
+        # Each (kind, unit, chunk) the group has, as one index: F ones first, then B ones.
+        index = np.where(is_forward, 0, num_f * vpp) + unit * vpp + chunk
+        in_range = ((unit >= 0) & (unit < np.where(is_forward, num_f, num_b))
+                    & (chunk >= 0) & (chunk < vpp)).all()
+        if len(unit) != (num_f + num_b) * vpp or not in_range or (
+                np.bincount(index, minlength=(num_f + num_b) * vpp) != 1).any():
             raise PlanError(f"group {gid}: stage {s} schedule does not run every unit's F and B "
                             f"exactly once per chunk")
     if not (group.vocab_parallel_pp and pp > 1):
@@ -190,124 +198,16 @@ def _eager_joins(group: Group, ops: list[list]) -> list[list[tuple[int, int]]] |
     return [*joins, []]
 
 
-def _in_order(ids: tuple[int, ...], needs: dict[int, set[int]], done: set[int]) -> bool:
-    """Whether each slice of ``ids`` finds what it needs (``needs[i]``) done already or run
-    before it in the unit."""
-    seen: set[int] = set()
-    for i in ids:
-        need = needs.get(i)
-        if need and any(x not in done and x not in seen for x in need):
-            return False
-        seen.add(i)
-    return True
-
-
 def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool,
              fixed: list[list[tuple[int, int]]] | None = None) -> list[list[tuple[int, int]]]:
-    pp, last = group.pp, group.pp * group.vpp - 1
-    fwd_slices = [u.slice_ids for u in group.forward_units]
-    bwd_slices = [u.slice_ids for u in group.backward_units]
-    # Same-sequence order: a slice's forward needs its sequence's earlier slices forwarded,
-    # its backward needs the later ones backwarded (the KV cache and dK/dV flow).
-    # Built per sequence (its slices by start), not over all pairs of slices: a 33.5M-token
-    # plan holds thousands of slices per group, and most sequences sit in one slice.
-    pieces: dict[int, list[tuple[int, int]]] = {}
-    for sl in group.slices:
-        for seg in sl.segments:
-            pieces.setdefault(seg.seq_id, []).append((seg.start, sl.slice_id))
-    earlier: dict[int, set[int]] = {}
-    later: dict[int, set[int]] = {}
-    for of_seq in pieces.values():
-        for start_a, a in of_seq:
-            for start_b, b in of_seq:
-                if start_b < start_a and a != b:
-                    earlier.setdefault(a, set()).add(b)
-                    later.setdefault(b, set()).add(a)
-    channels: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
-    done_f = [[set() for _ in range(group.vpp)] for _ in range(pp)]
-    done_b = [[set() for _ in range(group.vpp)] for _ in range(pp)]
-    pos = [0] * pp
-
-    def ready(s: int, op) -> bool:  # noqa: ANN001 - a schedule op
-        block = op.chunk * pp + s
-        if op.kind == "F":
-            # Slices of a unit run in its listed order, so a slice may also follow
-            # the unit's slices listed before it.
-            if not _in_order(fwd_slices[op.unit], earlier, done_f[s][op.chunk]):
-                return False
-            return block == 0 or _peek(channels, ((s - 1) % pp, s, "F"), (op.unit, block))
-        ids = bwd_slices[op.unit]
-        if any(i not in done_f[s][op.chunk] for i in ids):
-            return False
-        if not _in_order(ids, later, done_b[s][op.chunk]):
-            return False
-        return block == last or _peek(channels, ((s + 1) % pp, s, "B"), (op.unit, block))
-
-    def run(s: int, op) -> None:  # noqa: ANN001 - a schedule op
-        block = op.chunk * pp + s
-        if op.kind == "F":
-            if block > 0:
-                channels[((s - 1) % pp, s, "F")].pop(0)
-            done_f[s][op.chunk].update(fwd_slices[op.unit])
-            if block < last:
-                channels.setdefault((s, (s + 1) % pp, "F"), []).append((op.unit, block + 1))
-        else:
-            if block < last:
-                channels[((s + 1) % pp, s, "B")].pop(0)
-            done_b[s][op.chunk].update(bwd_slices[op.unit])
-            if block > 0:
-                channels.setdefault((s, (s - 1) % pp, "B"), []).append((op.unit, block - 1))
-
-    # Vocabulary-parallel LM head (vocab_over_pp): the last stage runs unit u's head inside
-    # its F(u) of the last block, which completes only once every other stage has joined it;
-    # a stage that joined waits there until then. Heads complete in the last stage's order.
-    # ``fixed``: the other stages join at these (op index, unit) positions; None: they join
-    # where they stand once no stage can move and the last stage waits for a head.
-    heads_done = 0
-    joined = [0] * pp
-    taken = [0] * pp  # fixed joins made per stage
-    joins: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
-
-    def is_head(s: int, op) -> bool:  # noqa: ANN001 - a schedule op
-        return vocab_over_pp and s == pp - 1 and op.kind == "F" and op.chunk == group.vpp - 1
-
-    while True:
-        progress = False
-        for s in range(pp):
-            while joined[s] <= heads_done:
-                if (fixed is not None and s < pp - 1 and taken[s] < len(fixed[s])
-                        and fixed[s][taken[s]][0] == pos[s]):
-                    joins[s].append(fixed[s][taken[s]])
-                    taken[s] += 1
-                    joined[s] += 1
-                    progress = True
-                    continue
-                if pos[s] == len(ops[s]):
-                    break
-                op = ops[s][pos[s]]
-                if not ready(s, op):
-                    break
-                if is_head(s, op):
-                    if any(joined[t] <= heads_done for t in range(pp - 1)):
-                        break
-                    heads_done += 1
-                    joined[s] = heads_done
-                run(s, op)
-                pos[s] += 1
-                progress = True
-        if progress:
-            continue
-        # Every stage is blocked. If the last stage waits only for the others to join the
-        # head of its next op, each joins where it stands: it was waiting there anyway.
-        head = ops[pp - 1][pos[pp - 1]] if pos[pp - 1] < len(ops[pp - 1]) else None
-        if fixed is not None or head is None or not is_head(pp - 1, head) or not ready(pp - 1, head):
-            break
-        for t in range(pp - 1):
-            joins[t].append((pos[t], head.unit))
-            joined[t] += 1
+    """Run the stages' op lists (:func:`dry_run_state`); return each stage's joins of the LM
+    head, or raise PlanError naming where the stages stop."""
+    pos, joined, heads_done, joins = dry_run_state(group, ops, vocab_over_pp=vocab_over_pp,
+                                                   fixed=fixed)
+    pp, vpp = group.pp, group.vpp
     stuck = [f"stage {s} at {op.kind}(unit {op.unit}, chunk {op.chunk})"
              for s in range(pp) if pos[s] < len(ops[s]) for op in [ops[s][pos[s]]]]
-    heads = [op.unit for op in ops[pp - 1] if is_head(pp - 1, op)]
+    heads = [op.unit for op in ops[pp - 1] if op.kind == "F" and op.chunk == vpp - 1]
     stuck += [f"stage {s} waiting there in the LM head of forward unit {heads[heads_done]}"
               for s in range(pp - 1) if joined[s] > heads_done]
     if stuck:
@@ -316,7 +216,109 @@ def _dry_run(group: Group, ops: list[list], *, vocab_over_pp: bool,
     return joins
 
 
-def _peek(channels: dict, key: tuple[int, int, str], msg: tuple[int, int]) -> bool:
-    """Whether ``msg`` is the oldest message on the channel (FIFO, as NCCL matches)."""
-    queue = channels.get(key)
-    return bool(queue) and queue[0] == msg
+def dry_run_state(group: Group, ops: list[list], *, vocab_over_pp: bool,
+                  fixed: list[list[tuple[int, int]]] | None = None,
+                  ) -> tuple[list[int], list[int], int, list[list[tuple[int, int]]]]:
+    """Where the dry run of ``ops`` stops (:mod:`slimpack.runtime.dry_run_walk`: the rules
+    and the compiled walk): (ops each stage ran, heads each stage joined or ran, heads
+    completed, each stage's joins as (op index, forward unit)).
+
+    Vocabulary-parallel LM head (``vocab_over_pp``): the last stage runs unit u's head inside
+    its F(u) of the last block, which completes only once every other stage has joined it; a
+    stage that joined waits there until then. Heads complete in the last stage's order.
+    ``fixed``: the other stages join at these (op index, unit) positions; None: they join
+    where they stand once no stage can move and the last stage waits for a head."""
+    pp, vpp = group.pp, group.vpp
+    if len(ops) != pp:
+        raise PlanError(f"group {group.group_id}: schedule has {len(ops)} stages, group has "
+                        f"pp={pp}")
+    arrays = [op_arrays(stage_ops) for stage_ops in ops]
+    is_forward, unit, chunk = (np.concatenate([a[k] for a in arrays]) for k in range(3))
+    _check_op_ranges(group, is_forward, unit, chunk)
+    dense = _dense_slice_ids(group)
+    forward_first, forward_ids = _unit_csr(group.forward_units, dense)
+    backward_first, backward_ids = _unit_csr(group.backward_units, dense)
+    (earlier_first, earlier_ids), (later_first, later_ids) = _sequence_order_csr(group, dense)
+    fixed_lists = list(fixed[:pp]) if fixed is not None else []
+    fixed_first = np.zeros(pp + 1, dtype=np.int64)
+    fixed_first[1:len(fixed_lists) + 1] = np.cumsum([len(f) for f in fixed_lists])
+    fixed_first[len(fixed_lists) + 1:] = fixed_first[len(fixed_lists)]
+    flat_fixed = [join for f in fixed_lists for join in f]
+    ran, joined, heads_done, join_count, join_position, join_unit = dry_run(
+        np.concatenate([[0], np.cumsum([len(a[0]) for a in arrays])]).astype(np.int64),
+        is_forward, unit, chunk, forward_first, forward_ids, backward_first,
+        backward_ids, earlier_first, earlier_ids, later_first, later_ids, len(dense), vpp,
+        vocab_over_pp, fixed is not None, fixed_first,
+        np.array([p for p, _ in flat_fixed], dtype=np.int64),
+        np.array([u for _, u in flat_fixed], dtype=np.int64))
+    joins = [list(zip(join_position[s, :join_count[s]].tolist(),
+                      join_unit[s, :join_count[s]].tolist(), strict=True)) for s in range(pp)]
+    return ran.tolist(), joined.tolist(), int(heads_done), joins
+
+
+def _check_op_ranges(group: Group, is_forward: np.ndarray, unit: np.ndarray,
+                     chunk: np.ndarray) -> None:
+    """The compiled walk indexes by unit and chunk without bounds checks: every op must name
+    a unit of the group and one of its chunks."""
+    if not len(unit):
+        return
+    limit = np.where(is_forward, len(group.forward_units), len(group.backward_units))
+    if (unit < 0).any() or (unit >= limit).any() or chunk.min() < 0 \
+            or chunk.max() >= group.vpp:
+        raise PlanError(f"group {group.group_id}: schedule ops must name units below "
+                        f"{len(group.forward_units)} (F) / {len(group.backward_units)} (B) "
+                        f"and chunks below vpp={group.vpp}; got units "
+                        f"{unit.min()}..{unit.max()}, chunks {chunk.min()}..{chunk.max()}")
+
+
+def _dense_slice_ids(group: Group) -> dict[int, int]:
+    """Slice id -> index ``0..n-1`` over the group's slices and every id a unit lists."""
+    dense: dict[int, int] = {}
+    for sl in group.slices:
+        dense.setdefault(sl.slice_id, len(dense))
+    for units in (group.forward_units, group.backward_units):
+        for unit in units:
+            for sid in unit.slice_ids:
+                dense.setdefault(sid, len(dense))
+    return dense
+
+
+def _unit_csr(units: tuple, dense: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Each unit's slices (dense ids) as (first, ids): unit u's are ``ids[first[u]:first[u+1]]``."""
+    sizes = [len(u.slice_ids) for u in units]
+    first = np.zeros(len(units) + 1, dtype=np.int64)
+    first[1:] = np.cumsum(sizes)
+    ids = np.fromiter((dense[sid] for u in units for sid in u.slice_ids), dtype=np.int64,
+                      count=int(first[-1]))
+    return first, ids
+
+
+def _sequence_order_csr(group: Group, dense: dict[int, int],
+                        ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Same-sequence order, per slice as (first, ids): the slices its forward needs forwarded
+    (the same sequence's earlier ones) and those its backward needs backwarded (the later
+    ones): the KV cache and dK/dV flow. Built per sequence (its slices by start), not over all
+    pairs of slices: a 33.5M-token plan holds thousands of slices per group, and most
+    sequences sit in one slice."""
+    pieces: dict[int, list[tuple[int, int]]] = {}
+    for sl in group.slices:
+        for seg in sl.segments:
+            pieces.setdefault(seg.seq_id, []).append((seg.start, dense[sl.slice_id]))
+    earlier: list[set[int]] = [set() for _ in dense]
+    later: list[set[int]] = [set() for _ in dense]
+    for of_seq in pieces.values():
+        if len(of_seq) < 2:
+            continue
+        for start_a, a in of_seq:
+            for start_b, b in of_seq:
+                if start_b < start_a and a != b:
+                    earlier[a].add(b)
+                    later[b].add(a)
+
+    def csr(sets: list[set[int]]) -> tuple[np.ndarray, np.ndarray]:
+        first = np.zeros(len(sets) + 1, dtype=np.int64)
+        first[1:] = np.cumsum([len(x) for x in sets])
+        return first, np.fromiter((y for x in sets for y in sorted(x)), dtype=np.int64,
+                                  count=int(first[-1]))
+
+    return csr(earlier), csr(later)

@@ -104,20 +104,22 @@ def forward_groups(group: Group, min_size: int) -> list[list[int]]:
     return groups
 
 
-def forward_order(group: Group) -> list[Op]:
-    """Forward ops in execution order, identical on every stage."""
+def forward_order(group: Group, groups: list[list[int]] | None = None) -> list[Op]:
+    """Forward ops in execution order, identical on every stage (``groups``: the group's
+    :func:`forward_groups` at ``min_size = pp``, when the caller holds them already)."""
     v = group.vpp
     if v == 1:
         return [Op("F", u, 0) for u in range(len(group.forward_units))]
     order: list[Op] = []
-    for members in forward_groups(group, group.pp):
+    for members in groups if groups is not None else forward_groups(group, group.pp):
         for c in range(v):
             order.extend(Op("F", u, c) for u in members)
     return order
 
 
-def backward_order(group: Group) -> list[Op]:
-    """Backward ops in execution order, identical on every stage.
+def backward_order(group: Group, groups: list[list[int]] | None = None) -> list[Op]:
+    """Backward ops in execution order, identical on every stage (``groups`` as for
+    :func:`forward_order`).
 
     Backward units run in the plan's order (which ``Plan.validate`` has checked backwards
     every sequence in reverse slice order). With vpp > 1 each backward unit belongs to the
@@ -129,7 +131,8 @@ def backward_order(group: Group) -> list[Op]:
     if v == 1:
         return [Op("B", u, 0) for u in range(nb)]
     owner_of_slice: dict[int, int] = {}
-    for g, members in enumerate(forward_groups(group, group.pp)):
+    for g, members in enumerate(groups if groups is not None else forward_groups(group,
+                                                                                 group.pp)):
         for u in members:
             for sid in group.forward_units[u].slice_ids:
                 owner_of_slice[sid] = g

@@ -37,7 +37,7 @@ import numpy as np
 
 from slimpack.plan import Group
 from slimpack.schedules.ops import Op, OpArrays, OpList
-from slimpack.schedules.orders import backward_order, forward_order
+from slimpack.schedules.orders import backward_order, forward_groups, forward_order
 from slimpack.schedules.validate import ScheduleError, describe_stuck, progress, walk_op_arrays
 
 MAX_REPAIRS = 64
@@ -53,8 +53,9 @@ def build_schedule(group: Group) -> list[list[Op]]:
     if kind == "1f1b" and v > 1:
         raise ScheduleError(f"Group {group.group_id}: schedule '1f1b' needs vpp = 1, got {v}; "
                             f"use 'interleaved'")
-    fwd = forward_order(group)
-    bwd = backward_order(group)
+    groups = forward_groups(group, p) if v > 1 else None
+    fwd = forward_order(group, groups)
+    bwd = backward_order(group, groups)
     if v == 1:
         # Without virtual stages these lists cannot deadlock, so the O(ops) check is
         # skipped (planners build ~10^5-op schedules per candidate). Stage r runs c_r(j)
@@ -149,9 +150,11 @@ def _stage_lists(fwd: list[Op], bwd: list[Op], codes: _OpCodes,
                  orders: list[np.ndarray]) -> list[OpList]:
     """Each stage's ops in ``orders`` (indices into ``fwd + bwd``), with their fields as
     arrays taken from ``codes`` (no second read of the op objects)."""
-    everything = fwd + bwd
-    return [OpList([everything[k] for k in order.tolist()], codes.arrays(order))
-            for order in orders]
+    # Object-array indexing picks each stage's ops in C, not one list index at a time.
+    everything = np.empty(len(fwd) + len(bwd), dtype=object)
+    everything[:len(fwd)] = fwd
+    everything[len(fwd):] = bwd
+    return [OpList(everything[order].tolist(), codes.arrays(order)) for order in orders]
 
 
 def _stage_order(num_forwards: int, counts: np.ndarray) -> np.ndarray:
