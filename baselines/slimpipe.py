@@ -173,6 +173,7 @@ def plan(batch: Batch, setup: PlanSetup, options: SlimPipeOptions) -> Plan:
     trials = trials[:opts.max_trials]
     n, recompute, offload = trials[0]
     groups = build(n, recompute, offload)
+    chosen_moves = {}  # the best trial's redistribution, when trials were simulated
     stopped_by = "max_trials"
     if len(trials) > 1:
         # Several settings fit: time each on the simulator (the best configuration, as
@@ -186,15 +187,16 @@ def plan(batch: Batch, setup: PlanSetup, options: SlimPipeOptions) -> Plan:
                 stopped_by = "time_limit_s"
                 break
             trial = build(trial_n, mode, share)
-            record = simulate(probe(trial), model=model, hardware=hardware, cost=setup.cost,
+            result = simulate(probe(trial), model=model, hardware=hardware, cost=setup.cost,
                               validate=False, schedules=schedules(trial_n, trial),
-                              schedules_built=True).record
+                              schedules_built=True)
+            record = result.record
             # A trial that runs out of memory loses to any that fits, however fast: the
             # analytic estimate that admitted it can be optimistic, and finish_plan would
             # escalate its recompute (a slower plan than the one the trial timed).
             key = (record.oom, record.step_time_s)
             if best is None or key < best:
-                best, groups = key, trial
+                best, groups, chosen_moves = key, trial, result.chosen_moves
                 n, recompute, offload = trial_n, mode, share
             keep_only(n, *(later for later, _, _ in trials[position + 1:]))
     length = slice_length(longest, n)
@@ -209,7 +211,7 @@ def plan(batch: Batch, setup: PlanSetup, options: SlimPipeOptions) -> Plan:
                   "vocab_parallel_pp": True},
         documents=DocumentMap(pieces=layout.document_pieces),
         attention_redistribution=opts.attention_redistribution,
-        escalate_recompute=True, schedules=schedules(n, groups),
+        escalate_recompute=True, schedules=schedules(n, groups), chosen_moves=chosen_moves,
     )
 
 

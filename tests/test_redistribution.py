@@ -249,3 +249,70 @@ def test_block_bytes_is_the_shipped_kv_of_one_layer():
     _, stats = redistribute_group(group, build_schedule(group), before, model=MODEL, cost=COST,
                                   gpus_per_node=8)
     assert stats.block_bytes == SLICE // 2 * kv_bytes_per_token_per_layer(MODEL, 8)
+
+
+def test_imbalance_is_the_sum_over_concurrent_sets_written_op_by_op(registered_planner_plans):
+    """The imbalance stats (compiled per-set sums) equal the definition written op by op: over
+    the ticks with more than one op of a kind, the sum of each tick's slowest op over the sum
+    of its mean op, ticks in order of their first op in the stage-major listing, each tick's
+    ops summed in listing order. Exact equality, on every pipelined registered planner's
+    groups (real lengths, vpp 1 and 2)."""
+    from slimpack.sim.redistribution import _imbalance, _op_table, _op_times, _unit_keys
+
+    def by_definition(table, times, backward):
+        sets: dict[int, list[tuple[int, float]]] = {}
+        for i in range(len(table.tick)):
+            if bool(table.backward[i]) == backward:
+                sets.setdefault(int(table.tick[i]), []).append((int(table.flat[i]),
+                                                                float(times[i])))
+        slowest = mean = 0.0
+        for members in sorted((sorted(m) for m in sets.values() if len(m) > 1),
+                              key=lambda m: m[0][0]):
+            ts = [t for _, t in members]
+            slowest += max(ts)
+            mean += sum(ts) / len(ts)
+        return slowest / mean if mean > 0 else 1.0
+
+    checked = 0
+    for plan in registered_planner_plans:
+        for group in plan.groups():
+            if group.pp == 1:
+                continue
+            ops = build_schedule(group)
+            (fw, _), (bw, _) = _unit_keys(group)
+            table = _op_table(ops, pp=group.pp, vpp=group.vpp, fwd_weight=fw, bwd_weight=bw)
+            costs = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+            times = _op_times(table, costs, group)
+            for backward in (False, True):
+                assert _imbalance(table, times, backward) == by_definition(table, times,
+                                                                           backward)
+            checked += 1
+    assert checked >= 10
+
+
+def test_a_simulation_hands_over_the_moves_it_chose_for_the_plan_to_carry():
+    """``SimResult.chosen_moves`` (a plan without moves, simulated) are the moves
+    ``priced_moves`` chooses for the same group and op lists; ``with_attention_moves`` takes
+    them for that very group object, and chooses again for any other (an escalated copy)."""
+    from slimpack.sim.redistribution import with_attention_moves
+
+    plan, group = _one_sample(4, 8)
+    bare = dataclasses.replace(plan, phases=tuple(
+        dataclasses.replace(ph, groups=tuple(dataclasses.replace(g, attention_moves=None)
+                                             for g in ph.groups)) for ph in plan.phases))
+    group = next(bare.groups())
+    ops = build_schedule(group)
+    result = simulate(bare, model=MODEL, hardware=HW, cost=COST,
+                      schedules={group.group_id: ops}, schedules_built=True)
+    simulated, moves = result.chosen_moves[group.group_id]
+    assert simulated is group and moves
+    assert moves == priced_moves(group, ops, model=MODEL, cost=COST, gpus_per_node=8)
+    carried = with_attention_moves(bare, model=MODEL, cost=COST,
+                                   schedules={group.group_id: ops},
+                                   chosen={group.group_id: (group, ())})
+    assert next(carried.groups()).attention_moves == ()  # taken as handed over, not re-chosen
+    copy = dataclasses.replace(group)
+    again = with_attention_moves(dataclasses.replace(bare, phases=(
+        dataclasses.replace(bare.phases[0], groups=(copy,)),)), model=MODEL, cost=COST,
+        schedules={group.group_id: ops}, chosen={group.group_id: (group, ())})
+    assert next(again.groups()).attention_moves == moves

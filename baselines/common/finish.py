@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from slimpack.plan import DocumentMap, Phase, Plan
+from slimpack.plan import DocumentMap, Group, Move, Phase, Plan
 from slimpack.planning.setup import PlanSetup
 from slimpack.schedules import Op
 from slimpack.sim.memory import plan_fits_memory
@@ -20,7 +20,9 @@ def finish_plan(*, method: str, setup: PlanSetup, sequence_lengths: dict[int, in
                 parallel: ParallelSpec | None = None,
                 escalate_recompute: bool = False, documents: DocumentMap | None = None,
                 attention_redistribution: bool = False,
-                schedules: Mapping[int, list[list[Op]]] | None = None) -> Plan:
+                schedules: Mapping[int, list[list[Op]]] | None = None,
+                chosen_moves: Mapping[int, tuple[Group, tuple[Move, ...]]] | None = None,
+                ) -> Plan:
     """Build and validate the plan, then check memory with the simulator's own walk.
 
     ``Plan.memory_fits`` is :func:`slimpack.sim.memory.plan_fits_memory` of the final
@@ -33,7 +35,9 @@ def finish_plan(*, method: str, setup: PlanSetup, sequence_lengths: dict[int, in
     (``Plan.zero_stage``). ``parallel``: the layout the plan runs on when the planner reshaped
     ``setup.parallel`` (FlexSP's SP pool). ``schedules``: op lists the planner already built
     for some group ids (recompute does not change them, so they hold for the escalated plans
-    too). ``slimpack.compare.plan_method`` times the planner (``metadata['plan_seconds']``).
+    too). ``chosen_moves``: the ``SimResult.chosen_moves`` of the planner's simulation of
+    these groups on ``schedules`` (:func:`~slimpack.sim.redistribution.with_attention_moves`).
+    ``slimpack.compare.plan_method`` times the planner (``metadata['plan_seconds']``).
     """
     model, hardware, training = setup.model, setup.hardware, setup.training
     parallel = parallel or setup.parallel
@@ -52,7 +56,8 @@ def finish_plan(*, method: str, setup: PlanSetup, sequence_lengths: dict[int, in
         fits = plan_fits_memory(plan, model, hardware, training, schedules)
     # The plan carries the moves its redistribution runs, chosen under the cost model it was
     # planned with, on the recompute modes it ends with.
-    plan = with_attention_moves(plan, model=model, cost=setup.cost, schedules=schedules)
+    plan = with_attention_moves(plan, model=model, cost=setup.cost, schedules=schedules,
+                                chosen=chosen_moves)
     modes = sorted({g.recompute for g in plan.groups()}, key=RECOMPUTE_MODES.index)
     if escalate_recompute or "recompute" in plan.metadata:
         plan.metadata["recompute"] = modes[0] if len(modes) == 1 else ",".join(modes)

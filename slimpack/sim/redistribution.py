@@ -53,9 +53,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
-from operator import attrgetter
 
+import numba
 import numpy as np
 
 from slimpack.cost.cp_sharding import shard_pieces
@@ -63,7 +62,8 @@ from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Move, Plan, PlanError, Unit, shipped_tokens
 from slimpack.schedules import Op, build_schedule
-from slimpack.schedules.validate import unit_time_walk
+from slimpack.schedules.ops import op_arrays
+from slimpack.schedules.validate import walk_op_arrays
 from slimpack.sim.costs import BF16, GroupCosts, group_costs, unit_rank_sums
 from slimpack.specs.model import ModelSpec
 
@@ -130,10 +130,19 @@ class RedistributionStats:
 def schedule_ticks(ops: Sequence[Sequence[Op]], *, pp: int, vpp: int) -> list[list[int]]:
     """Start tick of every op (``[stage][position]``) with unit-time ops and free transfers
     (:func:`~slimpack.schedules.validate.unit_time_walk`, the timing walk's dependencies)."""
-    pos, ticks = unit_time_walk(ops, pp=pp, vpp=vpp)
-    if any(pos[s] < len(ops[s]) for s in range(pp)):
+    ticks, stage_first = _flat_ticks(ops, pp=pp, vpp=vpp)
+    return [ticks[a:b].tolist() for a, b in zip(stage_first[:-1], stage_first[1:], strict=True)]
+
+
+def _flat_ticks(ops: Sequence[Sequence[Op]], *, pp: int,
+                vpp: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`schedule_ticks` flat in stage order, and each stage's first index and one past
+    the last."""
+    ran, ticks, stage_first = walk_op_arrays([op_arrays(stage_ops) for stage_ops in ops],
+                                             pp=pp, vpp=vpp)
+    if any(int(ran[s]) < len(ops[s]) for s in range(pp)):
         raise ValueError("schedule_ticks: the op lists cannot complete (deadlock)")
-    return ticks
+    return ticks, stage_first
 
 
 def _shrink(pieces: Pieces, fraction: float) -> tuple[Pieces, Pieces]:
@@ -371,16 +380,16 @@ class _OpTable:
     """Index where each (tick, backward) set starts."""
 
 
-def _op_table(ops: Sequence[Sequence[Op]], ticks: list[list[int]], *, pp: int,
-              fwd_weight: np.ndarray, bwd_weight: np.ndarray) -> _OpTable:
+def _op_table(ops: Sequence[Sequence[Op]], *, pp: int, vpp: int, fwd_weight: np.ndarray,
+              bwd_weight: np.ndarray) -> _OpTable:
     total = sum(map(len, ops))
-    flat_ops = list(chain.from_iterable(ops))
-    tick = np.fromiter(chain.from_iterable(ticks), dtype=np.int64, count=total)
-    backward = np.fromiter(map("F".__ne__, map(attrgetter("kind"), flat_ops)), dtype=bool,
-                           count=total)
-    unit = np.fromiter(map(attrgetter("unit"), flat_ops), dtype=np.int64, count=total)
+    arrays = [op_arrays(stage_ops) for stage_ops in ops]
+    tick, _ = _flat_ticks(ops, pp=pp, vpp=vpp)
+    backward = ~np.concatenate([a[0] for a in arrays]) if total else np.zeros(0, dtype=bool)
+    unit = np.concatenate([a[1] for a in arrays]) if total else np.zeros(0, dtype=np.int64)
     stage = np.repeat(np.arange(pp, dtype=np.int64), [len(o) for o in ops])
-    vs = np.fromiter(map(attrgetter("chunk"), flat_ops), dtype=np.int64, count=total) * pp + stage
+    vs = (np.concatenate([a[2] for a in arrays]) if total else
+          np.zeros(0, dtype=np.int64)) * pp + stage
     weight = _by_kind(backward, unit, fwd_weight, bwd_weight)
     order = np.lexsort((unit, vs, -weight, backward, tick))
     tick, backward, vs, unit = tick[order], backward[order], vs[order], unit[order]
@@ -414,14 +423,30 @@ def _imbalance(table: _OpTable, times: np.ndarray, backward: bool) -> float:
     set_rank = np.empty(len(starts), dtype=np.int64)
     set_rank[np.argsort(first_flat, kind="stable")] = np.arange(len(starts))
     order = np.lexsort((table.flat[member], np.repeat(set_rank, sizes)))
-    member_times = times[member[order]].tolist()
-    bounds = np.cumsum(np.append(0, sizes[np.argsort(first_flat, kind="stable")])).tolist()
-    slowest = mean = 0.0
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        ts = member_times[a:b]
-        slowest += max(ts)
-        mean += sum(ts) / len(ts)
+    member_times = times[member[order]]
+    bounds = np.cumsum(np.append(0, sizes[np.argsort(first_flat, kind="stable")]))
+    slowest, mean = _slowest_and_mean(member_times, bounds)
     return slowest / mean if mean > 0 else 1.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _slowest_and_mean(times: np.ndarray, bounds: np.ndarray) -> tuple[float, float]:
+    """Over the runs ``times[bounds[k]:bounds[k+1]]``: the sum of each run's largest and the
+    sum of each run's mean, each run summed left to right and the runs added in order (the
+    loop written in Python, compiled: ~10^5 sets per group, four times per redistribution)."""
+    slowest = 0.0
+    mean = 0.0
+    for k in range(len(bounds) - 1):
+        a, b = bounds[k], bounds[k + 1]
+        largest = times[a]
+        total = 0.0
+        for i in range(a, b):
+            if times[i] > largest:
+                largest = times[i]
+            total += times[i]
+        slowest += largest
+        mean += total / (b - a)
+    return slowest, mean
 
 
 def _max_per_run(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -461,8 +486,7 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
     pp, tp = group.pp, group.tp
     slice_cache: dict = {}
     (fwd_weight, fwd_queries), (bwd_weight, bwd_queries) = _unit_keys(group)
-    table = _op_table(ops, schedule_ticks(ops, pp=pp, vpp=group.vpp), pp=pp,
-                      fwd_weight=fwd_weight, bwd_weight=bwd_weight)
+    table = _op_table(ops, pp=pp, vpp=group.vpp, fwd_weight=fwd_weight, bwd_weight=bwd_weight)
     times = _op_times(table, costs, group)
     # Pairs: in each set, the a-th heaviest with the a-th lightest.
     sizes = np.diff(np.append(table.set_start, len(table.tick)))
@@ -484,15 +508,16 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
         return _p2p(cost, intra_node)
 
     # pair_move's first two refusals, on every pair at once (the same float operations).
-    floors: dict[tuple[int, bool, bool], float] = {}
+    # One floor per distinct (queries, backward, intra-node) of the pairs whose heavy op is
+    # slower: pairs repeat few of them.
     floor = np.zeros(len(heavy), dtype=np.float64)
-    for i in np.flatnonzero(h0 > l0).tolist():
-        k = (int(queries[i]), bool(is_b[i]), bool(intra[i]))
-        got = floors.get(k)
-        if got is None:
-            got = floors[k] = _transfer_floor(k[0], backward=k[1], q_bytes=q_bytes,
-                                              lse_bytes=lse_bytes, comm_time=comm(k[2]))
-        floor[i] = got
+    slower = np.flatnonzero(h0 > l0)
+    if len(slower):
+        kinds, kind_of = np.unique(np.stack([queries[slower], is_b[slower], intra[slower]],
+                                            axis=1), axis=0, return_inverse=True)
+        floor[slower] = np.array([_transfer_floor(q, backward=bool(b), q_bytes=q_bytes,
+                                                  lse_bytes=lse_bytes, comm_time=comm(bool(i)))
+                                  for q, b, i in kinds.tolist()])[kind_of.reshape(-1)]
     viable = (h0 > l0) & (queries > 0) & ~(MAX_TRANSFER_SHARE * (h0 - l0) / 2 < floor * nh)
     # A tick keeps its moves only if its slowest op gets faster, and only viable heavy ops
     # can get faster (light ops only slow down): a tick whose slowest viable heavy op is no
@@ -596,8 +621,7 @@ def apply_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts,
     its tick in ``ops``."""
     pp = group.pp
     (fwd_weight, _), (bwd_weight, _) = _unit_keys(group)
-    table = _op_table(ops, schedule_ticks(ops, pp=pp, vpp=group.vpp), pp=pp,
-                      fwd_weight=fwd_weight, bwd_weight=bwd_weight)
+    table = _op_table(ops, pp=pp, vpp=group.vpp, fwd_weight=fwd_weight, bwd_weight=bwd_weight)
     times = _op_times(table, costs, group)
     _check_ticks(group, table, moves)
     intra_of = _intra_node_stages(group, gpus_per_node)
@@ -623,11 +647,10 @@ def check_move_ticks(group: Group, ops: Sequence[Sequence[Op]], moves: Sequence[
     """Raise PlanError for a move whose two ops do not start at its tick when the group runs
     as ``ops`` (moves were chosen for one schedule; another pairs other ops)."""
     if moves:
-        _check_ticks(group, _op_table(ops, schedule_ticks(ops, pp=group.pp, vpp=group.vpp),
-                                      pp=group.pp, fwd_weight=np.zeros(len(group.forward_units),
-                                                                       dtype=np.int64),
-                                      bwd_weight=np.zeros(len(group.backward_units),
-                                                          dtype=np.int64)), moves)
+        _check_ticks(group, _op_table(
+            ops, pp=group.pp, vpp=group.vpp,
+            fwd_weight=np.zeros(len(group.forward_units), dtype=np.int64),
+            bwd_weight=np.zeros(len(group.backward_units), dtype=np.int64)), moves)
 
 
 def _check_ticks(group: Group, table: _OpTable, moves: Sequence[Move]) -> None:
@@ -734,24 +757,34 @@ def merge_stats(stats: Sequence[RedistributionStats]) -> dict[str, float]:
 
 
 def with_attention_moves(plan: Plan, *, model: ModelSpec, cost: CostModel,
-                         schedules: Mapping[int, Sequence[Sequence[Op]]] | None = None) -> Plan:
+                         schedules: Mapping[int, Sequence[Sequence[Op]]] | None = None,
+                         chosen: Mapping[int, tuple[Group, tuple[Move, ...]]] | None = None,
+                         ) -> Plan:
     """``plan`` with every pp > 1 group's ``attention_moves`` chosen under ``cost``
     (:func:`priced_moves` on the simulator's schedule: ``schedules[group_id]`` where given,
     else :func:`~slimpack.schedules.build_schedule`) when ``attention_redistribution`` is on;
     the plan itself otherwise. What a planner that redistributes calls at plan time, so the
-    plan carries what the simulator and the runtime execute."""
+    plan carries what the simulator and the runtime execute.
+
+    ``chosen``: ``SimResult.chosen_moves`` of a simulation under ``cost`` on the op lists
+    used here (``schedules``, else :func:`~slimpack.schedules.build_schedule`'s); a group that
+    is the very object simulated there (not one changed since, e.g. by a recompute
+    escalation) takes those moves, the ones :func:`priced_moves` would choose again."""
     if not plan.attention_redistribution:
         return plan
     gpus = plan.parallel.gpus_per_node
     schedules = schedules or {}
+    chosen = chosen or {}
 
-    def ops_of(g: Group) -> Sequence[Sequence[Op]]:
-        got = schedules.get(g.group_id)
-        return got if got is not None else build_schedule(g)
+    def moves_of(g: Group) -> tuple[Move, ...]:
+        simulated = chosen.get(g.group_id)
+        if simulated is not None and simulated[0] is g:
+            return simulated[1]
+        ops = schedules.get(g.group_id)
+        return priced_moves(g, ops if ops is not None else build_schedule(g), model=model,
+                            cost=cost, gpus_per_node=gpus)
 
     phases = tuple(dataclasses.replace(phase, groups=tuple(
-        dataclasses.replace(g, attention_moves=priced_moves(
-            g, ops_of(g), model=model, cost=cost, gpus_per_node=gpus))
-        if g.pp > 1 else g
+        dataclasses.replace(g, attention_moves=moves_of(g)) if g.pp > 1 else g
         for g in phase.groups)) for phase in plan.phases)
     return dataclasses.replace(plan, phases=phases)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from slimpack.cost.flops import mfu, model_flops
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.cost.model import CostModel, training_of
-from slimpack.plan import Group, Plan
+from slimpack.plan import Group, Move, Plan
 from slimpack.planning.gc_pause import gc_paused
 from slimpack.records import OpTiming, StepRecord
 from slimpack.schedules import Op, build_schedule, validate_schedule
@@ -23,7 +23,7 @@ from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
 from slimpack.sim.memory import GroupMemory, check_zero_stage, group_memory
-from slimpack.sim.redistribution import apply_moves, merge_stats, redistribute_group
+from slimpack.sim.redistribution import apply_moves, group_moves, merge_stats
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
@@ -37,6 +37,11 @@ class SimResult:
     ops: tuple[OpTiming, ...] = ()
     schedules: Mapping[int, list[list[Op]]] = field(default_factory=dict)
     """Op lists per group id, as simulated."""
+    chosen_moves: Mapping[int, tuple[Group, tuple[Move, ...]]] = field(default_factory=dict)
+    """Per group id, for groups without ``attention_moves`` whose attention this simulation
+    redistributed: the group and the moves it chose (what
+    :func:`~slimpack.sim.redistribution.with_attention_moves` would choose for that group on
+    the same op lists and cost model, so a planner need not choose them again)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +95,7 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
     # each group's ``attention_moves`` say which ops pair, else they are chosen here).
     redistribute = plan.attention_redistribution
     redistributed = []
+    chosen_moves: dict[int, tuple[Group, tuple[Move, ...]]] = {}
     for phase in plan.phases:
         for group in phase.groups:
             if schedules is not None and group.group_id in schedules:
@@ -105,8 +111,9 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
                                   training=training_of(cost))
             if redistribute and group.pp > 1:
                 if group.attention_moves is None:  # a plan that did not choose (format 3)
-                    costs, stats = redistribute_group(group, ops, costs, model=model, cost=cost,
+                    costs, stats, moves = group_moves(group, ops, costs, model=model, cost=cost,
                                                       gpus_per_node=gpus_per_node)
+                    chosen_moves[group.group_id] = (group, moves)
                 else:  # the plan's moves, priced under this cost model
                     costs, stats = apply_moves(group, ops, costs, group.attention_moves,
                                                model=model, cost=cost,
@@ -133,7 +140,8 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
     if redistributed:
         record = dataclasses.replace(record, extra={
             **record.extra, "attention_redistribution": merge_stats(redistributed)})
-    return SimResult(record=record, plan=plan, ops=record.ops, schedules=used_schedules)
+    return SimResult(record=record, plan=plan, ops=record.ops, schedules=used_schedules,
+                     chosen_moves=chosen_moves)
 
 
 def _record(plan: Plan, runs: list[_GroupRun], sync: DpSync, *, model: ModelSpec,

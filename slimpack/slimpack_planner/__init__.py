@@ -23,12 +23,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from itertools import product
 from typing import Any
 
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
-from slimpack.plan import Plan
+from slimpack.plan import Group, Move, Plan
 from slimpack.planning.deadline import WALL_CLOCK_FALLBACK, Deadline
 from slimpack.planning.gc_pause import gc_paused
 from slimpack.planning.setup import PlanSetup
@@ -94,6 +95,7 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
                                    fit_tokens=max_tokens_in_flight(ctx, parallel.cp))
     merge_choices = (True,) if opts.no_dp_merge else (True, False)
     record = None
+    chosen_moves: Mapping[int, tuple[Group, tuple[Move, ...]]] = {}
     if not opts.search:
         best, tried, cut = _first_fit(ctx, candidates, deadline)
         # Heuristic mode times nothing: only a mechanism the options force is applied.
@@ -110,7 +112,7 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
             best, record, more = _sync_tail(ctx, best, record)
             tried += more
         if record is not None:
-            best, record, more = _mechanisms(ctx, best, record)
+            best, record, more, chosen_moves = _mechanisms(ctx, best, record)
             tried += more
     if cut:
         best.metadata["fallback"] = WALL_CLOCK_FALLBACK.format(limit=opts.time_limit_s)
@@ -121,8 +123,9 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
         not record.oom if offloaded else
         best.metadata["slimpack"]["peak_bytes"] <= hardware.usable_memory_bytes))
     # The plan carries the moves its redistribution runs, chosen under the cost model it was
-    # planned with (the simulator and the runtime execute them as they are).
-    best = with_attention_moves(best, model=model, cost=cost)
+    # planned with (the simulator and the runtime execute them as they are): those its last
+    # simulation chose, for the groups it simulated.
+    best = with_attention_moves(best, model=model, cost=cost, chosen=chosen_moves)
     best.metadata["plan_seconds"] = deadline.elapsed_s
     best.metadata["search"] = tried
     return best  # validated where it was built (heuristic) or simulated (search)
@@ -151,8 +154,8 @@ def _search_recompute(ctx: BuildContext, best: Plan, tried: list[dict], record,
     if ctx.options.offload is None and record is not None and record.oom:
         # Offload is the third answer to memory (SlimPipe tries it before recompute): the
         # plan without recompute, with the smallest share that fits, is a candidate too.
-        best, record, more = _timed_mechanisms(ctx, best, record, offload=None,
-                                               attention_redistribution=False)
+        best, record, more, _ = _timed_mechanisms(ctx, best, record, offload=None,
+                                                  attention_redistribution=False)
         tried += [{**t, "recompute": "none"} for t in more]
     key = _record_key(record)
     cut = False
@@ -209,22 +212,32 @@ def _sync_tail(ctx: BuildContext, best: Plan, record) -> tuple[Plan, Any, list[d
     return best, record, tried
 
 
-def _mechanisms(ctx: BuildContext, best: Plan, record) -> tuple[Plan, Any, list[dict]]:
-    """SlimPipe's offload and attention redistribution on the chosen plan (``mechanisms``)."""
+def _mechanisms(ctx: BuildContext, best: Plan, record,
+                ) -> tuple[Plan, Any, list[dict], Mapping[int, tuple[Group, tuple[Move, ...]]]]:
+    """SlimPipe's offload and attention redistribution on the chosen plan (``mechanisms``),
+    and the moves the simulation of the returned plan chose (``SimResult.chosen_moves``:
+    empty unless it was simulated here with redistribution)."""
     opts = ctx.options
     return _timed_mechanisms(ctx, best, record, offload=opts.offload,
                              attention_redistribution=opts.attention_redistribution)
 
 
 def _timed_mechanisms(ctx: BuildContext, best: Plan, record, *, offload: float | None,
-                      attention_redistribution: bool | None) -> tuple[Plan, Any, list[dict]]:
+                      attention_redistribution: bool | None,
+                      ) -> tuple[Plan, Any, list[dict], Mapping[int, tuple[Group, tuple[Move, ...]]]]:
     from slimpack.sim import simulate
 
-    def timed(plan: Plan):
-        return simulate(plan, model=ctx.model, hardware=ctx.hardware, cost=ctx.cost).record
+    simulated: list[tuple[Plan, Mapping]] = []
 
-    return try_mechanisms(best, record, timed, offload=offload,
-                          attention_redistribution=attention_redistribution)
+    def timed(plan: Plan):
+        result = simulate(plan, model=ctx.model, hardware=ctx.hardware, cost=ctx.cost)
+        simulated.append((plan, result.chosen_moves))
+        return result.record
+
+    plan, record, tried = try_mechanisms(best, record, timed, offload=offload,
+                                         attention_redistribution=attention_redistribution)
+    chosen = next((moves for candidate, moves in simulated if candidate is plan), {})
+    return plan, record, tried, chosen
 
 
 def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOptions, *,

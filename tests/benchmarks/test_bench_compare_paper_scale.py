@@ -8,7 +8,9 @@ method per point.
 
 Minutes of work: only ``make bench`` runs it (one round; the stored JSON keeps the machine),
 plain pytest skips it. The records are checked too: every method plans, and the search
-covered what the records say.
+covered what the records say. It runs twice: in one process, and with ``jobs=2`` (the
+methods in two processes, what ``slimpack compare`` does on a 2-core machine: its ``--jobs``
+defaults to the usable CPUs); both give the same records.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from slimpack.compare import compare, paper_recipe_costs
 from slimpack.specs import hardware_preset, model_preset
 
 
-def test_bench_compare_paper_scale_methods_134m_tokens_256_gpus(benchmark):
+@pytest.mark.parametrize("jobs", [1, 2], ids=["one-process", "two-processes"])
+def test_bench_compare_paper_scale_methods_134m_tokens_256_gpus(benchmark, jobs):
     if benchmark.disabled:
         pytest.skip("minutes of planning: `make bench` only")
     from slimpack import data
@@ -35,7 +38,7 @@ def test_bench_compare_paper_scale_methods_134m_tokens_256_gpus(benchmark):
         return compare(methods, batch, model, hardware, GPUS, auto_parallel=True,
                        context=CONTEXT, auto_parallel_top_k=harness_caps(METHODS),
                        method_options=with_harness_options(METHODS, None),
-                       method_costs=paper_recipe_costs(methods, model, hardware))
+                       method_costs=paper_recipe_costs(methods, model, hardware), jobs=jobs)
 
     records = benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
     assert [r.method for r in records] == methods
