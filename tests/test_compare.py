@@ -37,14 +37,17 @@ def test_compare_library_records_every_key_and_sane_numbers():
 
 
 def test_compare_in_worker_processes_gives_the_same_records():
-    """``jobs`` runs methods in their own processes; only the wall-clock fields may differ."""
+    """``jobs`` runs methods in their own processes (a capped method started first); the
+    records come back in ``methods`` order and only the wall-clock fields may differ."""
     model, hw = model_preset("llama-7b"), hardware_preset("h100")
     batch = Batch.from_lengths([60000, 30000, 9000, 7000, 5000, 3000, 1000, 800] * 4)
     methods = ["megatron", "slimpipe", "megatron-dcp"]
+    caps = {"megatron": None, "slimpipe": 2, "megatron-dcp": None}
 
     def records(jobs: int) -> str:
         rows = compare(methods, batch, model, hw, 16, auto_parallel=True, context=65536,
-                       search_budget_s=None, jobs=jobs)
+                       search_budget_s=None, jobs=jobs, auto_parallel_top_k=caps)
+        assert [r.method for r in rows] == methods
         return json.dumps([without_wall_clock(r.to_dict()) for r in rows])
 
     assert records(2) == records(1)
