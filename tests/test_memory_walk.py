@@ -17,10 +17,11 @@ from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
 from slimpack.methods import method_names
 from slimpack.plan import Group, Plan
-from slimpack.schedules import build_schedule, stage_forward_counts
+from slimpack.schedules import Op, build_schedule, stage_forward_counts
 from slimpack.sim.costs import layers_per_virtual_stage
 from slimpack.sim.memory import (
     group_memory,
+    op_list_peaks,
     peak_bytes_by_stage,
     peak_bytes_from_counts,
     schedule_peak_bytes,
@@ -43,20 +44,23 @@ def _walked(group: Group) -> list[float]:
     return peak_bytes_by_stage(build_schedule(group), memory, layers)
 
 
-def _op_by_op(group: Group) -> list[float]:
-    """The walk as its rule reads: per stage a running total from the static bytes, each op
-    adding its terms in order (F: activations, then minus the offloaded part; B: fetched
-    activations plus dK/dV buffers, then minus what it frees), the peak read after every
-    term."""
+def _op_by_op(group: Group, *, from_static: bool = True,
+              activations_only: bool = False) -> list[float]:
+    """The walk as its rule reads: per stage a running total from the static bytes (else 0,
+    the timed engine's dynamic bytes), each op adding its terms in order (F: activations,
+    then minus the offloaded part; B: fetched activations plus dK/dV buffers, then minus what
+    it frees; activations alone: B fetches, then frees), the peak read after every term."""
     memory = group_memory(group, model=MODEL, dp=DP)
     layers = layers_per_virtual_stage(MODEL.num_layers, group.pp, group.vpp)
     peaks = []
     for s, ops in enumerate(build_schedule(group)):
-        total = peak = memory.static_bytes[s]
+        total = peak = memory.static_bytes[s] if from_static else 0.0
         for op in ops:
             n, u = layers[op.chunk * group.pp + s], op.unit
             if op.kind == "F":
                 steps = (memory.fwd_alloc[u] * n, -(memory.fwd_offload[u] * n))
+            elif activations_only:
+                steps = (memory.bwd_fetch[u] * n, -(memory.bwd_free[u] * n))
             else:
                 steps = ((memory.bwd_fetch[u] + memory.kvgrad_alloc[u]) * n,
                          -((memory.kvgrad_free[u] + memory.bwd_free[u]) * n))
@@ -118,6 +122,33 @@ def test_op_walk_is_the_walk_op_by_op_for_every_method(plans, interleaved_plans)
             for variant in (group, dataclasses.replace(group, offload=0.5)):
                 assert _walked(variant) == _op_by_op(variant), (plan.method, group.vpp)
     assert {(m, 2) for m in ("megatron", "slimpack", "slimpipe")} <= checked
+
+
+def test_engine_peaks_are_the_walk_op_by_op(plans, interleaved_plans):
+    """What the timed engine reads (``op_list_peaks`` from 0 bytes): the dynamic peak and the
+    activations-only peak, each equal to its oracle, vpp 1 and 2, with and without offload."""
+    for plan in [*plans, *interleaved_plans]:
+        for group in plan.groups():
+            for variant in (group, dataclasses.replace(group, offload=0.5)):
+                memory = group_memory(variant, model=MODEL, dp=DP)
+                layers = layers_per_virtual_stage(MODEL.num_layers, variant.pp, variant.vpp)
+                dynamic, activations = op_list_peaks(build_schedule(variant), memory, layers)
+                assert dynamic == _op_by_op(variant, from_static=False)
+                assert activations == _op_by_op(variant, from_static=False,
+                                                activations_only=True)
+
+
+def test_walk_refuses_ops_outside_the_group(plans):
+    group = next(g for g in plans[0].groups() if g.pp > 1)
+    memory = group_memory(group, model=MODEL, dp=DP)
+    layers = layers_per_virtual_stage(MODEL.num_layers, group.pp, group.vpp)
+    ops = [list(stage_ops) for stage_ops in build_schedule(group)]
+    ops[1][0] = Op(ops[1][0].kind, len(group.forward_units) + len(group.backward_units), 0)
+    with pytest.raises(ValueError, match="op_list_peaks: ops must name units below"):
+        op_list_peaks(ops, memory, layers)
+    ops[1][0] = Op("B", 0, group.vpp)
+    with pytest.raises(ValueError, match="chunks below"):
+        op_list_peaks(ops, memory, layers)
 
 
 @pytest.fixture(scope="module")

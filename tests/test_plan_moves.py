@@ -16,7 +16,7 @@ from slimpack.plan import PLAN_FORMATS, Move, Plan, PlanError
 from slimpack.runtime.validate import check_runtime_plan
 from slimpack.schedules import build_schedule
 from slimpack.sim import simulate
-from slimpack.sim.redistribution import priced_moves
+from slimpack.sim.redistribution import check_move_ticks, priced_moves
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 MODEL = model_preset("llama-13b")
@@ -154,3 +154,23 @@ def test_move_is_plain_plan_data():
     m = Move(backward=True, tick=3, heavy_block=1, heavy_unit=2, light_block=0, light_unit=0,
              fraction=0.5)
     assert m.to_list() == [True, 3, 1, 2, 0, 0, 0.5]
+
+
+@pytest.mark.parametrize("change", [
+    {"light_unit": 10**6},  # no such unit
+    {"light_block": 99},  # no such virtual stage
+    "light of another move",
+])
+def test_a_light_op_off_its_tick_is_refused(plan, change):
+    """Either side of a move is checked, each against the op's own tick."""
+    (group,) = plan.groups()
+    first, second = group.attention_moves[:2]
+    if change == "light of another move":
+        assert (first.backward, first.tick) != (second.backward, second.tick)
+        change = {"light_block": second.light_block, "light_unit": second.light_unit}
+    moved = dataclasses.replace(first, **change)
+    bad_group = dataclasses.replace(group, attention_moves=(moved,))
+    with pytest.raises(PlanError, match=r"attention_moves\[0\]: its light op \(block "
+                                        rf"{moved.light_block}, unit {moved.light_unit}\) does "
+                                        r"not start at tick"):
+        check_move_ticks(bad_group, build_schedule(bad_group), bad_group.attention_moves)

@@ -24,7 +24,7 @@ from slimpack.runtime.capabilities import (
 )
 from slimpack.runtime.dry_run_walk import dry_run
 from slimpack.runtime.schedule import SCHEDULE_SOURCE, build_group_schedule
-from slimpack.schedules.ops import op_arrays
+from slimpack.schedules.ops import describe_op_ranges, op_arrays, ops_in_range
 from slimpack.sim.redistribution import check_move_ticks
 from slimpack.specs.model import ModelSpec
 
@@ -163,8 +163,8 @@ def check_schedule(group: Group, ops: list[list]) -> list[list[tuple[int, int]]]
         is_forward, unit, chunk = op_arrays(stage_ops)
         # Each (kind, unit, chunk) the group has, as one index: F ones first, then B ones.
         index = np.where(is_forward, 0, num_f * vpp) + unit * vpp + chunk
-        in_range = ((unit >= 0) & (unit < np.where(is_forward, num_f, num_b))
-                    & (chunk >= 0) & (chunk < vpp)).all()
+        in_range = ops_in_range(is_forward, unit, chunk, num_forward=num_f,
+                                num_backward=num_b, vpp=vpp)
         if len(unit) != (num_f + num_b) * vpp or not in_range or (
                 np.bincount(index, minlength=(num_f + num_b) * vpp) != 1).any():
             raise PlanError(f"group {gid}: stage {s} schedule does not run every unit's F and B "
@@ -260,15 +260,11 @@ def _check_op_ranges(group: Group, is_forward: np.ndarray, unit: np.ndarray,
                      chunk: np.ndarray) -> None:
     """The compiled walk indexes by unit and chunk without bounds checks: every op must name
     a unit of the group and one of its chunks."""
-    if not len(unit):
-        return
-    limit = np.where(is_forward, len(group.forward_units), len(group.backward_units))
-    if (unit < 0).any() or (unit >= limit).any() or chunk.min() < 0 \
-            or chunk.max() >= group.vpp:
-        raise PlanError(f"group {group.group_id}: schedule ops must name units below "
-                        f"{len(group.forward_units)} (F) / {len(group.backward_units)} (B) "
-                        f"and chunks below vpp={group.vpp}; got units "
-                        f"{unit.min()}..{unit.max()}, chunks {chunk.min()}..{chunk.max()}")
+    counts = {"num_forward": len(group.forward_units),
+              "num_backward": len(group.backward_units), "vpp": group.vpp}
+    if not ops_in_range(is_forward, unit, chunk, **counts):
+        raise PlanError(f"group {group.group_id}: schedule "
+                        + describe_op_ranges(unit, chunk, **counts))
 
 
 def _dense_slice_ids(group: Group) -> dict[int, int]:

@@ -72,3 +72,23 @@ def op_arrays(stage_ops: list) -> OpArrays:
     return (np.fromiter((op.kind == "F" for op in stage_ops), dtype=bool, count=count),
             np.fromiter((op.unit for op in stage_ops), dtype=np.int64, count=count),
             np.fromiter((op.chunk for op in stage_ops), dtype=np.int64, count=count))
+
+
+def ops_in_range(is_forward: np.ndarray, unit: np.ndarray, chunk: np.ndarray, *,
+                 num_forward: int, num_backward: int, vpp: int) -> bool:
+    """Whether every op names a unit below ``num_forward`` (F) / ``num_backward`` (B) and a
+    chunk in ``[0, vpp)``: the compiled walks (timing, memory, dry run) index their tables by
+    these without bounds checks, so each caller refuses op lists that fail this first."""
+    if not len(unit):
+        return True
+    return bool((unit >= 0).all() and (unit < np.where(is_forward, num_forward,
+                                                       num_backward)).all()
+                and chunk.min() >= 0 and chunk.max() < vpp)
+
+
+def describe_op_ranges(unit: np.ndarray, chunk: np.ndarray, *, num_forward: int,
+                       num_backward: int, vpp: int) -> str:
+    """What :func:`ops_in_range` requires, and what the ops name (for the refusal)."""
+    return (f"ops must name units below {num_forward} (F) / {num_backward} (B) and chunks "
+            f"below vpp={vpp}; got units {unit.min()}..{unit.max()}, chunks "
+            f"{chunk.min()}..{chunk.max()}")

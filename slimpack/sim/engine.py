@@ -27,7 +27,7 @@ import numpy as np
 
 from slimpack.records import OpTiming
 from slimpack.schedules import Op, describe_stuck
-from slimpack.schedules.ops import op_arrays
+from slimpack.schedules.ops import describe_op_ranges, op_arrays, ops_in_range
 from slimpack.sim.costs import GroupCosts
 from slimpack.sim.memory import GroupMemory, op_list_peaks
 from slimpack.sim.timing_walk import walk
@@ -98,14 +98,10 @@ def _check_in_range(is_fwd: np.ndarray, unit: np.ndarray, chunk: np.ndarray, *, 
                     num_vs: int, nf: int, nb: int) -> None:
     """The compiled walk indexes its tables by unit and virtual stage without bounds checks:
     every op must name a priced unit on a virtual stage of the group."""
-    if not len(unit):
-        return
-    limit = np.where(is_fwd, nf, nb)
-    if (unit < 0).any() or (unit >= limit).any() or chunk.min() < 0 \
-            or (chunk.max() + 1) * pp > num_vs:
-        raise ValueError(f"run_group: ops must name units below {nf} (F) / {nb} (B) and chunks "
-                         f"below {num_vs // max(pp, 1)}; got units {unit.min()}..{unit.max()}, "
-                         f"chunks {chunk.min()}..{chunk.max()}")
+    vpp = num_vs // max(pp, 1)
+    if not ops_in_range(is_fwd, unit, chunk, num_forward=nf, num_backward=nb, vpp=vpp):
+        raise ValueError("run_group: " + describe_op_ranges(unit, chunk, num_forward=nf,
+                                                            num_backward=nb, vpp=vpp))
 
 
 def _table(rows: list[list[float]], count: int, *, width: int | None = None) -> np.ndarray:

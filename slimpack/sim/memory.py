@@ -44,8 +44,9 @@ from slimpack.cost.memory import (
 )
 from slimpack.plan import Group, Plan, PlanError
 from slimpack.schedules import Op, build_schedule, stage_forward_counts
-from slimpack.schedules.ops import op_arrays
+from slimpack.schedules.ops import describe_op_ranges, op_arrays, ops_in_range
 from slimpack.sim.costs import head_stages, layers_per_virtual_stage
+from slimpack.sim.memory_walk import stage_peaks
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 from slimpack.specs.training import TrainingSpec
@@ -441,49 +442,37 @@ def op_list_peaks(ops: list[list], memory: GroupMemory, layers: list[int], *,
     The walk: each op adds two terms to its stage's running total (F: its activations, then
     minus what it offloads; B: what it fetches plus its dK/dV buffers, then minus what it
     frees; activations alone: B fetches, then frees), each computed as the op-by-op walk
-    computes it, laid out in op order after the start and summed left to right by ``cumsum``
-    (sequential, so the same floats as a running total); the peak is the largest partial
-    sum, the running total checked after every term. Order-only: the timed engine's peaks are
-    these. ``arrays``: each stage's :func:`op_arrays` when the caller has them;
-    ``with_activations`` False: the second list is empty (planners read the first only)."""
+    computes it, added to the running total in op order (compiled:
+    :mod:`slimpack.sim.memory_walk`); the peak is the largest running total, checked after
+    every term. Order-only: the timed engine's peaks are these. ``arrays``: each stage's
+    :func:`op_arrays` when the caller has them; ``with_activations`` False: the second list
+    is empty (planners read the first only). Raises ValueError for an op outside the group
+    (:func:`~slimpack.schedules.ops.ops_in_range`)."""
     pp = len(ops)
-    fwd_alloc = np.asarray(memory.fwd_alloc, dtype=np.float64)
-    fwd_offload = np.asarray(memory.fwd_offload, dtype=np.float64)
     fetch = np.asarray(memory.bwd_fetch, dtype=np.float64)
     bwd_free = np.asarray(memory.bwd_free, dtype=np.float64)
-    bwd_alloc = fetch + np.asarray(memory.kvgrad_alloc, dtype=np.float64)
-    bwd_release = np.asarray(memory.kvgrad_free, dtype=np.float64) + bwd_free
-    layer_counts = np.asarray(layers, dtype=np.int64)
-    dynamic, activations = [], []
-    for s, stage_ops in enumerate(ops):
-        count = len(stage_ops)
-        is_fwd, unit, chunk = op_arrays(stage_ops) if arrays is None else arrays[s]
-        n = layer_counts[chunk * pp + s]
-        is_bwd = ~is_fwd
-        fu, fn, bu, bn = unit[is_fwd], n[is_fwd], unit[is_bwd], n[is_bwd]
-        grow, shrink = np.empty(count), np.empty(count)
-        grow[is_fwd] = fwd_alloc[fu] * fn
-        shrink[is_fwd] = -(fwd_offload[fu] * fn)
-        base = 0.0 if start is None else start[s]
-        grow[is_bwd] = bwd_alloc[bu] * bn
-        shrink[is_bwd] = -(bwd_release[bu] * bn)
-        dynamic.append(_walk_peak(base, grow, shrink))
-        if not with_activations:
-            continue
-        grow[is_bwd] = fetch[bu] * bn
-        shrink[is_bwd] = -(bwd_free[bu] * bn)
-        activations.append(_walk_peak(base, grow, shrink))
-    return dynamic, activations
-
-
-def _walk_peak(start: float, grow: np.ndarray, shrink: np.ndarray) -> float:
-    """The largest running total of ``start``, then each op's ``grow`` and ``shrink`` terms
-    in turn, summed left to right."""
-    terms = np.empty(1 + 2 * len(grow))
-    terms[0] = start
-    terms[1::2] = grow
-    terms[2::2] = shrink
-    return float(np.cumsum(terms).max())
+    if arrays is None:
+        arrays = [op_arrays(stage_ops) for stage_ops in ops]
+    stage_first = np.zeros(pp + 1, dtype=np.int64)
+    stage_first[1:] = np.cumsum([len(a[0]) for a in arrays])
+    if not stage_first[-1]:
+        base = [0.0 if start is None else float(start[s]) for s in range(pp)]
+        return base, (list(base) if with_activations else [])
+    is_fwd, unit, chunk = (np.concatenate([a[k] for a in arrays]) for k in range(3))
+    counts = {"num_forward": len(memory.fwd_alloc), "num_backward": len(memory.bwd_free),
+              "vpp": len(layers) // pp}
+    if not ops_in_range(is_fwd, unit, chunk, **counts):
+        raise ValueError("op_list_peaks: " + describe_op_ranges(unit, chunk, **counts))
+    stage = np.repeat(np.arange(pp, dtype=np.int64), np.diff(stage_first))
+    dynamic, activations = stage_peaks(
+        stage_first, is_fwd, unit, np.asarray(layers, dtype=np.int64)[chunk * pp + stage],
+        np.zeros(pp) if start is None else np.asarray(start, dtype=np.float64),
+        np.asarray(memory.fwd_alloc, dtype=np.float64),
+        np.asarray(memory.fwd_offload, dtype=np.float64),
+        fetch + np.asarray(memory.kvgrad_alloc, dtype=np.float64),
+        np.asarray(memory.kvgrad_free, dtype=np.float64) + bwd_free, fetch, bwd_free,
+        with_activations)
+    return dynamic.tolist(), (activations.tolist() if with_activations else [])
 
 
 def peak_bytes_from_counts(counts: list[np.ndarray], memory: GroupMemory,
