@@ -191,20 +191,25 @@ def test_unit_time_walk_is_the_walk_op_by_op(plans):
 
 
 def test_built_op_lists_carry_their_fields(plans):
-    """``build_schedule``'s lists carry arrays equal to the fields read off the ops; a copy
-    (a plain list) or a list changed in length reads them off the ops again."""
+    """``build_schedule``'s lists are their arrays: the ops made from them read back the same
+    fields, a copy is a plain list of those ops, and the lists cannot change."""
     for plan in plans:
         for group in plan.groups():
             for stage_ops in build_schedule(group):
                 assert type(stage_ops) is OpList
                 carried = op_arrays(stage_ops)
-                read = op_arrays(list(stage_ops))
+                copy = list(stage_ops)
+                assert type(copy) is list and copy == stage_ops and stage_ops == copy
+                assert len(copy) == len(stage_ops) and copy[-1:] == stage_ops[-1:]
+                read = op_arrays(copy)
                 for a, b in zip(carried, read, strict=True):
                     assert a.dtype == b.dtype and np.array_equal(a, b)
                 assert not carried[1].flags.writeable
-    grown = build_schedule(next(plans[0].groups()))[0]
-    grown.append(Op("F", 0, 0))
-    assert len(op_arrays(grown)[0]) == len(grown)
+    built = build_schedule(next(plans[0].groups()))[0]
+    assert not hasattr(built, "append")
+    with pytest.raises(TypeError):
+        built[0] = Op("F", 0, 0)
+    assert built != [*built, Op("F", 0, 0)]
 
 
 def test_walks_refuse_ops_outside_the_group(plans):

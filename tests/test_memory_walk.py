@@ -15,6 +15,7 @@ import pytest
 
 from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
+from slimpack.cost.memory import activation_bytes_per_token_per_layer, kv_bytes_per_token_per_layer
 from slimpack.methods import method_names
 from slimpack.plan import Group, Plan
 from slimpack.schedules import Op, build_schedule, stage_forward_counts
@@ -149,6 +150,66 @@ def test_walk_refuses_ops_outside_the_group(plans):
     ops[1][0] = Op("B", 0, group.vpp)
     with pytest.raises(ValueError, match="chunks below"):
         op_list_peaks(ops, memory, layers)
+
+
+def _group_memory_slice_by_slice(group: Group) -> dict:
+    """``group_memory``'s per-layer bytes as the rule reads, slice by slice in Python floats:
+    a slice's activations are its tokens times the bytes per token (plus, under full
+    recompute, the K,V it keeps when its sequence spans several backward units); a unit's
+    are its slices' summed in the unit's order; a sequence spread over backward units holds
+    dK/dV buffers from its first unit to its last."""
+    model = MODEL
+    a = activation_bytes_per_token_per_layer(model, group.recompute)
+    per_token = a / (group.tp * group.cp)
+    kv_per_token = kv_bytes_per_token_per_layer(model, group.tp) / group.cp
+    act = {sl.slice_id: sum(seg.end - seg.start for seg in sl.segments) * per_token
+           for sl in group.slices}
+    seq_tokens: dict[int, int] = {}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, unit in enumerate(group.backward_units):
+        for sid in unit.slice_ids:
+            for seg in group.slice(sid).segments:
+                seq_tokens[seg.seq_id] = seq_tokens.get(seg.seq_id, 0) + seg.end - seg.start
+                first.setdefault(seg.seq_id, i)
+                last[seg.seq_id] = i
+    kept = 0.0
+    if group.recompute == "full":
+        for sl in group.slices:
+            cached = sum(seg.end - seg.start for seg in sl.segments
+                         if first[seg.seq_id] != last[seg.seq_id])
+            if cached:
+                act[sl.slice_id] += cached * kv_per_token
+                kept += cached * kv_per_token
+    nb = len(group.backward_units)
+    alloc, free = [0.0] * nb, [0.0] * nb
+    for seq, f in first.items():
+        if last[seq] != f:
+            alloc[f] += seq_tokens[seq] * kv_per_token
+            free[last[seq]] += seq_tokens[seq] * kv_per_token
+    share = (kept / max(sum(act.values()), 1e-30) if group.recompute == "full"
+             else kv_per_token * group.cp * group.tp / a)
+    return {"fwd_alloc": [sum([act[s] for s in u.slice_ids]) for u in group.forward_units],
+            "bwd_free": [sum([act[s] for s in u.slice_ids]) for u in group.backward_units],
+            "kvgrad_alloc": alloc, "kvgrad_free": free, "kv_share": share}
+
+
+def test_group_memory_is_the_rule_slice_by_slice(plans, interleaved_plans):
+    """Exact equality (the planner's fits is the simulator's no OOM), every planner's groups,
+    under each recompute mode (full recompute keeps the K,V of spread sequences)."""
+    spread = 0
+    for plan in [*plans, *interleaved_plans]:
+        for group in plan.groups():
+            for recompute in ("none", "selective", "full"):
+                variant = dataclasses.replace(group, recompute=recompute, offload=0.25)
+                got = group_memory(variant, model=MODEL, dp=DP)
+                want = _group_memory_slice_by_slice(variant)
+                for name, value in want.items():
+                    assert getattr(got, name) == value, (plan.method, recompute, name)
+                moved = 0.25 * (1.0 - want["kv_share"])
+                assert got.fwd_offload == [x * moved for x in want["fwd_alloc"]]
+                spread += any(want["kvgrad_alloc"])
+    assert spread > 0  # some groups cut sequences over several backward units
 
 
 @pytest.fixture(scope="module")

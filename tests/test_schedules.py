@@ -187,17 +187,12 @@ def test_integer_deadlock_walk_matches_the_op_walk(p, v, slices, m, offsets, shu
     import numpy as np
 
     from slimpack.schedules.orders import backward_order, forward_order
-    from slimpack.schedules.pipeline import (
-        _backward_needs,
-        _OpCodes,
-        _stage_order,
-        forward_counts,
-    )
+    from slimpack.schedules.pipeline import _stage_order, forward_counts
     from slimpack.schedules.validate import progress
 
     group = _group("slimpipe", pp=p, vpp=v, slices=slices, m=m)
     fwd, bwd = forward_order(group), backward_order(group)
-    needs = _backward_needs(group, fwd, bwd)
+    needs, codes = _needs_and_codes(group)
     rng = np.random.default_rng(seed)
     counts = [forward_counts(needs, offsets[r], len(fwd), False) for r in range(p)]
     orders = [rng.permutation(len(fwd) + len(bwd)) if shuffled[r]
@@ -206,7 +201,18 @@ def test_integer_deadlock_walk_matches_the_op_walk(p, v, slices, m, offsets, shu
     for r in range(p):
         if not shuffled[r]:
             assert ops[r] == _interleave_reference(fwd, bwd, counts[r])
-    assert _OpCodes.of(fwd, bwd, p, v).progress(orders) == progress(group, ops)
+    assert codes.progress(orders) == progress(group, ops)
+
+
+def _needs_and_codes(group: Group):  # noqa: ANN202 - (needs, the builder's _OpCodes)
+    """The builder's needs per backward op and its op codes, from the orders as arrays."""
+    from slimpack.schedules.orders import backward_order_arrays, forward_order_arrays
+    from slimpack.schedules.pipeline import _backward_needs, _OpCodes
+
+    (f_unit, f_chunk), (b_unit, b_chunk) = (forward_order_arrays(group),
+                                            backward_order_arrays(group))
+    return (_backward_needs(group, f_unit, b_unit),
+            _OpCodes(f_unit, f_chunk, b_unit, b_chunk, group.vpp))
 
 
 def _interleave_reference(fwd, bwd, counts):
@@ -241,21 +247,15 @@ def _rounds_group(round_sizes: list[int], *, pp: int, vpp: int) -> Group:
 
 def _rule_runs_without_repair(group: Group) -> bool:
     """Whether the warm-up rule's own orders (no repair) run every op."""
-    from slimpack.schedules.orders import backward_order, forward_order
-    from slimpack.schedules.pipeline import (
-        _backward_needs,
-        _OpCodes,
-        _stage_order,
-        forward_counts,
-        warmup_offset,
-    )
+    from slimpack.schedules.orders import forward_order
+    from slimpack.schedules.pipeline import _stage_order, forward_counts, warmup_offset
 
-    fwd, bwd = forward_order(group), backward_order(group)
-    needs = _backward_needs(group, fwd, bwd)
+    fwd = forward_order(group)
+    needs, codes = _needs_and_codes(group)
     orders = [_stage_order(len(fwd), forward_counts(
                   needs, warmup_offset(group.schedule, group.pp, group.vpp, r), len(fwd), False))
               for r in range(group.pp)]
-    pos = _OpCodes.of(fwd, bwd, group.pp, group.vpp).progress(orders)
+    pos = codes.progress(orders)
     return all(p == len(o) for p, o in zip(pos, orders, strict=True))
 
 
@@ -282,3 +282,44 @@ def test_rounds_never_split_and_the_rule_never_deadlocks(sizes, pp, vpp):
     for members in forward_groups(group, pp):
         assert members[0] in bounds and members[-1] + 1 in bounds
     assert _rule_runs_without_repair(group)
+
+
+def _orders_op_by_op(group: Group) -> tuple[list[Op], list[Op]]:
+    """The shared orders as the module docstring reads: forward groups chunk-major; each run
+    of backward units owned by one forward group, from the last chunk down."""
+    from slimpack.schedules.orders import forward_groups
+
+    v = group.vpp
+    if v == 1:
+        return ([Op("F", u, 0) for u in range(len(group.forward_units))],
+                [Op("B", u, 0) for u in range(len(group.backward_units))])
+    groups = forward_groups(group, group.pp)
+    fwd = [Op("F", u, c) for members in groups for c in range(v) for u in members]
+    owner = {sid: g for g, members in enumerate(groups) for u in members
+             for sid in group.forward_units[u].slice_ids}
+    owners = [max(owner[sid] for sid in unit.slice_ids) for unit in group.backward_units]
+    bwd: list[Op] = []
+    start = 0
+    while start < len(owners):
+        end = start
+        while end < len(owners) and owners[end] == owners[start]:
+            end += 1
+        bwd += [Op("B", u, c) for c in reversed(range(v)) for u in range(start, end)]
+        start = end
+    return fwd, bwd
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(1, 4), v=st.integers(1, 4), slices=st.integers(1, 3), m=st.integers(1, 6),
+       rounds=st.lists(st.integers(1, 7), min_size=1, max_size=5))
+def test_orders_as_arrays_are_the_orders_op_by_op(p, v, slices, m, rounds):
+    """The builder reads the orders as arrays (no op objects); they are the rule's orders, on
+    SlimPipe's sequences of slices and on SlimPack's reversed rounds."""
+    from slimpack.schedules.orders import backward_order, forward_order
+
+    for group in (_group("slimpipe", pp=p, vpp=v, slices=slices, m=m),
+                  _rounds_group(rounds, pp=p, vpp=v)):
+        assert (forward_order(group), backward_order(group)) == _orders_op_by_op(group)
+        fwd, bwd = _orders_op_by_op(group)
+        for stage_ops in build_schedule(group):
+            assert sorted(map(str, stage_ops)) == sorted(map(str, fwd + bwd))

@@ -6,7 +6,7 @@ import pytest
 
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.plan import Group, Phase, Plan, Segment
-from slimpack.schedules.orders import backward_order, forward_order
+from slimpack.schedules.orders import backward_order_arrays, forward_order_arrays
 from slimpack.schedules.pipeline import _backward_needs, build_schedule
 from slimpack.schedules.validate import validate_schedule
 from slimpack.sim import simulate
@@ -129,7 +129,8 @@ def test_first_backward_of_a_round_needs_its_last_forward_so_the_warm_up_holds()
     # The first backward needs as many forwards as the mirror's (its round's last one).
     def first_need(packs):
         group = _group(packs)
-        return _backward_needs(group, forward_order(group), backward_order(group))[0]
+        return _backward_needs(group, forward_order_arrays(group)[0],
+                               backward_order_arrays(group)[0])[0]
     assert first_need(asym) >= first_need(sym) > 10
     assert first_need(_replica(lengths, True, units=48, inflight_tokens=48 * 8192, warmup_units=6,
                                round_warmup=False)) < 10  # the default: LPT's short warm-up

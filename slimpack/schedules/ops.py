@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,25 +48,59 @@ OpArrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 """(is forward, unit, chunk) of each op of one stage's list."""
 
 
-class OpList(list):
-    """One stage's op list as :func:`~slimpack.schedules.build_schedule` returns it: a list of
-    :class:`Op` that also carries its ops' fields as read-only arrays, which the builder holds
-    already, so the walks over 10^6 ops (memory, timing) need not read them off the objects
-    again (:func:`op_arrays`). Never changed in place; a copy (``list(ops)``) is a plain list."""
+class OpList(Sequence[Op]):
+    """One stage's op list as :func:`~slimpack.schedules.build_schedule` returns it: its ops'
+    fields as read-only arrays, which the walks over 10^6 ops (memory, timing, dry run) read
+    (:func:`op_arrays`), and the :class:`Op` objects made from them only when something reads
+    ops (the runtime, error messages, tests): a planner's candidates never do, and making
+    them was a tenth of a paper-scale search. Immutable; ``list(ops)`` and ``ops + more`` are
+    plain lists."""
 
-    __slots__ = ("arrays",)
+    __slots__ = ("_ops", "arrays")
 
-    def __init__(self, ops: Iterable[Op], arrays: OpArrays) -> None:
-        super().__init__(ops)
+    def __init__(self, arrays: OpArrays) -> None:
         for array in arrays:
             array.flags.writeable = False
         self.arrays = arrays
+        self._ops: list[Op] | None = None
+
+    def _list(self) -> list[Op]:
+        if self._ops is None:
+            is_forward, unit, chunk = (array.tolist() for array in self.arrays)
+            self._ops = [Op("F" if f else "B", u, c)
+                         for f, u, c in zip(is_forward, unit, chunk, strict=True)]
+        return self._ops
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def __getitem__(self, index):  # noqa: ANN001, ANN204 - an int or a slice, as a list's
+        return self._list()[index]
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, OpList | list | tuple):
+            return self._list() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment] - equal to lists, so unhashable like them
+
+    def __add__(self, other: Iterable[Op]) -> list[Op]:
+        return [*self._list(), *other]
+
+    def __radd__(self, other: Iterable[Op]) -> list[Op]:
+        return [*other, *self._list()]
+
+    def __repr__(self) -> str:
+        return f"OpList({self._list()!r})"
 
 
 def op_arrays(stage_ops: list) -> OpArrays:
     """(is forward, unit, chunk) of each op of one stage's list, as arrays (an
-    :class:`OpList`'s own, when its length still matches them)."""
-    if type(stage_ops) is OpList and len(stage_ops.arrays[0]) == len(stage_ops):
+    :class:`OpList`'s own)."""
+    if type(stage_ops) is OpList:
         return stage_ops.arrays
     count = len(stage_ops)
     return (np.fromiter((op.kind == "F" for op in stage_ops), dtype=bool, count=count),

@@ -23,6 +23,8 @@ deadlock repair's longer warm-up then held ~all forwards in flight.
 
 from __future__ import annotations
 
+import numpy as np
+
 from slimpack.plan import Group, Unit
 from slimpack.schedules.ops import Op
 
@@ -107,14 +109,23 @@ def forward_groups(group: Group, min_size: int) -> list[list[int]]:
 def forward_order(group: Group, groups: list[list[int]] | None = None) -> list[Op]:
     """Forward ops in execution order, identical on every stage (``groups``: the group's
     :func:`forward_groups` at ``min_size = pp``, when the caller holds them already)."""
+    return _ops("F", *forward_order_arrays(group, groups))
+
+
+def forward_order_arrays(group: Group, groups: list[list[int]] | None = None,
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(unit, chunk) of each op of :func:`forward_order`, as arrays (what the schedule
+    builder reads: it makes no op objects)."""
     v = group.vpp
     if v == 1:
-        return [Op("F", u, 0) for u in range(len(group.forward_units))]
-    order: list[Op] = []
+        nf = len(group.forward_units)
+        return np.arange(nf, dtype=np.int64), np.zeros(nf, dtype=np.int64)
+    units, chunks = [], []
     for members in groups if groups is not None else forward_groups(group, group.pp):
-        for c in range(v):
-            order.extend(Op("F", u, c) for u in members)
-    return order
+        # A group's units pass chunk 0, then chunk 1, ...
+        units.append(np.tile(np.asarray(members, dtype=np.int64), v))
+        chunks.append(np.repeat(np.arange(v, dtype=np.int64), len(members)))
+    return _joined(units), _joined(chunks)
 
 
 def backward_order(group: Group, groups: list[list[int]] | None = None) -> list[Op]:
@@ -126,10 +137,16 @@ def backward_order(group: Group, groups: list[list[int]] | None = None) -> list[
     latest forward group holding one of its slices; consecutive backward units of one forward
     group run chunk-major from the last chunk down, mirroring the forward order.
     """
+    return _ops("B", *backward_order_arrays(group, groups))
+
+
+def backward_order_arrays(group: Group, groups: list[list[int]] | None = None,
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """(unit, chunk) of each op of :func:`backward_order`, as arrays."""
     v = group.vpp
     nb = len(group.backward_units)
     if v == 1:
-        return [Op("B", u, 0) for u in range(nb)]
+        return np.arange(nb, dtype=np.int64), np.zeros(nb, dtype=np.int64)
     owner_of_slice: dict[int, int] = {}
     for g, members in enumerate(groups if groups is not None else forward_groups(group,
                                                                                  group.pp)):
@@ -137,13 +154,22 @@ def backward_order(group: Group, groups: list[list[int]] | None = None) -> list[
             for sid in group.forward_units[u].slice_ids:
                 owner_of_slice[sid] = g
     owners = [max(owner_of_slice[sid] for sid in bu.slice_ids) for bu in group.backward_units]
-    order: list[Op] = []
+    units, chunks = [], []
     start = 0
     while start < nb:
         end = start
         while end < nb and owners[end] == owners[start]:
             end += 1
-        for c in reversed(range(v)):
-            order.extend(Op("B", u, c) for u in range(start, end))
+        # The run's units on the last chunk, then the one before, ...
+        units.append(np.tile(np.arange(start, end, dtype=np.int64), v))
+        chunks.append(np.repeat(np.arange(v - 1, -1, -1, dtype=np.int64), end - start))
         start = end
-    return order
+    return _joined(units), _joined(chunks)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _ops(kind: str, unit: np.ndarray, chunk: np.ndarray) -> list[Op]:
+    return [Op(kind, u, c) for u, c in zip(unit.tolist(), chunk.tolist(), strict=True)]

@@ -36,14 +36,18 @@ from __future__ import annotations
 import numpy as np
 
 from slimpack.plan import Group
-from slimpack.schedules.ops import Op, OpArrays, OpList
-from slimpack.schedules.orders import backward_order, forward_groups, forward_order
+from slimpack.schedules.ops import OpArrays, OpList
+from slimpack.schedules.orders import (
+    backward_order_arrays,
+    forward_groups,
+    forward_order_arrays,
+)
 from slimpack.schedules.validate import ScheduleError, describe_stuck, progress, walk_op_arrays
 
 MAX_REPAIRS = 64
 
 
-def build_schedule(group: Group) -> list[list[Op]]:
+def build_schedule(group: Group) -> list[OpList]:
     """One ordered op list per pipeline stage, for ``group.schedule``.
 
     Raises ScheduleError for a kind that cannot run this group (e.g. ``1f1b`` with vpp > 1).
@@ -54,8 +58,11 @@ def build_schedule(group: Group) -> list[list[Op]]:
         raise ScheduleError(f"Group {group.group_id}: schedule '1f1b' needs vpp = 1, got {v}; "
                             f"use 'interleaved'")
     groups = forward_groups(group, p) if v > 1 else None
-    fwd = forward_order(group, groups)
-    bwd = backward_order(group, groups)
+    # The orders as arrays: the lists are made of them (OpList), no op object is needed.
+    f_unit, f_chunk = forward_order_arrays(group, groups)
+    b_unit, b_chunk = backward_order_arrays(group, groups)
+    codes = _OpCodes(f_unit, f_chunk, b_unit, b_chunk, v)
+    nf = len(f_unit)
     if v == 1:
         # Without virtual stages these lists cannot deadlock, so the O(ops) check is
         # skipped (planners build ~10^5-op schedules per candidate). Stage r runs c_r(j)
@@ -65,26 +72,24 @@ def build_schedule(group: Group) -> list[list[Op]]:
         # forward, and so on down to stage 0, whose forwards need nothing: no stage is
         # stuck at a forward. A stage stuck at B_j waits on stage r+1; the highest such
         # stage waits on one that is stuck nowhere, so has finished: none is stuck.
-        codes = _OpCodes.of(fwd, bwd, p, v)
-        return _stage_lists(fwd, bwd, codes, [_stage_order(len(fwd), counts)
-                                              for counts in stage_forward_counts(group)])
-    needs = _backward_needs(group, fwd, bwd)
-    codes = _OpCodes.of(fwd, bwd, p, v)
+        return [OpList(codes.arrays(_stage_order(nf, counts)))
+                for counts in stage_forward_counts(group)]
+    needs = _backward_needs(group, f_unit, b_unit)
     extra = [0] * p
     for _ in range(MAX_REPAIRS):
-        orders = [_stage_order(len(fwd), forward_counts(
-                      needs, warmup_offset(kind, p, v, r) + extra[r], len(fwd), kind == "gpipe"))
+        orders = [_stage_order(nf, forward_counts(
+                      needs, warmup_offset(kind, p, v, r) + extra[r], nf, kind == "gpipe"))
                   for r in range(p)]
         pos = codes.progress(orders)
         stuck_stages = [r for r in range(p) if pos[r] < len(orders[r])]
         if not stuck_stages:
-            return _stage_lists(fwd, bwd, codes, orders)
+            return [OpList(codes.arrays(order)) for order in orders]
         for r in stuck_stages:
             extra[r] = max(1, 2 * extra[r])
         # A stage may not hold fewer forwards than the one after it (the 1F1B invariant).
         for r in range(p - 2, -1, -1):
             extra[r] = max(extra[r], extra[r + 1])
-    ops = [[(fwd + bwd)[k] for k in order.tolist()] for order in orders]
+    ops = [OpList(codes.arrays(order)) for order in orders]
     pos = progress(group, ops)
     raise ScheduleError(f"Group {group.group_id}: no deadlock-free {kind} schedule found; "
                         f"{describe_stuck(ops, pos, p)}")
@@ -129,14 +134,17 @@ def warmup_offset(kind: str, p: int, v: int, rank: int) -> int:
     return 2 * (p - 1 - rank)
 
 
-def _backward_needs(group: Group, fwd: list[Op], bwd: list[Op]) -> list[int]:
-    """For each backward op: forwards that must precede it on a stage (all chunks)."""
-    last_pos_of_slice: dict[int, int] = {}
-    for pos, op in enumerate(fwd):
-        for sid in group.forward_units[op.unit].slice_ids:
-            last_pos_of_slice[sid] = pos  # forward order visits chunks in increasing order
-    unit_need = _unit_needs(group, last_pos_of_slice)
-    return [unit_need[op.unit] for op in bwd]
+def _backward_needs(group: Group, f_unit: np.ndarray, b_unit: np.ndarray) -> np.ndarray:
+    """For each backward op (``b_unit``, in order): forwards that must precede it on a stage
+    (all chunks), given the forward order's units ``f_unit``."""
+    # A unit's last position in the forward order (its last chunk: chunks run in increasing
+    # order), then each of its slices'.
+    last_pos = np.full(len(group.forward_units), -1, dtype=np.int64)
+    np.maximum.at(last_pos, f_unit, np.arange(len(f_unit), dtype=np.int64))
+    last_pos_of_slice = {sid: pos for unit, pos in zip(group.forward_units, last_pos.tolist(),
+                                                       strict=True)
+                         for sid in unit.slice_ids}
+    return np.asarray(_unit_needs(group, last_pos_of_slice), dtype=np.int64)[b_unit]
 
 
 def _unit_needs(group: Group, last_pos_of_slice: dict[int, int]) -> list[int]:
@@ -144,17 +152,6 @@ def _unit_needs(group: Group, last_pos_of_slice: dict[int, int]) -> list[int]:
     of its slices, i.e. how many forwards must run before it on a stage."""
     return [1 + max(map(last_pos_of_slice.__getitem__, unit.slice_ids))
             for unit in group.backward_units]
-
-
-def _stage_lists(fwd: list[Op], bwd: list[Op], codes: _OpCodes,
-                 orders: list[np.ndarray]) -> list[OpList]:
-    """Each stage's ops in ``orders`` (indices into ``fwd + bwd``), with their fields as
-    arrays taken from ``codes`` (no second read of the op objects)."""
-    # Object-array indexing picks each stage's ops in C, not one list index at a time.
-    everything = np.empty(len(fwd) + len(bwd), dtype=object)
-    everything[:len(fwd)] = fwd
-    everything[len(fwd):] = bwd
-    return [OpList(everything[order].tolist(), codes.arrays(order)) for order in orders]
 
 
 def _stage_order(num_forwards: int, counts: np.ndarray) -> np.ndarray:
@@ -167,23 +164,18 @@ def _stage_order(num_forwards: int, counts: np.ndarray) -> np.ndarray:
 
 
 class _OpCodes:
-    """The fields of ``fwd + bwd`` as arrays, for the deadlock check of the repair loop (which
-    runs once per warm-up tried and per candidate group) and the built lists: an order of
-    indices into ``fwd + bwd`` is walked (:func:`slimpack.schedules.validate.walk_op_arrays`,
-    the walk of :func:`progress`) without building its ops."""
+    """The fields of the forward order followed by the backward order, as arrays: an order
+    of indices into them is one stage's op list (:class:`OpList` of :meth:`arrays`), and the
+    repair loop's deadlock check walks it (:func:`slimpack.schedules.validate.walk_op_arrays`,
+    the walk of :func:`progress`) without building anything else."""
 
-    def __init__(self, is_backward: np.ndarray, unit: np.ndarray, chunk: np.ndarray,
-                 vpp: int) -> None:
-        self.is_backward, self.unit, self.chunk, self.vpp = is_backward, unit, chunk, vpp
-
-    @classmethod
-    def of(cls, fwd: list[Op], bwd: list[Op], p: int, v: int) -> _OpCodes:
-        ops = fwd + bwd
-        unit = np.fromiter((op.unit for op in ops), dtype=np.int64, count=len(ops))
-        chunk = np.fromiter((op.chunk for op in ops), dtype=np.int64, count=len(ops))
-        is_backward = np.zeros(len(ops), dtype=bool)
-        is_backward[len(fwd):] = True
-        return cls(is_backward, unit, chunk, v)
+    def __init__(self, f_unit: np.ndarray, f_chunk: np.ndarray, b_unit: np.ndarray,
+                 b_chunk: np.ndarray, vpp: int) -> None:
+        self.unit = np.concatenate([f_unit, b_unit])
+        self.chunk = np.concatenate([f_chunk, b_chunk])
+        self.is_backward = np.zeros(len(self.unit), dtype=bool)
+        self.is_backward[len(f_unit):] = True
+        self.vpp = vpp
 
     def arrays(self, order: np.ndarray) -> OpArrays:
         """(is forward, unit, chunk) of the ops of one stage's order."""

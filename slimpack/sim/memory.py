@@ -19,6 +19,8 @@ compare the simulator with the runtime's tracked activation peak.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -42,11 +44,11 @@ from slimpack.cost.memory import (
     runtime_slice_bytes_per_layer,
     runtime_spread_head_bytes,
 )
-from slimpack.plan import Group, Plan, PlanError
+from slimpack.plan import Group, Plan, PlanError, Unit
 from slimpack.schedules import Op, build_schedule, stage_forward_counts
 from slimpack.schedules.ops import describe_op_ranges, op_arrays, ops_in_range
 from slimpack.sim.costs import head_stages, layers_per_virtual_stage
-from slimpack.sim.memory_walk import stage_peaks
+from slimpack.sim.memory_walk import run_sums, stage_peaks
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 from slimpack.specs.training import TrainingSpec
@@ -171,60 +173,57 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
     a = activation_bytes_per_token_per_layer(
         model, group.recompute, fp8=training is not None and training.dtype == "fp8")
     per_token = a / (tp * cp)
-    # Loops written out over the slice index (no per-slice property calls): a planner runs
-    # this once per candidate group, on ~10^5 slices. Same sums, in the same order.
-    index = group._slice_index
-    slice_act: dict[int, float] = {}
-    slice_tokens: dict[int, int] = {}  # kept for the longest slice (logits) below
-    for sid, sl in index.items():
-        tokens = 0
-        for seg in sl.segments:
-            tokens += seg.end - seg.start
-        slice_tokens[sid] = tokens
-        slice_act[sid] = tokens * per_token
-    # dK/dV buffers: only for sequences spread over several backward units.
+    # Over arrays of the group's segments (a planner runs this once per candidate group, on
+    # ~10^5 slices): integer sums are exact in any order, and every float sum runs in the
+    # order of the rule written per slice (``tests/test_memory_walk.py``'s oracle).
+    table = _segment_table(group)
+    slice_tokens = np.add.reduceat(table.length, table.first)
+    slice_act = slice_tokens * per_token
+    # dK/dV buffers: only for sequences spread over several backward units. Each sequence's
+    # tokens and the first and last backward unit holding a slice of it.
     kv_per_token = kv_bytes_per_token_per_layer(model, tp) / cp
-    seq_tokens: dict[int, int] = {}
-    first_unit: dict[int, int] = {}
-    last_unit: dict[int, int] = {}
-    for i, unit in enumerate(group.backward_units):
-        for sid in unit.slice_ids:
-            for seg in index[sid].segments:
-                seq = seg.seq_id
-                seq_tokens[seq] = seq_tokens.get(seq, 0) + (seg.end - seg.start)
-                if seq not in first_unit:
-                    first_unit[seq] = i
-                last_unit[seq] = i
+    b_bounds, b_members = table.units(group.backward_units)
+    unit_of_member = np.repeat(np.arange(len(b_bounds) - 1, dtype=np.int64), np.diff(b_bounds))
+    rows, row_member = table.rows_of(b_members)
+    seqs, first_row, seq_of_row = np.unique(table.seq[rows], return_index=True,
+                                            return_inverse=True)
+    seq_tokens = np.bincount(seq_of_row, weights=table.length[rows],
+                             minlength=len(seqs)).astype(np.int64)
+    row_unit = unit_of_member[row_member]
+    first_unit = row_unit[first_row]  # backward units come in order: the first is the least
+    last_unit = np.zeros(len(seqs), dtype=np.int64)
+    np.maximum.at(last_unit, seq_of_row, row_unit)
+    spread = last_unit != first_unit
     kept_kv = 0.0
     if group.recompute == "full":
         # Full recompute keeps a layer's input only, but a sequence cut over several units
         # also keeps each slice's K,V: later slices attend to them in forward, and recomputing
         # a slice's layer in backward needs the K,V of the slices before it (SlimPipe's KV
         # cache; recomputing them instead would re-run every earlier slice's projections).
-        for sid, sl in index.items():
-            cached = 0
-            for seg in sl.segments:
-                if last_unit[seg.seq_id] != first_unit[seg.seq_id]:
-                    cached += seg.end - seg.start
-            if cached:
-                slice_act[sid] += cached * kv_per_token
-                kept_kv += cached * kv_per_token
-    fwd_alloc = [sum([slice_act[s] for s in u.slice_ids]) for u in group.forward_units]
-    bwd_free = [sum([slice_act[s] for s in u.slice_ids]) for u in group.backward_units]
+        cached_rows = table.length * spread[np.searchsorted(seqs, table.seq)]
+        cached = np.add.reduceat(cached_rows, table.first)
+        kept = cached * kv_per_token
+        slice_act = np.where(cached > 0, slice_act + kept, slice_act)
+        kept_kv = sum(kept[cached > 0].tolist())  # slice by slice, from 0
+    fwd_bounds, fwd_members = table.units(group.forward_units)
+    fwd_alloc = run_sums(slice_act[fwd_members], fwd_bounds).tolist()
+    bwd_free = run_sums(slice_act[b_members], b_bounds).tolist()
     nb = len(group.backward_units)
     kvgrad_alloc = [0.0] * nb
     kvgrad_free = [0.0] * nb
-    for seq, first in first_unit.items():
-        if last_unit[seq] != first:
-            kvgrad_alloc[first] += seq_tokens[seq] * kv_per_token
-            kvgrad_free[last_unit[seq]] += seq_tokens[seq] * kv_per_token
+    # Sequences in the order they first appear in the backward units.
+    order = np.argsort(first_row)
+    for seq in order[spread[order]].tolist():
+        tokens = int(seq_tokens[seq])
+        kvgrad_alloc[int(first_unit[seq])] += tokens * kv_per_token
+        kvgrad_free[int(last_unit[seq])] += tokens * kv_per_token
 
     states, logits = stage_constant_bytes(
         model, tp=tp, cp=cp, pp=pp, vpp=group.vpp, dp=dp,
         vocab_parallel_pp=group.vocab_parallel_pp, training=training,
-        longest_slice=max(slice_tokens.values()))  # the index holds every slice of the group
+        longest_slice=int(slice_tokens.max()))  # every slice of the group
     if group.recompute == "full":
-        kv_share = kept_kv / max(sum(slice_act.values()), 1e-30)
+        kv_share = kept_kv / max(sum(slice_act.tolist()), 1e-30)
     else:
         kv_share = kv_per_token * cp * tp / a
     # Offload moves the non-KV part (later slices of the sequence read the KV cache).
@@ -235,6 +234,54 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
                        kvgrad_free=kvgrad_free, fwd_offload=fwd_offload, bwd_fetch=bwd_fetch,
                        static_bytes=[s + lg for s, lg in zip(states, logits, strict=True)],
                        model_state_bytes=states, logits_bytes=logits, kv_share=kv_share)
+
+
+_SEQ_START_END = operator.attrgetter("seq_id", "start", "end")
+
+
+@dataclass(frozen=True, slots=True)
+class _SegmentTable:
+    """A group's segments as arrays, slice after slice in ``group.slices`` order (every slice
+    holds at least one segment)."""
+
+    position: dict[int, int]
+    """Slice id -> its index in ``group.slices``."""
+    first: np.ndarray
+    """Per slice, the row of its first segment."""
+    count: np.ndarray
+    seq: np.ndarray
+    length: np.ndarray
+
+    def units(self, units: tuple[Unit, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(where each unit's slices start in the second array and one past the last, the
+        slice index of every member of every unit, in unit order)."""
+        position = self.position
+        members = np.fromiter((position[sid] for unit in units for sid in unit.slice_ids),
+                              dtype=np.int64)
+        bounds = np.zeros(len(units) + 1, dtype=np.int64)
+        bounds[1:] = np.cumsum(np.fromiter((len(u.slice_ids) for u in units), dtype=np.int64,
+                                           count=len(units)))
+        return bounds, members
+
+    def rows_of(self, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the segment rows of each member slice, one member after another; for each row,
+        its member's index)."""
+        counts = self.count[members]
+        before = np.cumsum(counts) - counts
+        rows = np.repeat(self.first[members] - before, counts) + np.arange(int(counts.sum()))
+        return rows, np.repeat(np.arange(len(members), dtype=np.int64), counts)
+
+
+def _segment_table(group: Group) -> _SegmentTable:
+    slices = group.slices
+    count = np.fromiter((len(sl.segments) for sl in slices), dtype=np.int64, count=len(slices))
+    fields = np.fromiter(itertools.chain.from_iterable(map(_SEQ_START_END, itertools.chain.
+                                                           from_iterable(sl.segments
+                                                                         for sl in slices))),
+                         dtype=np.int64, count=3 * int(count.sum())).reshape(-1, 3)
+    return _SegmentTable(position={sl.slice_id: i for i, sl in enumerate(slices)},
+                         first=np.cumsum(count) - count, count=count, seq=fields[:, 0],
+                         length=fields[:, 2] - fields[:, 1])
 
 
 def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,

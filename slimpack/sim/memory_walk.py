@@ -62,3 +62,17 @@ def stage_peaks(stage_first: np.ndarray, is_fwd: np.ndarray, unit: np.ndarray,
         dynamic[s] = peak
         activations[s] = act_peak
     return dynamic, activations
+
+
+@numba.njit(cache=True, nogil=True)
+def run_sums(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``out[k]`` = ``values[bounds[k]:bounds[k+1]]`` summed left to right from 0.0: a unit's
+    bytes as the sum of its slices' in the unit's order (numpy's reductions sum pairwise,
+    which rounds differently)."""
+    out = np.zeros(len(bounds) - 1, dtype=np.float64)
+    for k in range(len(bounds) - 1):
+        total = 0.0
+        for i in range(bounds[k], bounds[k + 1]):
+            total += values[i]
+        out[k] = total
+    return out
