@@ -5,7 +5,7 @@ that run different slices at the same time do different amounts of attention. Sl
 those ranks, longest KV prefix with shortest; the heavy rank ships its query and part of its
 cached KV to the light one, which computes that block and returns partial outputs that are
 merged with the log-sum-exp trick. This module moves that work between the two ops' durations
-before the timing walk (:func:`redistribute_group`); everything else in the walk is unchanged.
+before the timing walk (:func:`group_moves`); everything else in the walk is unchanged.
 
 Which ops run concurrently (*reconstructed*: the paper's pairing rule at run time is not
 known here). An op's *tick* is its start time when every op of the schedule takes one unit
@@ -460,16 +460,6 @@ def _ranks_within(sizes: np.ndarray) -> np.ndarray:
     """0, 1, ..., size-1 for each run of ``sizes``, concatenated."""
     total = int(sizes.sum())
     return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-
-
-def redistribute_group(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
-                       model: ModelSpec, cost: CostModel, gpus_per_node: int,
-                       ) -> tuple[GroupCosts, RedistributionStats]:
-    """``costs`` with attention moved between concurrent ops of paired pipeline ranks
-    (:func:`group_moves` without the moves)."""
-    after, stats, _ = group_moves(group, ops, costs, model=model, cost=cost,
-                                  gpus_per_node=gpus_per_node)
-    return after, stats
 
 
 def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
