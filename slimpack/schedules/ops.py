@@ -52,9 +52,8 @@ class OpList(Sequence[Op]):
     """One stage's op list as :func:`~slimpack.schedules.build_schedule` returns it: its ops'
     fields as read-only arrays, which the walks over 10^6 ops (memory, timing, dry run) read
     (:func:`op_arrays`), and the :class:`Op` objects made from them only when something reads
-    ops (the runtime, error messages, tests): a planner's candidates never do, and making
-    them was a tenth of a paper-scale search. Immutable; ``list(ops)`` and ``ops + more`` are
-    plain lists."""
+    ops (the runtime, error messages, tests): a planner's candidates, ~10^6 ops each at paper
+    scale, never do. Immutable; ``list(ops)`` and ``ops + more`` are plain lists."""
 
     __slots__ = ("_ops", "arrays")
 
