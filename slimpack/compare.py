@@ -30,7 +30,8 @@ from slimpack.planning.auto_parallel import (
     auto_parallel_candidates,
     estimate_fixed_length_step,
 )
-from slimpack.planning.method import SEARCH_SPACE
+from slimpack.planning.method import SEARCH_SPACE, MethodSpec
+from slimpack.planning.packing import sample_pieces
 from slimpack.planning.setup import PlanSetup
 from slimpack.planning.winners import layout_key, try_winner_layouts
 from slimpack.records import MethodRecord, StepRecord
@@ -219,18 +220,32 @@ def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpu
 
 
 def step_lower_bound(cost: CostModel, lengths: Sequence[int], parallel: ParallelSpec) -> float:
-    """Seconds no plan of any method can beat on ``parallel``: the batch's layer work (forward
-    and backward, no recompute, every document causal under its own mask) priced as one
+    """Seconds no plan that trains the sequences ``lengths`` can beat on ``parallel``: their
+    layer work (forward and backward, no recompute, each sequence causal under its own mask)
+    priced as one
     kernel per layer at ``parallel.tp``, spread perfectly over the ``dp * cp`` GPUs of the
-    most loaded pipeline stage, with no bubble and no communication.
+    most loaded pipeline stage, with no bubble and no communication. ``lengths`` are the
+    sequences the method trains: for a method that cuts documents at sample boundaries, the
+    pieces (:func:`bound_lengths`).
 
     It is a bound because the cost model's kernels are sub-additive: packing pieces into one
     kernel never costs more than running them apart (tiles and waves round up, fixed costs are
     paid per kernel), and the most loaded GPU carries at least the average. Full-context
-    attention (no document masks) only adds work.
+    attention over a sample (no document masks) only adds work to the pieces it holds.
     """
     return _bound_from_layer_work(_batch_layer_seconds(cost, lengths, parallel.tp), parallel,
                                   cost.model.num_layers)
+
+
+def bound_lengths(spec: MethodSpec, batch: Batch, context: int) -> Sequence[int]:
+    """The sequence lengths :func:`step_lower_bound` prices for method ``spec``: the batch's
+    documents, or, for a method that may cut documents at sample boundaries
+    (``MethodSpec.cuts_at_sample_boundaries``), the pieces Megatron-LM's GPTDataset cuts them
+    into at ``context`` (:func:`slimpack.planning.packing.sample_pieces`), whose attention is
+    smaller: the whole documents would over-price such a method and could prune its best
+    layout."""
+    return sample_pieces(batch, context).lengths if spec.cuts_at_sample_boundaries \
+        else batch.lengths
 
 
 def _batch_layer_seconds(cost: CostModel, lengths: Sequence[int], tp: int) -> float:
@@ -273,11 +288,11 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
     if not candidates:
         raise ValueError(f"no parallel configuration of {gpus} GPUs fits {model.name} at "
                          f"context {context} for {method}; add GPUs or shorten the context")
+    lengths = bound_lengths(registry.get(method), batch, context)
     work_of_tp: dict[int, float] = {}  # the bound's kernel sum depends on tp only
     for cand in candidates:
         if cand.parallel.tp not in work_of_tp:
-            work_of_tp[cand.parallel.tp] = _batch_layer_seconds(cost, batch.lengths,
-                                                                cand.parallel.tp)
+            work_of_tp[cand.parallel.tp] = _batch_layer_seconds(cost, lengths, cand.parallel.tp)
     bounds = [_bound_from_layer_work(work_of_tp[c.parallel.tp], c.parallel, model.num_layers)
               for c in candidates]
     cache = {} if estimate_cache is None else estimate_cache

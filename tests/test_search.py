@@ -6,10 +6,17 @@ from __future__ import annotations
 import pytest
 
 from slimpack.batch import Batch
-from slimpack.compare import best_parallel, method_candidates, plan_method, step_lower_bound
+from slimpack.compare import (
+    best_parallel,
+    bound_lengths,
+    method_candidates,
+    plan_method,
+    step_lower_bound,
+)
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.cost.model import AnalyticCostModel
 from slimpack.data import sample_batch
+from slimpack.methods import DEFAULT_METHODS
 from slimpack.planning.winners import layout_key
 from slimpack.sim import simulate
 from slimpack.specs import hardware_preset, model_preset
@@ -31,8 +38,63 @@ def test_lower_bound_never_exceeds_a_simulated_step(method, make_cost):
     for cand in layouts[::2]:
         plan = plan_method(method, batch, MODEL, HW, cand.parallel, cost, context=16384)
         step = simulate(plan, model=MODEL, hardware=HW, cost=cost, validate=False).record
-        bound = step_lower_bound(cost, batch.lengths, cand.parallel)
+        bound = step_lower_bound(cost, bound_lengths(DEFAULT_METHODS.get(method), batch, 16384),
+                                 cand.parallel)
         assert 0 < bound <= step.step_time_s, cand.parallel.describe()
+
+
+# Documents of one context each, shifted by half a context: each crosses a sample boundary, so
+# a method packing fixed-length samples cuts every one in two (half its attention work), and
+# one of three contexts, which even full-causal samples cut into three.
+CROSSING_CONTEXT = 32768
+CROSSING = Batch.from_lengths([CROSSING_CONTEXT // 2] + [CROSSING_CONTEXT] * 12
+                              + [3 * CROSSING_CONTEXT, CROSSING_CONTEXT // 2], seed=0)
+CROSSING_NO_LONGER = Batch.from_lengths([n for n in CROSSING.lengths if n <= CROSSING_CONTEXT],
+                                        seed=0)
+REFUSES_LONGER_THAN_CONTEXT = {"naive", "wlb-llm"}
+"""Planners that refuse a document longer than the context (naive's default best fit never
+cuts one; WLB-LLM's S_max): they get the batch without it."""
+
+
+def _crossing_steps(method, cost, **options):
+    batch = CROSSING_NO_LONGER if method in REFUSES_LONGER_THAN_CONTEXT and not options \
+        else CROSSING
+    for cand in method_candidates(method, MODEL, HW, 16, CROSSING_CONTEXT)[::3]:
+        plan = plan_method(method, batch, MODEL, HW, cand.parallel, cost,
+                           context=CROSSING_CONTEXT, **options)
+        yield cand.parallel, simulate(plan, model=MODEL, hardware=HW, cost=cost,
+                                      validate=False).record.step_time_s
+
+
+def test_the_whole_document_bound_is_no_bound_for_a_method_that_cuts_documents():
+    # Why the search prices cut pieces for Megatron-LM: on documents that cross the sample
+    # boundaries its plans do less attention than the whole documents need.
+    cost = default_cost_model(MODEL, HW)
+    below = [p.describe() for p, step in _crossing_steps("megatron", cost)
+             if step < step_lower_bound(cost, CROSSING.lengths, p)]
+    assert below
+
+
+@pytest.mark.parametrize("method,options", [
+    *[(m, {}) for m in DEFAULT_METHODS.compared_names()],
+    ("naive", {"packing": "concat-chunk"})], ids=lambda v: v if isinstance(v, str) else
+    ",".join(f"{k}={x}" for k, x in v.items()) or "default")
+def test_each_methods_search_bound_holds_on_documents_that_cross_sample_boundaries(method,
+                                                                                   options):
+    cost = default_cost_model(MODEL, HW)
+    batch = CROSSING_NO_LONGER if method in REFUSES_LONGER_THAN_CONTEXT and not options \
+        else CROSSING
+    lengths = bound_lengths(DEFAULT_METHODS.get(method), batch, CROSSING_CONTEXT)
+    for parallel, step in _crossing_steps(method, cost, **options):
+        assert step_lower_bound(cost, lengths, parallel) <= step, parallel.describe()
+
+
+@pytest.mark.parametrize("method", sorted(REFUSES_LONGER_THAN_CONTEXT))
+def test_the_planners_given_no_longer_document_do_refuse_one(method):
+    parallel = method_candidates(method, MODEL, HW, 16, CROSSING_CONTEXT)[0].parallel
+    with pytest.raises(ValueError, match="longer|shorter"):
+        plan_method(method, CROSSING, MODEL, HW, parallel, default_cost_model(MODEL, HW),
+                    context=CROSSING_CONTEXT)
 
 
 def test_exhaustive_search_returns_the_best_simulated_layout():
@@ -70,7 +132,8 @@ def test_a_capped_searchs_gain_bound_is_a_certificate_the_exhaustive_answer_keep
     full = best_parallel(method, batch, MODEL, HW, 16, cost, context=32768)
     assert not capped.exhaustive and capped.unvisited
     step = capped.record.step_time_s
-    bound_of = {layout_key(c.parallel): step_lower_bound(cost, batch.lengths, c.parallel)
+    lengths = bound_lengths(DEFAULT_METHODS.get(method), batch, 32768)
+    bound_of = {layout_key(c.parallel): step_lower_bound(cost, lengths, c.parallel)
                 for c in method_candidates(method, MODEL, HW, 16, 32768)}
     assert all(bound_of[key] == bound for key, bound in capped.unvisited)
     below = [bound for _, bound in capped.unvisited if bound < step]

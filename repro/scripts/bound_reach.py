@@ -2,7 +2,8 @@
 
 For each e2e-throughput point of the committed records (best-layout protocol, the 512-sample
 batch), counts the memory-feasible layouts of a method whose step lower bound
-(``slimpack.compare.step_lower_bound``) is below the method's recorded best step: the layouts
+(``slimpack.compare.step_lower_bound`` over ``bound_lengths``) is below the method's recorded
+best step: the layouts
 an exhaustive, bound-pruned search would have to plan and simulate at the least (it prunes
 against the best found so far, which is never better than the final best). Beside it: the
 candidates, the layouts the record simulated and its planning seconds.
@@ -17,8 +18,9 @@ import argparse
 import pandas as pd
 
 from repro.experiments.e2e_throughput import CONTEXT, GPUS, HARDWARE, SAMPLES, workload_batch
-from slimpack.compare import method_candidates, step_lower_bound
+from slimpack.compare import bound_lengths, method_candidates, step_lower_bound
 from slimpack.cost.kernel_model import default_cost_model
+from slimpack.methods import DEFAULT_METHODS
 from slimpack.specs import hardware_preset, model_preset
 
 
@@ -40,18 +42,19 @@ def main() -> None:
         batch = workload_batch({"model": model_name, "dataset": dataset, "context": CONTEXT,
                                 "num_gpus": GPUS, "token_budget": SAMPLES * CONTEXT,
                                 "seed": 0, "workload": workload})
-        bounds: dict[tuple, float] = {}
         for method in args.methods:
             row = rows[rows["method"] == method]
             if row.empty or pd.isna(row.iloc[0]["step_time_s"]):
                 continue
             best = float(row.iloc[0]["step_time_s"])
             candidates = method_candidates(method, model, hardware, GPUS, CONTEXT)
+            lengths = bound_lengths(DEFAULT_METHODS.get(method), batch, CONTEXT)
+            bounds: dict[tuple, float] = {}
             left = 0
             for cand in candidates:
                 key = (cand.parallel.tp, cand.parallel.cp, cand.parallel.pp, cand.parallel.dp)
                 if key not in bounds:
-                    bounds[key] = step_lower_bound(cost, batch.lengths, cand.parallel)
+                    bounds[key] = step_lower_bound(cost, lengths, cand.parallel)
                 left += bounds[key] < best
             print(f"{model_name}, {dataset}, {workload}, {method}: {left} / {len(candidates)} "
                   f"({int(row.iloc[0]['layouts_simulated'])} simulated, "

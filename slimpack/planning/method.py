@@ -105,6 +105,14 @@ class MethodSpec:
     harness's all-method experiments) include the method. False for the
     suite's unsliced reference and for baselines that only one paper's protocol runs
     (FlexSP's Ulysses baselines)."""
+    cuts_at_sample_boundaries: bool = False
+    """Whether the method's data path packs documents into fixed-length samples of the
+    training context (Megatron-LM's GPTDataset) and so may cut a document at a sample
+    boundary. Under document masks a cut tail no longer attends to its head, and a full-causal
+    sample attends to at least its pieces: either way the method's attention work can be below
+    the whole documents', so the configuration search's step lower bound prices its batch as
+    those pieces (``slimpack.compare.bound_lengths``) to stay a bound (tests/test_search.py
+    shows the whole-document bound above a Megatron-LM step)."""
     paper_zero_stage: int | None = None
     """The ZeRO stage the method's paper ran it with, where that differs from the suite's
     default (1, Megatron-LM's distributed optimizer): ``slimpack compare`` prices the method
