@@ -255,7 +255,16 @@ def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOption
     # The heuristic first so a tight time limit still returns its answer, then outward from
     # it (nearest first in log scale): the best S is usually a neighbour of the heuristic.
     others = sorted((s for s in cands if s != default), key=lambda s: abs(math.log(s / default)))
-    return [default, *others][:opts.search_candidates]
+    chosen = [default, *others][:opts.search_candidates]
+    if parallel.pp == 1:
+        # No pipeline to fill: the fewer the MicroPacks, the less each pays in per-kernel cost
+        # and the longer the last backward that hides the gradient sync. The slice that cuts
+        # nothing (the longest sequence) is the fewest the candidates above may not reach (they
+        # stay below the longest); the memory repair shrinks it where it does not fit.
+        whole = -(-longest // max(128, align)) * max(128, align)
+        if whole not in chosen:
+            chosen.append(whole)
+    return chosen
 
 
 LIMIT_MARGIN = 0.05
