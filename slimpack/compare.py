@@ -222,11 +222,10 @@ def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpu
 def step_lower_bound(cost: CostModel, lengths: Sequence[int], parallel: ParallelSpec) -> float:
     """Seconds no plan that trains the sequences ``lengths`` can beat on ``parallel``: their
     layer work (forward and backward, no recompute, each sequence causal under its own mask)
-    priced as one
-    kernel per layer at ``parallel.tp``, spread perfectly over the ``dp * cp`` GPUs of the
-    most loaded pipeline stage, with no bubble and no communication. ``lengths`` are the
-    sequences the method trains: for a method that cuts documents at sample boundaries, the
-    pieces (:func:`bound_lengths`).
+    priced as one kernel per layer at ``parallel.tp``, spread perfectly over the ``dp * cp``
+    GPUs of the most loaded pipeline stage, with no bubble and no communication. ``lengths``
+    are the sequences the method trains: for a method that cuts documents at sample
+    boundaries, the pieces (:func:`bound_lengths`).
 
     It is a bound because the cost model's kernels are sub-additive: packing pieces into one
     kernel never costs more than running them apart (tiles and waves round up, fixed costs are

@@ -3,10 +3,9 @@
 For each e2e-throughput point of the committed records (best-layout protocol, the 512-sample
 batch), counts the memory-feasible layouts of a method whose step lower bound
 (``slimpack.compare.step_lower_bound`` over ``bound_lengths``) is below the method's recorded
-best step: the layouts
-an exhaustive, bound-pruned search would have to plan and simulate at the least (it prunes
-against the best found so far, which is never better than the final best). Beside it: the
-candidates, the layouts the record simulated and its planning seconds.
+best step: the layouts an exhaustive, bound-pruned search would have to plan and simulate at
+the least (it prunes against the best found so far, which is never better than the final
+best). Beside it: the candidates, the layouts the record simulated and its planning seconds.
 
     python -m repro.scripts.bound_reach --methods slimpack megatron
 """
