@@ -56,9 +56,13 @@ REFUSES_LONGER_THAN_CONTEXT = {"naive", "wlb-llm"}
 cuts one; WLB-LLM's S_max): they get the batch without it."""
 
 
-def _crossing_steps(method, cost, **options):
-    batch = CROSSING_NO_LONGER if method in REFUSES_LONGER_THAN_CONTEXT and not options \
+def _crossing_batch(method, options):
+    return CROSSING_NO_LONGER if method in REFUSES_LONGER_THAN_CONTEXT and not options \
         else CROSSING
+
+
+def _crossing_steps(method, cost, **options):
+    batch = _crossing_batch(method, options)
     for cand in method_candidates(method, MODEL, HW, 16, CROSSING_CONTEXT)[::3]:
         plan = plan_method(method, batch, MODEL, HW, cand.parallel, cost,
                            context=CROSSING_CONTEXT, **options)
@@ -82,9 +86,8 @@ def test_the_whole_document_bound_is_no_bound_for_a_method_that_cuts_documents()
 def test_each_methods_search_bound_holds_on_documents_that_cross_sample_boundaries(method,
                                                                                    options):
     cost = default_cost_model(MODEL, HW)
-    batch = CROSSING_NO_LONGER if method in REFUSES_LONGER_THAN_CONTEXT and not options \
-        else CROSSING
-    lengths = bound_lengths(DEFAULT_METHODS.get(method), batch, CROSSING_CONTEXT)
+    lengths = bound_lengths(DEFAULT_METHODS.get(method), _crossing_batch(method, options),
+                            CROSSING_CONTEXT)
     for parallel, step in _crossing_steps(method, cost, **options):
         assert step_lower_bound(cost, lengths, parallel) <= step, parallel.describe()
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-import pandas as pd
-
-from repro.experiments.e2e_throughput import CONTEXT, GPUS, HARDWARE, SAMPLES, workload_batch
+from repro.experiments.e2e_throughput import CONTEXT, GPUS, HARDWARE
+from repro.scripts.e2e_points import best_layout_points, method_row, point_batch
 from slimpack.compare import bound_lengths, method_candidates, step_lower_bound
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.methods import DEFAULT_METHODS
@@ -28,24 +27,18 @@ def main() -> None:
     parser.add_argument("--records", default="results/e2e-throughput/records.csv")
     parser.add_argument("--methods", nargs="+", default=["slimpack", "megatron"])
     args = parser.parse_args()
-    records = pd.read_csv(args.records, low_memory=False)
-    records = records[(records["protocol"] == "best layout")
-                      & (records["token_budget"] == SAMPLES * CONTEXT)]
     hardware = hardware_preset(HARDWARE)
     print("model, dataset, workload, method: layouts the bound leaves / candidates "
           "(simulated in the record, its plan seconds)")
-    for (model_name, dataset, workload), rows in records.groupby(
-            ["model", "dataset", "workload"]):
+    for (model_name, dataset, workload), rows in best_layout_points(args.records):
         model = model_preset(model_name)
         cost = default_cost_model(model, hardware)
-        batch = workload_batch({"model": model_name, "dataset": dataset, "context": CONTEXT,
-                                "num_gpus": GPUS, "token_budget": SAMPLES * CONTEXT,
-                                "seed": 0, "workload": workload})
+        batch = point_batch(model_name, dataset, workload)
         for method in args.methods:
-            row = rows[rows["method"] == method]
-            if row.empty or pd.isna(row.iloc[0]["step_time_s"]):
+            row = method_row(rows, method)
+            if row is None:
                 continue
-            best = float(row.iloc[0]["step_time_s"])
+            best = float(row["step_time_s"])
             candidates = method_candidates(method, model, hardware, GPUS, CONTEXT)
             lengths = bound_lengths(DEFAULT_METHODS.get(method), batch, CONTEXT)
             bounds: dict[tuple, float] = {}
@@ -56,8 +49,7 @@ def main() -> None:
                     bounds[key] = step_lower_bound(cost, lengths, cand.parallel)
                 left += bounds[key] < best
             print(f"{model_name}, {dataset}, {workload}, {method}: {left} / {len(candidates)} "
-                  f"({int(row.iloc[0]['layouts_simulated'])} simulated, "
-                  f"{row.iloc[0]['plan_seconds']:.1f} s)")
+                  f"({int(row['layouts_simulated'])} simulated, {row['plan_seconds']:.1f} s)")
 
 
 if __name__ == "__main__":

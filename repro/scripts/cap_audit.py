@@ -24,7 +24,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from repro.experiments.common import with_harness_options
-from repro.experiments.e2e_throughput import CONTEXT, GPUS, HARDWARE, SAMPLES, workload_batch
+from repro.experiments.e2e_throughput import CONTEXT, GPUS, HARDWARE
+from repro.scripts.e2e_points import best_layout_points, method_row, point_batch
 from slimpack.compare import best_parallel, paper_recipe_costs
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.specs import hardware_preset, model_preset
@@ -38,36 +39,31 @@ def main() -> None:
                         help="indices of the (model, dataset, workload) points to audit")
     parser.add_argument("--out", default=None, help="also write the table as CSV here")
     args = parser.parse_args()
-    records = pd.read_csv(args.records, low_memory=False)
-    records = records[(records["protocol"] == "best layout")
-                      & (records["token_budget"] == SAMPLES * CONTEXT)]
     hardware = hardware_preset(HARDWARE)
-    points = list(records.groupby(["model", "dataset", "workload"]))
+    points = best_layout_points(args.records)
     chosen = range(len(points)) if args.points is None else args.points
     rows = []
     for index in tqdm(chosen, desc="points", unit="point"):
         (model_name, dataset, workload), frame = points[index]
         model = model_preset(model_name)
-        batch = workload_batch({"model": model_name, "dataset": dataset, "context": CONTEXT,
-                                "num_gpus": GPUS, "token_budget": SAMPLES * CONTEXT,
-                                "seed": 0, "workload": workload})
+        batch = point_batch(model_name, dataset, workload)
         recipe = paper_recipe_costs(args.methods, model, hardware)
         for method in args.methods:
-            row = frame[frame["method"] == method]
-            if row.empty or pd.isna(row.iloc[0]["step_time_s"]):
+            row = method_row(frame, method)
+            if row is None:
                 continue
             cost = recipe.get(method, default_cost_model(model, hardware))
             options = with_harness_options((method,), None)[method]
             started = time.perf_counter()
             found = best_parallel(method, batch, model, hardware, GPUS, cost, context=CONTEXT,
                                   top_k=None, **options)
-            recorded = float(row.iloc[0]["step_time_s"])
+            recorded = float(row["step_time_s"])
             rows.append({
                 "point": index, "model": model_name, "dataset": dataset, "workload": workload,
-                "method": method, "record_layout": row.iloc[0]["parallel"],
+                "method": method, "record_layout": row["parallel"],
                 "record_step_s": recorded,
-                "record_layouts_simulated": int(row.iloc[0]["layouts_simulated"]),
-                "record_gain_bound": float(row.iloc[0]["search_gain_bound"]),
+                "record_layouts_simulated": int(row["layouts_simulated"]),
+                "record_gain_bound": float(row["search_gain_bound"]),
                 "exhaustive_layout": found.parallel.describe(),
                 "exhaustive_step_s": found.record.step_time_s,
                 "exhaustive_simulated": found.simulated, "exhaustive_pruned": found.pruned,

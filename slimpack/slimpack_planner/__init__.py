@@ -261,7 +261,8 @@ def _slice_candidates(batch: Batch, parallel: ParallelSpec, opts: SlimPackOption
         # and the longer the last backward that hides the gradient sync. The slice that cuts
         # nothing (the longest sequence) is the fewest the candidates above may not reach (they
         # stay below the longest); the memory repair shrinks it where it does not fit.
-        whole = -(-longest // max(128, align)) * max(128, align)
+        tile = max(128, align)  # the heuristic S's alignment
+        whole = -(-longest // tile) * tile
         if whole not in chosen:
             chosen.append(whole)
     return chosen
