@@ -4,15 +4,18 @@ The harness searches SlimPack, SlimPipe and FlexSP over their best-estimated lay
 (``MethodSpec.search_layouts``) and says in ``search_gain_bound`` how much faster a layout it
 did not simulate could be at most: a certificate that is loose, because the step lower bound
 ignores bubbles, communication and kernel fragmentation. This audit runs the search the
-capped record skipped: for each e2e-throughput point of the committed records (best-layout
-protocol, the 512-sample batch), the method's exhaustive, bound-pruned search
-(``slimpack.compare.best_parallel`` with no cap, harness options: no wall clock) and the
+capped record skipped: for each point of the committed records of ``--experiment``
+(e2e-throughput or paper-scale; best-layout protocol, the 512-sample batch), the method's
+exhaustive, bound-pruned search (``slimpack.compare.best_parallel`` with no cap, harness
+options: no wall clock) and the
 record's step beside its answer. A ratio below 1 is a layout the harness's cap missed.
 
     python -m repro.scripts.cap_audit --methods slimpack slimpipe [--out audit.csv]
+    python -m repro.scripts.cap_audit --experiment paper-scale --methods slimpipe
 
 Each point plans and simulates every layout the bound does not prune (SlimPack: ~50 per point
-at 128 GPUs), minutes per point on a 2-core machine; ``--points`` picks a subset by index.
+at 128 GPUs), minutes per point on a 2-core machine (paper-scale: SlimPipe's 60 layouts about
+7 minutes, SlimPack's an hour); ``--points`` picks a subset by index.
 """
 
 from __future__ import annotations
@@ -24,8 +27,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from repro.experiments.common import with_harness_options
-from repro.experiments.e2e_throughput import CONTEXT, GPUS, HARDWARE
-from repro.scripts.e2e_points import best_layout_points, method_row, point_batch
+from repro.scripts.search_points import EXPERIMENTS, method_row
 from slimpack.compare import best_parallel, paper_recipe_costs
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.specs import hardware_preset, model_preset
@@ -33,20 +35,24 @@ from slimpack.specs import hardware_preset, model_preset
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", default="results/e2e-throughput/records.csv")
+    parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), default="e2e-throughput",
+                        help="whose best-layout records to re-search (default e2e-throughput)")
+    parser.add_argument("--records", default=None,
+                        help="records CSV (default: the experiment's committed records)")
     parser.add_argument("--methods", nargs="+", default=["slimpack", "slimpipe"])
     parser.add_argument("--points", nargs="*", type=int, default=None,
                         help="indices of the (model, dataset, workload) points to audit")
     parser.add_argument("--out", default=None, help="also write the table as CSV here")
     args = parser.parse_args()
-    hardware = hardware_preset(HARDWARE)
-    points = best_layout_points(args.records)
+    experiment = EXPERIMENTS[args.experiment]
+    hardware = hardware_preset(experiment.hardware)
+    points = experiment.points(args.records)
     chosen = range(len(points)) if args.points is None else args.points
     rows = []
     for index in tqdm(chosen, desc="points", unit="point"):
         (model_name, dataset, workload), frame = points[index]
         model = model_preset(model_name)
-        batch = point_batch(model_name, dataset, workload)
+        batch = experiment.batch(model_name, dataset, workload)
         recipe = paper_recipe_costs(args.methods, model, hardware)
         for method in args.methods:
             row = method_row(frame, method)
@@ -55,11 +61,12 @@ def main() -> None:
             cost = recipe.get(method, default_cost_model(model, hardware))
             options = with_harness_options((method,), None)[method]
             started = time.perf_counter()
-            found = best_parallel(method, batch, model, hardware, GPUS, cost, context=CONTEXT,
-                                  top_k=None, **options)
+            found = best_parallel(method, batch, model, hardware, experiment.gpus, cost,
+                                  context=experiment.context, top_k=None, **options)
             recorded = float(row["step_time_s"])
             rows.append({
-                "point": index, "model": model_name, "dataset": dataset, "workload": workload,
+                "experiment": experiment.name, "point": index, "model": model_name,
+                "dataset": dataset, "workload": workload,
                 "method": method, "record_layout": row["parallel"],
                 "record_step_s": recorded,
                 "record_layouts_simulated": int(row["layouts_simulated"]),
