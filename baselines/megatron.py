@@ -99,7 +99,7 @@ def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
 METHOD = MethodSpec(
     name="megatron", planner=plan, options=MegatronOptions,
     search_layouts=None,  # the baseline of every ratio: searched exhaustively
-    cuts_at_sample_boundaries=True,
+    cuts_at_sample_boundaries=True, ring_cp_at_layout_degree=True,
     summary="Megatron-LM fixed-length packing with document masks, static CP sharded per "
             "document (TE thd), 1F1B/interleaved",
     source="Megatron-LM (Narayanan et al. 2021, arXiv 2104.04473; Korthikanti et al. 2022)")

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from slimpack.batch import Batch
 from slimpack.cost.kernel_model import default_cost_model
+from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel, training_of
 from slimpack.methods import DEFAULT_METHODS, MethodRegistry
 from slimpack.plan import Plan
@@ -219,21 +220,51 @@ def method_candidates(method: str, model: ModelSpec, hardware: HardwareSpec, gpu
     return candidates
 
 
-def step_lower_bound(cost: CostModel, lengths: Sequence[int], parallel: ParallelSpec) -> float:
+def step_lower_bound(cost: CostModel, lengths: Sequence[int], parallel: ParallelSpec, *,
+                     ring_cp: bool = False) -> float:
     """Seconds no plan that trains the sequences ``lengths`` can beat on ``parallel``: their
     layer work (forward and backward, no recompute, each sequence causal under its own mask)
     priced as one kernel per layer at ``parallel.tp``, spread perfectly over the ``dp * cp``
     GPUs of the most loaded pipeline stage, with no bubble and no communication. ``lengths``
     are the sequences the method trains: for a method that cuts documents at sample
-    boundaries, the pieces (:func:`bound_lengths`).
+    boundaries, the pieces (:func:`bound_lengths`). With ``ring_cp`` (a method whose
+    ``MethodSpec.ring_cp_at_layout_degree`` holds), the larger of that and the ring's K/V
+    traffic (:func:`ring_cp_bound`).
 
     It is a bound because the cost model's kernels are sub-additive: packing pieces into one
     kernel never costs more than running them apart (tiles and waves round up, fixed costs are
     paid per kernel), and the most loaded GPU carries at least the average. Full-context
     attention over a sample (no document masks) only adds work to the pieces it holds.
     """
-    return _bound_from_layer_work(_batch_layer_seconds(cost, lengths, parallel.tp), parallel,
-                                  cost.model.num_layers)
+    compute = _bound_from_layer_work(_batch_layer_seconds(cost, lengths, parallel.tp), parallel,
+                                     cost.model.num_layers)
+    return max(compute, ring_cp_bound(cost, sum(lengths), parallel)) if ring_cp else compute
+
+
+def ring_cp_bound(cost: CostModel, tokens: int, parallel: ParallelSpec) -> float:
+    """Seconds the K/V traffic of ring attention alone keeps the most loaded pipeline stage
+    busy when every one of ``tokens`` goes through a ring over at least ``parallel.cp`` ranks
+    (0 at cp = 1).
+
+    The simulator prices each unit's layer as the longer of its attention and the ring's
+    ``cp - 1`` steps, each a p2p of the unit's largest CP shard of K and V (``2 (cp - 1)`` in
+    backward, which sends dK and dV too: ``slimpack.sim.costs.unit_layer_seconds``). So a
+    stage's ops last at least ``3 (cp - 1)`` such transfers per layer, and summed over the
+    stage's GPUs the shards hold every token: its busiest GPU moves at least
+    ``3 (cp - 1) * tokens / (dp * cp)`` tokens' K and V per layer over the layer's bandwidth
+    (the latency left out). A merged group (DP-Merge) over ``k * cp`` ranks moves more, not
+    less. The link: NVLink when the tp * cp GPUs of a stage can share a node (the faster,
+    whatever the placement), else the inter-node one, as every such group spans nodes.
+    """
+    if parallel.cp == 1:
+        return 0.0
+    model, comm = cost.model, cost.comm
+    intra = parallel.tp * parallel.cp <= parallel.gpus_per_node
+    shard_bytes = tokens / (parallel.dp * parallel.cp) \
+        * kv_bytes_per_token_per_layer(model, parallel.tp)
+    per_layer = 3 * (parallel.cp - 1) * (comm.p2p(shard_bytes, intra_node=intra)
+                                         - comm.p2p(0.0, intra_node=intra))
+    return -(-model.num_layers // parallel.pp) * per_layer
 
 
 def bound_lengths(spec: MethodSpec, batch: Batch, context: int) -> Sequence[int]:
@@ -287,13 +318,18 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
     if not candidates:
         raise ValueError(f"no parallel configuration of {gpus} GPUs fits {model.name} at "
                          f"context {context} for {method}; add GPUs or shorten the context")
-    lengths = bound_lengths(registry.get(method), batch, context)
+    spec = registry.get(method)
+    lengths = bound_lengths(spec, batch, context)
     work_of_tp: dict[int, float] = {}  # the bound's kernel sum depends on tp only
     for cand in candidates:
         if cand.parallel.tp not in work_of_tp:
             work_of_tp[cand.parallel.tp] = _batch_layer_seconds(cost, lengths, cand.parallel.tp)
     bounds = [_bound_from_layer_work(work_of_tp[c.parallel.tp], c.parallel, model.num_layers)
               for c in candidates]
+    if spec.ring_cp_at_layout_degree:
+        tokens = sum(lengths)
+        bounds = [max(b, ring_cp_bound(cost, tokens, c.parallel))
+                  for b, c in zip(bounds, candidates, strict=True)]
     cache = {} if estimate_cache is None else estimate_cache
     estimates = [estimate_fixed_length_step(cost, batch.lengths, c, context, cache=cache)
                  for c in candidates]

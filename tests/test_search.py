@@ -11,6 +11,7 @@ from slimpack.compare import (
     bound_lengths,
     method_candidates,
     plan_method,
+    ring_cp_bound,
     step_lower_bound,
 )
 from slimpack.cost.kernel_model import default_cost_model
@@ -22,6 +23,14 @@ from slimpack.sim import simulate
 from slimpack.specs import hardware_preset, model_preset
 
 MODEL, HW = model_preset("llama-7b"), hardware_preset("h100")
+RING_CP_METHODS = [m for m in DEFAULT_METHODS.names()
+                   if DEFAULT_METHODS.get(m).ring_cp_at_layout_degree]
+
+
+def _bound(method, cost, lengths, parallel):
+    """The search's own lower bound for ``method`` (with the ring term where it applies)."""
+    return step_lower_bound(cost, lengths, parallel,
+                            ring_cp=DEFAULT_METHODS.get(method).ring_cp_at_layout_degree)
 
 
 @pytest.mark.parametrize("make_cost", [default_cost_model,
@@ -38,8 +47,8 @@ def test_lower_bound_never_exceeds_a_simulated_step(method, make_cost):
     for cand in layouts[::2]:
         plan = plan_method(method, batch, MODEL, HW, cand.parallel, cost, context=16384)
         step = simulate(plan, model=MODEL, hardware=HW, cost=cost, validate=False).record
-        bound = step_lower_bound(cost, bound_lengths(DEFAULT_METHODS.get(method), batch, 16384),
-                                 cand.parallel)
+        bound = _bound(method, cost, bound_lengths(DEFAULT_METHODS.get(method), batch, 16384),
+                       cand.parallel)
         assert 0 < bound <= step.step_time_s, cand.parallel.describe()
 
 
@@ -89,7 +98,7 @@ def test_each_methods_search_bound_holds_on_documents_that_cross_sample_boundari
     lengths = bound_lengths(DEFAULT_METHODS.get(method), _crossing_batch(method, options),
                             CROSSING_CONTEXT)
     for parallel, step in _crossing_steps(method, cost, **options):
-        assert step_lower_bound(cost, lengths, parallel) <= step, parallel.describe()
+        assert _bound(method, cost, lengths, parallel) <= step, parallel.describe()
 
 
 @pytest.mark.parametrize("method", sorted(REFUSES_LONGER_THAN_CONTEXT))
@@ -136,7 +145,7 @@ def test_a_capped_searchs_gain_bound_is_a_certificate_the_exhaustive_answer_keep
     assert not capped.exhaustive and capped.unvisited
     step = capped.record.step_time_s
     lengths = bound_lengths(DEFAULT_METHODS.get(method), batch, 32768)
-    bound_of = {layout_key(c.parallel): step_lower_bound(cost, lengths, c.parallel)
+    bound_of = {layout_key(c.parallel): _bound(method, cost, lengths, c.parallel)
                 for c in method_candidates(method, MODEL, HW, 16, 32768)}
     assert all(bound_of[key] == bound for key, bound in capped.unvisited)
     below = [bound for _, bound in capped.unvisited if bound < step]
@@ -220,3 +229,66 @@ def test_compare_gives_a_method_its_own_cost_model():
     with pytest.raises(ValueError, match="method_costs names methods not compared"):
         compare(["megatron"], batch, MODEL, HW, 16, auto_parallel=True, context=16384,
                 method_costs={"flexsp": zero3})
+
+
+def test_the_ring_bound_is_the_kv_traffic_of_every_token_round_the_ring():
+    # Hand-computed: llama-7b (32 KV heads of 128) at tp 2 holds 16 heads per rank, so one
+    # token's bf16 K and V per layer are 2 * 2 * 16 * 128 = 8192 B. At tp2 cp4 pp2 dp2 the
+    # busiest GPU ships 3 * (4 - 1) transfers per layer of its 1/(dp*cp) share of the
+    # tokens over NVLink (tp*cp = 8 fits a node), for 32 / 2 = 16 layers, at the kernel
+    # model's NCCL bus bandwidth (H100: 450 * 0.82 = 369 GB/s in a node, 50 * 0.94 = 47
+    # GB/s across).
+    from slimpack.specs import ParallelSpec
+
+    cost = default_cost_model(MODEL, HW)
+    assert (cost.comm.hardware.intra_node_gbps, cost.comm.hardware.inter_node_gbps) \
+        == pytest.approx((369.0, 47.0))
+    tokens = 1 << 20
+    parallel = ParallelSpec(tp=2, cp=4, pp=2, dp=2)
+    expected = 16 * 9 * (tokens / 8 * 8192) / 369e9
+    assert ring_cp_bound(cost, tokens, parallel) == pytest.approx(expected, rel=1e-9)
+    # Across nodes (tp*cp = 16 > 8 GPUs per node): the inter-node link.
+    wide = ParallelSpec(tp=2, cp=8, pp=1, dp=1)
+    assert ring_cp_bound(cost, tokens, wide) == pytest.approx(
+        32 * 21 * (tokens / 8 * 8192) / 47e9, rel=1e-9)
+    assert ring_cp_bound(cost, tokens, ParallelSpec(tp=8, cp=1, pp=2, dp=1)) == 0.0
+
+
+@pytest.mark.parametrize("method", RING_CP_METHODS)
+def test_methods_with_the_ring_bound_run_every_token_through_a_ring_of_the_layouts_degree(
+        method):
+    # What ring_cp_at_layout_degree promises, on the plans the bound is applied to: every
+    # group rings over at least the layout's cp ranks and no attention moves between stages.
+    cost = default_cost_model(MODEL, HW)
+    batch = _crossing_batch(method, {})
+    layouts = [c.parallel for c in method_candidates(method, MODEL, HW, 16, CROSSING_CONTEXT)
+               if c.parallel.cp > 1]
+    assert layouts
+    for parallel in layouts[::2]:
+        plan = plan_method(method, batch, MODEL, HW, parallel, cost, context=CROSSING_CONTEXT)
+        assert not plan.attention_redistribution, parallel.describe()
+        groups = [g for phase in plan.phases for g in phase.groups]
+        assert all(g.cp_kind == "ring" and g.cp >= parallel.cp for g in groups), \
+            parallel.describe()
+        trained = sum(seg.num_tokens for g in groups for sl in g.slices for seg in sl.segments)
+        assert trained == sum(bound_lengths(DEFAULT_METHODS.get(method), batch,
+                                            CROSSING_CONTEXT)), parallel.describe()
+
+
+def test_the_ring_bound_binds_across_nodes_and_still_holds():
+    # The term has teeth: on the cross-node CP layouts of Megatron-LM it is above the compute
+    # bound (so the search prunes with it), and the simulated step stays above it.
+    cost = default_cost_model(MODEL, HW)
+    batch = sample_batch("wikipedia", num_sequences=96, context=16384, seed=3)
+    lengths = bound_lengths(DEFAULT_METHODS.get("megatron"), batch, 16384)
+    binding = 0
+    for cand in method_candidates("megatron", MODEL, HW, 16, 16384):
+        p = cand.parallel
+        ring = ring_cp_bound(cost, sum(lengths), p)
+        if ring <= step_lower_bound(cost, lengths, p):
+            continue
+        binding += 1
+        plan = plan_method("megatron", batch, MODEL, HW, p, cost, context=16384)
+        step = simulate(plan, model=MODEL, hardware=HW, cost=cost, validate=False).record
+        assert ring <= step.step_time_s, p.describe()
+    assert binding >= 2
