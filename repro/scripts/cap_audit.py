@@ -7,8 +7,8 @@ ignores bubbles, communication and kernel fragmentation. This audit runs the sea
 capped record skipped: for each point of the committed records of ``--experiment``
 (e2e-throughput or paper-scale; best-layout protocol, the 512-sample batch), the method's
 exhaustive, bound-pruned search (``slimpack.compare.best_parallel`` with no cap, harness
-options: no wall clock) and the
-record's step beside its answer. A ratio below 1 is a layout the harness's cap missed.
+options: no wall clock) and the record's step beside its answer. A ratio below 1 is a layout
+the harness's cap missed.
 
     python -m repro.scripts.cap_audit --methods slimpack slimpipe [--out audit.csv]
     python -m repro.scripts.cap_audit --experiment paper-scale --methods slimpipe
