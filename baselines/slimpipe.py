@@ -222,6 +222,6 @@ def _pipelined(parallel: ParallelSpec) -> bool:
 
 METHOD = MethodSpec(
     name="slimpipe", planner=plan, options=SlimPipeOptions, schedule_family="slimpipe",
-    allows=_pipelined, cuts_at_sample_boundaries=True,
+    allows=_pipelined, cuts_at_sample_boundaries=True, ring_cp_at_layout_degree=True,
     summary="uniform sequence slices, slice-level 1F1B, attention redistribution",
     source="SlimPipe, arXiv 2504.14519")

@@ -17,7 +17,12 @@ from slimpack.schedules import build_schedule
 from slimpack.sim import simulate
 from slimpack.sim.costs import group_costs
 from slimpack.sim.redistribution import (
+    NO_MOVE,
+    _Pricer,
+    _unit_pieces,
     group_moves,
+    pair_move,
+    price_pair,
     priced_moves,
     schedule_ticks,
 )
@@ -183,6 +188,79 @@ def test_moves_are_the_priced_pairs_as_plain_data():
         base = before.bwd_s if m.backward else before.fwd_s
         assert rows[m.heavy_block][m.heavy_unit] < base[m.heavy_block][m.heavy_unit]
         assert rows[m.light_block][m.light_unit] > base[m.light_block][m.light_unit]
+
+
+def test_a_move_never_takes_an_op_below_its_ring_steps():
+    """With CP a layer lasts the longer of its compute and its ring's K/V steps (the
+    simulator's rule, ``unit_layer_seconds``). pp 2, cp 2, one sample of two slices, half of
+    slice 1's prefix shipped to stage 1: priced without the ring, the heavy op shrinks. With
+    ring steps as long as the heavy layer's compute, it cannot: its layers still wait on the
+    steps. The light op's layers waited on the same steps, so the shipped block fills that
+    wait and the light op grows by its transfer alone."""
+    _, group = _one_sample(2, 2, cp=2)
+    before = group_costs(group, model=MODEL, cost=COST, gpus_per_node=8)
+    units = group.forward_units
+    heavy, light = (_unit_pieces(group, units[u], {}) for u in (1, 0))
+    n0, n1 = before.layers
+
+    def compute(pieces):  # noqa: ANN001, ANN202 - the slowest CP rank's layer, no ring
+        return max(COST.layer_times(list(r), tp=8).forward_s for r in pieces)
+
+    heavy_c, light_c = compute(heavy), compute(light)
+    ring = heavy_c  # one step (cp - 1 = 1) per forward layer
+    assert light_c < ring
+    kwargs = dict(fraction=0.5, heavy_s=before.fwd_s[0][1], heavy_layers=n0, light_layers=n1,
+                  pricer=_Pricer(COST, tp=8, recompute=group.recompute), backward=False,
+                  model=MODEL, tp=8, comm_time=lambda b: COST.comm.p2p(b, intra_node=False))
+    free = price_pair(heavy, light, light_s=before.fwd_s[1][0], **kwargs)
+    assert free.heavy_delta_s < 0
+    assert free.light_delta_s > n1 * free.transfer_s / n0
+    # The light op's price as the ring makes it: its layers took the ring's steps.
+    ring_light_s = before.fwd_s[1][0] + n1 * (ring - light_c)
+    bound = price_pair(heavy, light, light_s=ring_light_s, ring_step=lambda tokens: ring,
+                       **kwargs)
+    assert bound.moved_s == free.moved_s  # the same attention moves
+    assert bound.heavy_delta_s >= 0
+    assert bound.light_delta_s == pytest.approx(n1 * bound.transfer_s / n0, rel=1e-12)
+    # pair_move, free to choose the share, finds nothing worth moving.
+    choose = {k: v for k, v in kwargs.items() if k != "fraction"}
+    assert pair_move(heavy, light, light_s=ring_light_s, ring_step=lambda tokens: ring,
+                     **choose) is NO_MOVE
+    assert pair_move(heavy, light, light_s=before.fwd_s[1][0], **choose) is not NO_MOVE
+
+
+def test_attention_shipped_off_a_layer_that_waits_on_its_ring_saves_nothing():
+    """The heavy side of the rule above, where the two ops differ in tokens (MicroPacks do):
+    slice 1 of the cp 2 case (65,536 tokens per CP rank) paired with a light op of 32,768
+    tokens per rank behind a 262,144-token prefix. Ring steps linear in a rank's tokens, as
+    long as the heavy layer's compute: the light op's steps stay below its compute. Priced
+    without the ring, shipping an eighth of the heavy op's prefix shortens it beyond its transfer;
+    with the ring it changes by its transfer alone (its layers still wait on the steps)."""
+    _, group = _one_sample(2, 2, cp=2)
+    heavy = _unit_pieces(group, group.forward_units[1], {})
+    light = tuple(((SLICE // 4, 2 * SLICE),) for _ in range(2))
+
+    def compute(pieces):  # noqa: ANN001, ANN202 - the slowest CP rank's layer, no ring
+        return max(COST.layer_times(list(r), tp=8).forward_s for r in pieces)
+
+    heavy_c, light_c = compute(heavy), compute(light)
+    heavy_tokens = max(sum(q for q, _ in r) for r in heavy)
+    assert heavy_tokens == SLICE // 2
+
+    def ring(tokens: int) -> float:
+        return heavy_c * tokens / heavy_tokens
+
+    assert ring(SLICE // 4) < light_c < heavy_c
+    layers = 16
+    kwargs = dict(fraction=0.125, heavy_s=layers * heavy_c, light_s=layers * light_c,
+                  heavy_layers=layers, light_layers=layers,
+                  pricer=_Pricer(COST, tp=8, recompute=group.recompute), backward=False,
+                  model=MODEL, tp=8, comm_time=lambda b: COST.comm.p2p(b, intra_node=False))
+    free = price_pair(heavy, light, **kwargs)
+    assert free.heavy_delta_s < free.transfer_s - 0.05 * layers * heavy_c
+    bound = price_pair(heavy, light, ring_step=ring, **kwargs)
+    assert bound.heavy_delta_s == pytest.approx(bound.transfer_s, rel=1e-12)
+    assert bound.light_delta_s == free.light_delta_s  # the light op never waited on its ring
 
 
 def test_off_when_the_flag_is_off():

@@ -115,14 +115,14 @@ class MethodSpec:
     shows the whole-document bound above a Megatron-LM step)."""
     ring_cp_at_layout_degree: bool = False
     """Whether every group of the method's plans runs ring attention over at least the
-    layout's cp ranks (Megatron-LM's CP, a DP-Merge group's larger ring) and no attention work
-    moves between pipeline stages: then every token's K and V go round a ring of the layout's
-    degree, and the configuration search's step lower bound also holds that traffic
-    (``slimpack.compare.ring_cp_bound``), which prunes layouts whose CP ring crosses nodes.
-    False for methods whose CP degree varies below the layout's (Megatron dynamic CP, FlexSP's
-    Ulysses groups) or that move attention between stages (SlimPipe's redistribution, which
-    SlimPack's uniform candidate may use); tests/test_search.py checks the plans of every
-    method that sets it."""
+    layout's cp ranks (Megatron-LM's CP, a DP-Merge group's larger ring): then every token's K
+    and V go round a ring of the layout's degree, and the configuration search's step lower
+    bound also holds that traffic (``slimpack.compare.ring_cp_bound``), which prunes layouts
+    whose CP ring crosses nodes. Attention moved between stages (SlimPipe's redistribution)
+    does not break it: the simulator never takes an op below its ring steps
+    (``slimpack.sim.redistribution``). False for methods whose CP degree varies below the
+    layout's (Megatron dynamic CP, FlexSP's Ulysses groups); tests/test_search.py checks the
+    plans of every method that sets it."""
     paper_zero_stage: int | None = None
     """The ZeRO stage the method's paper ran it with, where that differs from the suite's
     default (1, Megatron-LM's distributed optimizer): ``slimpack compare`` prices the method

@@ -104,7 +104,7 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
     pp, vpp, tp, cp = group.pp, group.vpp, group.tp, group.cp
     layers = layers_per_virtual_stage(model.num_layers, pp, vpp)
     stage_nodes = [{r // gpus_per_node for r in group.stage_ranks(s)} for s in range(pp)]
-    cp_intra = all(len(nodes) == 1 for nodes in stage_nodes)
+    cp_intra = cp_ring_intra_node(group, gpus_per_node)
     pieces_of = slice_cache if slice_cache is not None else {}
 
     def rank_pieces(unit: Unit) -> list[np.ndarray]:
@@ -213,6 +213,22 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
                       bwd_unit_tokens=bwd_tokens, blocking_sends=training.p2p_blocking)
 
 
+def cp_ring_intra_node(group: Group, gpus_per_node: int) -> bool:
+    """Whether every stage's CP ring (its tp*cp ranks) stays inside one node: the link the
+    ring's K/V steps are priced on."""
+    return all(len({r // gpus_per_node for r in group.stage_ranks(s)}) == 1
+               for s in range(group.pp))
+
+
+def ring_step_seconds(cost: CostModel, model: ModelSpec, *, tp: int, rank_tokens: int,
+                      cp_intra: bool) -> float:
+    """One step of ring attention for one layer: a rank's K,V chunk of ``rank_tokens`` tokens
+    to its ring neighbour. A layer's forward takes at least ``cp - 1`` steps, its backward
+    ``2 (cp - 1)`` (dK, dV travel too)."""
+    return cost.comm.p2p(rank_tokens * kv_bytes_per_token_per_layer(model, tp),
+                         intra_node=cp_intra)
+
+
 def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: CostModel,
                 cp_intra: bool = True) -> list[tuple[float, float, float, float, int]] | None:
     """:func:`unit_layer_seconds` of every unit in ``units`` in one numpy pass, element for
@@ -254,8 +270,8 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
     if cp > 1:
         # Ring attention's K,V steps (see unit_layer_seconds), one price per token count.
         largest, where = np.unique(rank_tokens.max(axis=0), return_inverse=True)
-        kv = kv_bytes_per_token_per_layer(model, tp)
-        step = np.array([cost.comm.p2p(n * kv, intra_node=cp_intra) for n in largest.tolist()],
+        step = np.array([ring_step_seconds(cost, model, tp=tp, rank_tokens=n,
+                                           cp_intra=cp_intra) for n in largest.tolist()],
                         dtype=np.float64)[where.reshape(-1)]
         fwd = np.maximum(fwd, (cp - 1) * step)
         bwd = np.maximum(bwd, 2 * (cp - 1) * step)
@@ -361,8 +377,8 @@ def unit_layer_seconds(per_rank: list[list[tuple[int, int]]], *, model: ModelSpe
     if cp > 1:
         # Ring attention ships each rank's K,V chunk round the ring (cp-1 steps) and, in
         # backward, dK/dV too; it overlaps with attention, so a layer takes the longer.
-        step = cost.comm.p2p(max(rank_tokens) * kv_bytes_per_token_per_layer(model, tp),
-                             intra_node=cp_intra)
+        step = ring_step_seconds(cost, model, tp=tp, rank_tokens=max(rank_tokens),
+                                 cp_intra=cp_intra)
         fwd = max(fwd, (cp - 1) * step)
         bwd = max(bwd, 2 * (cp - 1) * step)
     return (fwd, bwd, sum(t.forward_s for t in times) / cp,

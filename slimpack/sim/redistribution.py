@@ -26,6 +26,10 @@ before and after shortening, on the light rank the shipped block as
 ``layer_times([(q, d)]) - layer_times([(q, 0)])`` (the query-by-prefix rectangle alone),
 times the op's layers. With CP, rank ``r`` of one stage pairs with rank ``r`` of the other and
 an op changes by its ranks' least favourable change (exact for cp = 1, conservative above).
+With ring CP the simulator charges a layer the longer of its compute and its ring's K/V steps
+(:func:`~slimpack.sim.costs.unit_layer_seconds`), and the shipped block moves compute alone:
+the heavy op's layers shrink no further than their steps, and the light op's first fill the
+time they waited on theirs.
 
 Transfers, per layer, priced by the comm model on the link between the two stages
 (*reconstructed* overlap): forward, the heavy rank sends its query and the KV block; the KV
@@ -51,7 +55,7 @@ fit the 73.6 GiB usable) and 0.50 GiB at 2048K (peak 50.1 GiB).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numba
@@ -64,7 +68,14 @@ from slimpack.plan import Group, Move, Plan, PlanError, Unit, shipped_tokens
 from slimpack.schedules import Op, build_schedule
 from slimpack.schedules.ops import op_arrays
 from slimpack.schedules.validate import walk_op_arrays
-from slimpack.sim.costs import BF16, GroupCosts, group_costs, unit_rank_sums
+from slimpack.sim.costs import (
+    BF16,
+    GroupCosts,
+    cp_ring_intra_node,
+    group_costs,
+    ring_step_seconds,
+    unit_rank_sums,
+)
 from slimpack.specs.model import ModelSpec
 
 FP32 = 4
@@ -79,6 +90,8 @@ tokens, tp8 pp4 dp8, 4 slices, offload: -0.55% / -0.22% / -0.13%."""
 
 Pieces = tuple[tuple[int, int], ...]
 RankPieces = tuple[Pieces, ...]
+RingStep = Callable[[int], float]
+"""A rank's token count -> one layer's ring-attention K/V step (seconds)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,17 +205,19 @@ class _Pair:
     """One (heavy, light) pair of ops priced at any shipped share: the arithmetic both
     :func:`pair_move` (which chooses the share) and :func:`price_pair` (a given share) run."""
 
-    def __init__(self, heavy: RankPieces, *, heavy_s: float, light_s: float,
-                 heavy_layers: int, light_layers: int, pricer: _Pricer, backward: bool,
-                 model: ModelSpec, tp: int, comm_time) -> None:  # noqa: ANN001 - bytes -> s
+    def __init__(self, heavy: RankPieces, light: RankPieces, *, heavy_s: float,
+                 light_s: float, heavy_layers: int, light_layers: int, pricer: _Pricer,
+                 backward: bool, model: ModelSpec, tp: int, comm_time,  # noqa: ANN001
+                 ring_step: RingStep | None) -> None:
         self.k = 1 if backward else 0
         self.backward, self.pricer, self.comm_time = backward, pricer, comm_time
         self.h0, self.l0, self.nh, self.nl = heavy_s, light_s, heavy_layers, light_layers
         self.q_bytes = model.q_dim / tp * BF16
         self.lse_bytes = model.num_heads / tp * FP32
         self.kv_bytes = kv_bytes_per_token_per_layer(model, tp)
-        self.heavy = heavy
+        self.heavy, self.light, self.ring_step = heavy, light, ring_step
         self._ranks: list[tuple[Pieces, float]] | None = None
+        self._floors: tuple[float, float, float, float] | None = None
 
     @property
     def ranks(self) -> list[tuple[Pieces, float]]:
@@ -224,6 +239,22 @@ class _Pair:
         kept, shipped = _shrink(prefixed, fraction)
         return (self.pricer.times(kept)[self.k] if kept else 0.0), shipped
 
+    @property
+    def floors(self) -> tuple[float, float, float, float]:
+        """Per layer, (heavy compute, heavy ring steps, light compute, light ring steps): the
+        two terms whose larger the simulator charged each op's layers
+        (:func:`~slimpack.sim.costs.unit_layer_seconds`); compute is the slowest CP rank's."""
+        if self._floors is None:
+            steps = (2 if self.backward else 1) * (len(self.heavy) - 1)
+
+            def terms(ranks: RankPieces) -> tuple[float, float]:
+                compute = max(self.pricer.times(tuple(r))[self.k] if r else 0.0 for r in ranks)
+                tokens = max(sum(q for q, _ in r) for r in ranks)
+                return compute, steps * self.ring_step(tokens)
+
+            self._floors = (*terms(self.heavy), *terms(self.light))
+        return self._floors
+
     def sides(self, fraction: float) -> tuple[float, float, list[Pieces]]:
         """(heavy op's time, light op's time, shipped blocks per CP rank), transfers aside."""
         saved, extra = -float("inf"), 0.0
@@ -233,7 +264,18 @@ class _Pair:
             saved = max(saved, kept_s - prefixed_s)
             extra = max(extra, self.pricer.block(shipped, self.backward))
             blocks.append(shipped)
-        return self.h0 + self.nh * saved, self.l0 + self.nl * extra, blocks
+        h, l_ = self.h0 + self.nh * saved, self.l0 + self.nl * extra
+        if self.ring_step is not None:
+            # With CP a layer lasts as long as the longer of its compute and its ring's K/V
+            # steps, which the shipped block does not shorten: attention taken off a layer
+            # whose steps outlast it saves nothing, and attention added to one that waited
+            # on its steps first fills that wait.
+            heavy_c, heavy_r, light_c, light_r = self.floors
+            if heavy_r > heavy_c + saved:
+                h = self.h0 + self.nh * (heavy_r - max(heavy_c, heavy_r))
+            if light_r > light_c:
+                l_ = self.l0 + self.nl * (max(light_c + extra, light_r) - light_r)
+        return h, l_, blocks
 
     def exposed(self, blocks: list[Pieces]) -> tuple[float, float]:
         """(exposed transfer seconds per layer, largest KV block bytes a light GPU holds).
@@ -273,17 +315,19 @@ class _Pair:
 
 def pair_move(heavy: RankPieces, light: RankPieces, *, heavy_s: float, light_s: float,
               heavy_layers: int, light_layers: int, pricer: _Pricer, backward: bool,
-              model: ModelSpec, tp: int, comm_time) -> PairMove:  # noqa: ANN001 - bytes -> s
+              model: ModelSpec, tp: int, comm_time,  # noqa: ANN001 - bytes -> s
+              ring_step: RingStep | None = None) -> PairMove:
     """Balance one (heavy, light) pair of ops whose current durations are ``heavy_s`` and
     ``light_s`` (their layers, LM-head share and CP communication included);
-    ``comm_time(bytes)`` prices one transfer. The returned changes are whole-op seconds;
-    :data:`NO_MOVE` when no share pays off."""
+    ``comm_time(bytes)`` prices one transfer and, with CP (ring attention),
+    ``ring_step(rank tokens)`` one K/V step of a layer. The returned changes are whole-op
+    seconds; :data:`NO_MOVE` when no share pays off."""
     h0, l0 = heavy_s, light_s
     if h0 <= l0:
         return NO_MOVE
-    pair = _Pair(heavy, heavy_s=heavy_s, light_s=light_s, heavy_layers=heavy_layers,
+    pair = _Pair(heavy, light, heavy_s=heavy_s, light_s=light_s, heavy_layers=heavy_layers,
                  light_layers=light_layers, pricer=pricer, backward=backward, model=model, tp=tp,
-                 comm_time=comm_time)
+                 comm_time=comm_time, ring_step=ring_step)
     nh = heavy_layers
     # The pair can at best meet in the middle, moving (h0 - l0) / 2; the query's round trip
     # alone is a lower bound on the exposed transfer, so pairs that cannot pass the transfer
@@ -323,15 +367,16 @@ def pair_move(heavy: RankPieces, light: RankPieces, *, heavy_s: float, light_s: 
     return pair.move(best, h, l_, blocks, exposed, held)
 
 
-def price_pair(heavy: RankPieces, *, fraction: float, heavy_s: float, light_s: float,
-               heavy_layers: int, light_layers: int, pricer: _Pricer, backward: bool,
-               model: ModelSpec, tp: int, comm_time) -> PairMove:  # noqa: ANN001 - bytes -> s
+def price_pair(heavy: RankPieces, light: RankPieces, *, fraction: float, heavy_s: float,
+               light_s: float, heavy_layers: int, light_layers: int, pricer: _Pricer,
+               backward: bool, model: ModelSpec, tp: int, comm_time,  # noqa: ANN001
+               ring_step: RingStep | None = None) -> PairMove:
     """The change of a pair of ops that ships ``fraction`` of the heavy op's KV prefixes (a
     plan's move: priced as it is, whether or not it pays off under these prices). At the
     share :func:`pair_move` chose, the same numbers it returned."""
-    pair = _Pair(heavy, heavy_s=heavy_s, light_s=light_s, heavy_layers=heavy_layers,
+    pair = _Pair(heavy, light, heavy_s=heavy_s, light_s=light_s, heavy_layers=heavy_layers,
                  light_layers=light_layers, pricer=pricer, backward=backward, model=model, tp=tp,
-                 comm_time=comm_time)
+                 comm_time=comm_time, ring_step=ring_step)
     h, l_, blocks = pair.sides(fraction)
     exposed, held = pair.exposed(blocks)
     return pair.move(fraction, h, l_, blocks, exposed, held)
@@ -539,6 +584,7 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
         return got
 
     pricer = _Pricer(cost, tp=tp, recompute=group.recompute)
+    ring_step = _ring_step(group, model=model, cost=cost, gpus_per_node=gpus_per_node)
     moves: dict[tuple, PairMove] = {}
 
     def move_of(backward: bool, heavy_op: tuple[int, int, float], light_op: tuple[int, int, float],
@@ -552,7 +598,7 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
             move = moves[key] = pair_move(
                 h_pieces, l_pieces, heavy_s=h_s, light_s=l_s, heavy_layers=n_h,
                 light_layers=n_l, pricer=pricer, backward=backward, model=model, tp=tp,
-                comm_time=comm(intra_node))
+                comm_time=comm(intra_node), ring_step=ring_step)
         return move
 
     applied: list[tuple[Move, PairMove]] = []
@@ -619,19 +665,22 @@ def apply_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts,
     _check_ticks(group, table, moves)
     intra_of = _intra_node_stages(group, gpus_per_node)
     pricer = _Pricer(cost, tp=group.tp, recompute=group.recompute)
+    ring_step = _ring_step(group, model=model, cost=cost, gpus_per_node=gpus_per_node)
     slice_cache: dict = {}
     applied = []
     for m in moves:
         before = costs.bwd_s if m.backward else costs.fwd_s
         units = group.backward_units if m.backward else group.forward_units
         move = price_pair(_unit_pieces(group, units[m.heavy_unit], slice_cache),
+                          _unit_pieces(group, units[m.light_unit], slice_cache),
                           fraction=m.fraction, heavy_s=float(before[m.heavy_block][m.heavy_unit]),
                           light_s=float(before[m.light_block][m.light_unit]),
                           heavy_layers=costs.layers[m.heavy_block],
                           light_layers=costs.layers[m.light_block], pricer=pricer,
                           backward=m.backward, model=model, tp=group.tp,
                           comm_time=_p2p(cost, bool(intra_of[m.heavy_block % pp,
-                                                             m.light_block % pp])))
+                                                             m.light_block % pp])),
+                          ring_step=ring_step)
         applied.append((m, move))
     return _applied(group, costs, table, times, applied)
 
@@ -744,6 +793,18 @@ def _intra_node_stages(group: Group, gpus_per_node: int) -> np.ndarray:
 
 def _p2p(cost: CostModel, intra_node: bool):  # noqa: ANN202 - bytes -> s
     return lambda b: cost.comm.p2p(b, intra_node=intra_node)
+
+
+def _ring_step(group: Group, *, model: ModelSpec, cost: CostModel,
+               gpus_per_node: int) -> RingStep | None:
+    """One layer's K/V ring step for a rank's token count, as the simulator prices it
+    (``None`` without a ring: cp 1, or Ulysses, whose all-to-alls are not a floor under the
+    shipped attention)."""
+    if group.cp == 1 or group.cp_kind != "ring":
+        return None
+    cp_intra = cp_ring_intra_node(group, gpus_per_node)
+    return lambda tokens: ring_step_seconds(cost, model, tp=group.tp, rank_tokens=tokens,
+                                            cp_intra=cp_intra)
 
 
 def priced_moves(group: Group, ops: Sequence[Sequence[Op]], *, model: ModelSpec,
