@@ -41,6 +41,12 @@ def test_each_method_declares_its_harness_search_budget_as_a_count():
     assert {m for m, cap in caps.items() if cap == 3} >= {"slimpack", "slimpipe", "flexsp"}
     assert {cap for cap in caps.values() if cap is not None} == {3}
     assert harness_caps(("megatron:1f1b", "slimpack")) == {"megatron:1f1b": None, "slimpack": 3}
+    # The headline experiments search every baseline of a SlimPack ratio exhaustively: a
+    # capped baseline could only inflate the ratio, a capped SlimPack only understate it.
+    headline = harness_caps(method_names(), exhaustive_baselines=True)
+    assert {m for m, cap in headline.items() if cap is not None} == {"slimpack"}
+    assert harness_caps(("slimpack:no-merge", "slimpipe"), exhaustive_baselines=True) == {
+        "slimpack:no-merge": 3, "slimpipe": None}
     spec = get_method("naive")
     for bad in (0, 2.5, True, "3"):
         with pytest.raises(ValueError, match="search_layouts must be an int >= 1 or None"):

@@ -7,10 +7,10 @@ context-length samples; Megatron-LM as the main baseline; "up to 2.8x" training 
 Each point draws one global batch of 512 samples (documents drawn until 512 x context tokens:
 33,554,432 at 64K) and runs every method through ``slimpack.compare`` on the simulator, each at
 its own best parallel configuration. Megatron-LM (both attention semantics), naive packing,
-Megatron dynamic CP and WLB-LLM are searched exhaustively, pruned only by the lower bound, so
-they run at their best layout; FlexSP, SlimPipe and SlimPack get their 3 best-estimated
-layouts, then every layout with which a faster method won (the winner-layout pass,
-``slimpack.planning.winners``). Every method is searched over the same layout space
+Megatron dynamic CP, WLB-LLM, FlexSP and SlimPipe (every baseline of a SlimPack ratio) are
+searched exhaustively, pruned only by the lower bound, so they run at their best layout;
+SlimPack gets its 3 best-estimated layouts, then every layout with which a faster method won
+(the winner-layout pass, ``slimpack.planning.winners``). Every method is searched over the same layout space
 (``slimpack.planning.method.SEARCH_SPACE``), and the records say how many layouts each one
 simulated of its candidates and how much faster a layout it did not simulate could be at most
 (``search_gain_bound``).
@@ -116,15 +116,14 @@ answer anyway. This can only understate FlexSP; flexsp-headline runs it with its
 
 
 def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
-    """Every compared method of ``registry`` (None: the suite's), each with its own search
-    budget (``MethodSpec.search_layouts``: None, every layout the lower bound does not prune,
-    for Megatron-LM in both semantics, whose layout decides the headline's fairness, and for
-    the baselines cheap enough to plan exhaustively: naive packing, Megatron dynamic CP and
-    WLB-LLM; 3 best-estimated layouts for FlexSP, SlimPipe and SlimPack, which can only
-    understate their lead). A count,
-    not a time budget, so every machine gets the same records."""
+    """Every compared method of ``registry`` (None: the suite's), each with its search budget
+    (``harness_caps(..., exhaustive_baselines=True)``): every baseline of a SlimPack ratio is
+    searched over every layout the lower bound does not prune, SlimPack over its 3
+    best-estimated layouts and the winners' (which can only understate its lead; audited by
+    ``repro.scripts.cap_audit``). A count, not a time budget, so every machine gets the same
+    records."""
     methods = all_methods(registry)
-    caps = harness_caps(methods, registry)
+    caps = harness_caps(methods, registry, exhaustive_baselines=True)
 
     def point(model: str, dataset: str, samples: int, workload: str = DOCUMENTS) -> Point:
         return {"model": model, "dataset": dataset, "context": CONTEXT, "num_gpus": GPUS,
@@ -413,10 +412,9 @@ EXPERIMENT = Experiment(
     description=("Training throughput (tokens/s) of every method normalised to Megatron-LM at "
                  f"the papers' batch size: {SAMPLES} samples of 64K (33.5M tokens) on {GPUS} "
                  "H800 GPUs, llama-13b on Common Crawl, GitHub and Wikipedia lengths and "
-                 "llama-70b on Common Crawl; Megatron-LM, naive packing, Megatron dynamic CP "
-                 "and WLB-LLM at the best layout of an exhaustive (bound-pruned) search, the "
-                 "others at the best of their 3 best-estimated layouts and of every layout a "
-                 "faster method won with."),
+                 "llama-70b on Common Crawl; every baseline at the best layout of an "
+                 "exhaustive (bound-pruned) search, SlimPack at the best of its 3 "
+                 "best-estimated layouts and of every layout a faster method won with."),
     points=points, run_point=run_point, plot=plot, claims=claims, tables=search_table,
     needs=("slimpack.compare", "slimpack.data"), timing_columns=TIMING_COLUMNS,
     point_cost=point_cost,
