@@ -47,6 +47,7 @@ def test_each_method_declares_its_harness_search_budget_as_a_count():
     assert {m for m, cap in headline.items() if cap is not None} == {"slimpack"}
     assert harness_caps(("slimpack:no-merge", "slimpipe"), exhaustive_baselines=True) == {
         "slimpack:no-merge": 3, "slimpipe": None}
+    assert set(harness_caps(method_names(), exhaustive=True).values()) == {None}
     spec = get_method("naive")
     for bad in (0, 2.5, True, "3"):
         with pytest.raises(ValueError, match="search_layouts must be an int >= 1 or None"):

@@ -64,9 +64,11 @@ def test_one_point_per_method_and_one_fixed_layout_point_per_batch():
         batches = 1 if quick else 2
         assert [(p["protocol"], p["methods"]) for p in pts] == (
             [(BEST_LAYOUT, [m]) for m in methods] + [(FIXED_LAYOUT, methods)]) * batches
-        # Every baseline of the headline searched exhaustively, SlimPack capped (issue 24).
-        assert all(p["search_top_k"] == {**{m: None for m in methods}, "slimpack": 3}
-                   for p in pts)
+        # Every baseline of the headline searched exhaustively, SlimPack capped (issue 24) but
+        # on the small batch, where its exhaustive search is affordable.
+        assert all(p["search_top_k"] == {**{m: None for m in methods}, "slimpack": (
+            None if p["token_budget"] == paper_scale.SMOKE_SAMPLES * paper_scale.CONTEXT
+            else 3)} for p in pts)
     # The cost hint starts SlimPipe's point (the longest search) first, the fixed-layout
     # point (Megatron-LM's search, then every method) next.
     by_cost = sorted(paper_scale.points(False), key=paper_scale.point_cost, reverse=True)

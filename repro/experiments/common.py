@@ -76,7 +76,8 @@ HEADLINE_METHOD = "slimpack"
 
 def harness_caps(methods: tuple[str, ...] | list[str],
                  registry: MethodRegistry | None = None, *,
-                 exhaustive_baselines: bool = False) -> dict[str, int | None]:
+                 exhaustive_baselines: bool = False,
+                 exhaustive: bool = False) -> dict[str, int | None]:
     """Every entry's cap on the layouts its configuration search simulates: its method's
     ``MethodSpec.search_layouts`` (entries may be ``"planner:variant"``), a count, so records
     are the same on every machine: None (every layout not pruned by the bound) for
@@ -87,9 +88,14 @@ def harness_caps(methods: tuple[str, ...] | list[str],
     for every method but SlimPack. A capped baseline can only inflate SlimPack's ratios over
     it (SlimPipe's 3-layout answers were up to 1.8% slower than its best), a capped SlimPack
     only understate them, and SlimPack's capped answers are audited against its exhaustive
-    search (``repro.scripts.cap_audit``)."""
+    search (``repro.scripts.cap_audit``).
+
+    ``exhaustive``: None for every method, SlimPack too: a batch small enough that SlimPack's
+    exhaustive search costs about as much as a baseline's (paper-scale's 16-sample batch,
+    about 90 s, whose one-method points cannot run the winner-layout pass)."""
     registry = method_registry(registry)
-    return {m: None if exhaustive_baselines and m.split(":")[0] != HEADLINE_METHOD
+    return {m: None if exhaustive or (exhaustive_baselines
+                                      and m.split(":")[0] != HEADLINE_METHOD)
             else registry.get(m.split(":")[0]).search_layouts for m in methods}
 
 

@@ -1,7 +1,8 @@
 """Whether a capped layout search missed its method's best layout (issue 24, equal search budgets).
 
 The harness searches SlimPack, SlimPipe and FlexSP over their best-estimated layouts only
-(``MethodSpec.search_layouts``) and says in ``search_gain_bound`` how much faster a layout it
+(``MethodSpec.search_layouts``; in e2e-throughput and paper-scale SlimPack alone, every
+baseline there being searched exhaustively) and says in ``search_gain_bound`` how much faster a layout it
 did not simulate could be at most: a certificate that is loose, because the step lower bound
 ignores bubbles, communication and kernel fragmentation. This audit runs the search the
 capped record skipped: for each point of the committed records of ``--experiment``
