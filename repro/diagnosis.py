@@ -49,8 +49,10 @@ def _num(row: pd.Series, column: str) -> float:
     return float(value) if pd.notna(value) else math.nan
 
 
-def cause(ours: pd.Series, winner: pd.Series) -> str:
-    """The first rule that holds, in this order:
+def cause(ours: pd.Series, winner: pd.Series,
+          same_pieces: tuple[pd.Series, pd.Series] | None = None) -> str:
+    """The first rule that holds, in this order (``same_pieces``: SlimPack's and the winner's
+    rows on the same batch cut into sample pieces, where the records hold them):
 
     1. ``search``: the winner's layout is not the one SlimPack ran, SlimPack's search was
        capped (``layouts_simulated`` < its candidates less those pruned) and no winner-layout
@@ -58,7 +60,10 @@ def cause(ours: pd.Series, winner: pd.Series) -> str:
        points of one method): a layout it did not try may be faster. ``planner``: the layouts
        differ but SlimPack's search held the winner's layout (not capped, or the pass gave it
        the winner's layout), so SlimPack's own plan on it is the slower one; the rules below
-       then say how its own best differs.
+       then say how its own best differs. Before ``planner``, ``documents`` (as rule 5, on any
+       layouts): every method got the batch's documents, the winner cuts them at sample
+       boundaries, and on the same batch cut into sample pieces (``same_pieces``: every
+       method the same attention work) SlimPack is at least as fast as the winner.
     2. ``bubble``: SlimPack's bubble fraction exceeds the winner's by more than 2 points.
     3. ``balance``: SlimPack's step over its ideal exceeds the winner's by more than 2%.
     4. ``recompute`` / ``offload``: SlimPack recomputes in a heavier mode, or offloads a larger
@@ -80,6 +85,15 @@ def cause(ours: pd.Series, winner: pd.Series) -> str:
     if not same_layout and capped and not _winner_pass_ran(ours):
         return (f"search: SlimPack simulated {simulated:.0f} of {candidates:.0f} layouts "
                 f"and not the winner's")
+    if same_pieces is not None and _documents_workload(ours) \
+            and str(winner.get("method")) in CUTS_DOCUMENTS:
+        lead = _num(same_pieces[0], "tokens_per_s") / _num(same_pieces[1], "tokens_per_s")
+        if lead >= 1.0:
+            return (f"documents: {winner.get('method')} cuts documents at its fixed-length "
+                    f"sample boundaries (a cut tail no longer attends to its head) where "
+                    f"SlimPack keeps them whole; on the same batch as sample pieces (the same "
+                    f"attention for every method) SlimPack is {lead:.2f}x "
+                    f"{winner.get('method')} (not a planner cause)")
     if not same_layout and capped:
         return ("planner: SlimPack was also planned on the winner's layout (winner-layout "
                 "pass) and is slower there; at its own best layout, "
@@ -136,15 +150,42 @@ def _mechanism_cause(ours: pd.Series, winner: pd.Series) -> str:
     same_layout = _layout(ours.get("parallel")) == _layout(winner.get("parallel"))
     # Only on one layout is the ideal-step gap the work of the same kernels on the same
     # shards: across layouts it also holds the layouts' own costs.
-    workload = ours.get("workload", DOCUMENTS_WORKLOAD)
-    own_cuts = not isinstance(workload, str) or workload == DOCUMENTS_WORKLOAD
-    if same_layout and own_cuts and str(winner.get("method")) in CUTS_DOCUMENTS and work > 1.0:
+    if same_layout and _documents_workload(ours) and str(winner.get("method")) in CUTS_DOCUMENTS \
+            and work > 1.0:
         return (f"documents: same bubble and balance; {winner.get('method')} cuts documents at "
                 f"its fixed-length sample boundaries (a cut tail no longer attends to its "
                 f"head) where SlimPack keeps them whole, and SlimPack's balanced ideal step is "
                 f"{100 * (work - 1):.1f}% longer (its attention work is larger; not a planner "
                 f"cause)")
     return "kernel work: same bubble and balance; the difference is per-kernel work"
+
+
+def _documents_workload(row: pd.Series) -> bool:
+    """Whether every method of the row's setting got the batch's documents."""
+    workload = row.get("workload", DOCUMENTS_WORKLOAD)
+    return not isinstance(workload, str) or workload == DOCUMENTS_WORKLOAD
+
+
+SAMPLE_PIECES_WORKLOAD = "sample pieces"
+"""The ``workload`` of the same batch cut into Megatron-LM's sample pieces for every method
+(``repro.experiments.e2e_throughput``)."""
+
+
+def _same_pieces(frame: pd.DataFrame, setting: pd.DataFrame,
+                 winner: str) -> tuple[pd.Series, pd.Series] | None:
+    """SlimPack's and ``winner``'s rows of the setting's sibling on the same batch cut into
+    sample pieces (same description but the workload), or None where the records hold none."""
+    if "workload" not in frame.columns:
+        return None
+    first = setting.iloc[0]
+    pieces = frame[frame["workload"] == SAMPLE_PIECES_WORKLOAD]
+    for column in DESCRIBE:
+        if column != "workload" and column in frame.columns and pd.notna(first[column]):
+            pieces = pieces[pieces[column] == first[column]]
+    ours, theirs = (pieces[pieces["method"] == m] for m in (CHALLENGER, winner))
+    if ours.empty or theirs.empty:
+        return None
+    return ours.iloc[0], theirs.iloc[0]
 
 
 def losses(frame: pd.DataFrame, keys: list[str], *, value: str = "tokens_per_s",
@@ -177,8 +218,9 @@ def losses(frame: pd.DataFrame, keys: list[str], *, value: str = "tokens_per_s",
             continue
         mine = ours.iloc[0]
         ratio = float(best[value]) / float(mine[value])
+        diagnosis = cause(mine, best, _same_pieces(frame, group, str(best["method"])))
         lines.append(f"{name}: {best['method']} {ratio:.2f}x faster ({_layout(best['parallel'])}"
-                     f" vs SlimPack's {_layout(mine['parallel'])}); {cause(mine, best)}")
+                     f" vs SlimPack's {_layout(mine['parallel'])}); {diagnosis}")
     return (wins / settings if settings else math.nan), lines
 
 
@@ -240,5 +282,7 @@ def report_lines(records_of: callable, registry: MethodRegistry | None = None) -
             "first of these causes that the records show (`repro/diagnosis.py`): a capped "
             "search that did not try the winner's layout, a larger pipeline bubble, a worse "
             "balance (step over its ideal), recompute or offload, the attention a winner "
-            "that cuts documents at sample boundaries does not do, else per-kernel work.", "",
+            "that cuts documents at sample boundaries does not do (on the same layout, or "
+            "wherever SlimPack wins the same batch cut into sample pieces), else per-kernel "
+            "work.", "",
             *lines, ""]

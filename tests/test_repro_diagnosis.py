@@ -82,6 +82,39 @@ def test_the_documents_cause_names_a_winner_that_cuts_documents_and_its_work_gap
                                              "and balance; the difference is per-kernel work")
 
 
+def test_across_layouts_the_same_batchs_sample_pieces_name_the_documents_cause():
+    # e2e-throughput llama-13b GitHub (records of 2026-12-05): on the documents SlimPipe
+    # wins at another layout, and SlimPack's plan on that layout is slower too; on the same
+    # batch cut into sample pieces for every method SlimPack is faster, so the loss is the
+    # attention SlimPipe's cuts skip, not SlimPack's planning.
+    def setting(workload: str, slimpack: float, slimpipe: float, *, dataset: str) -> list:
+        base = {"model": "llama-13b", "dataset": dataset, "context": 65536,
+                "token_budget": 33554432, "seed": 0, "protocol": "best layout",
+                "workload": workload, "layouts_from_winners": 1,
+                "methods": json.dumps(["slimpipe", "slimpack"])}
+        key = f"{dataset}-{workload}"
+        return [{**_row("slimpack", slimpack, simulated=4, setting=key), **base},
+                {**_row("slimpipe", slimpipe, layout=LAYOUT_B, setting=key), **base}]
+
+    frame = pd.DataFrame(setting("documents", 100.0, 103.5, dataset="github")
+                         + setting("sample pieces", 106.0, 100.2, dataset="github")
+                         + setting("documents", 100.0, 103.5, dataset="wikipedia")
+                         + setting("sample pieces", 99.0, 100.2, dataset="wikipedia"))
+    share, lines = losses(frame, ["point_key"])
+    assert share == 0.25 and len(lines) == 3
+    github, wikipedia_docs, wikipedia_pieces = sorted(lines)
+    assert github == (
+        "github-documents: slimpipe 1.03x faster (tp1 cp4 pp16 dp2 v5 vs SlimPack's tp2 cp4 "
+        "pp8 dp2 v2); documents: slimpipe cuts documents at its fixed-length sample "
+        "boundaries (a cut tail no longer attends to its head) where SlimPack keeps them "
+        "whole; on the same batch as sample pieces (the same attention for every method) "
+        "SlimPack is 1.06x slimpipe (not a planner cause)")
+    # Where SlimPack loses the sample pieces too, the documents explain nothing.
+    assert wikipedia_docs.startswith("wikipedia-documents: slimpipe 1.03x faster") \
+        and "; planner: SlimPack was also planned on the winner's layout" in wikipedia_docs
+    assert "; planner:" in wikipedia_pieces
+
+
 def test_cuts_documents_is_the_set_of_planners_that_cut_documents_into_pieces():
     # Every compared planner on a batch whose documents cross the sample boundaries: those
     # whose plan records cut pieces under document masks are exactly CUTS_DOCUMENTS
