@@ -33,6 +33,9 @@ DOCUMENTS_WORKLOAD = "documents"
 """A record's ``workload`` when every method got the batch's documents (each cutting them its
 own way); rows without the column are that too. Under any other workload (the same sample
 pieces for every method) no method cuts what another keeps, so rule 5 does not apply."""
+SAMPLE_PIECES_WORKLOAD = "sample pieces"
+"""The ``workload`` of the same batch cut into Megatron-LM's sample pieces for every method
+(``repro.experiments.e2e_throughput``): the sibling the ``documents`` rule compares with."""
 
 
 def _layout(cell: object) -> str:
@@ -164,11 +167,6 @@ def _documents_workload(row: pd.Series) -> bool:
     """Whether every method of the row's setting got the batch's documents."""
     workload = row.get("workload", DOCUMENTS_WORKLOAD)
     return not isinstance(workload, str) or workload == DOCUMENTS_WORKLOAD
-
-
-SAMPLE_PIECES_WORKLOAD = "sample pieces"
-"""The ``workload`` of the same batch cut into Megatron-LM's sample pieces for every method
-(``repro.experiments.e2e_throughput``)."""
 
 
 def _same_pieces(frame: pd.DataFrame, setting: pd.DataFrame,

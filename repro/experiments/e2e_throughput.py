@@ -48,7 +48,7 @@ import pandas as pd
 import seaborn as sns
 
 from repro.analysis import scalar, select
-from repro.diagnosis import DOCUMENTS_WORKLOAD, losses
+from repro.diagnosis import DOCUMENTS_WORKLOAD, SAMPLE_PIECES_WORKLOAD, losses
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import (
     BASELINE,
@@ -103,7 +103,7 @@ point timed: 53-135 s, mean 85 s), the pool's cost hint: `repro run --jobs N` st
 before the short points of other experiments. Orders work only; never in a record or a
 point's key."""
 KEYS = ["model", "dataset", "context", "num_gpus", "token_budget", "seed", "workload"]
-DOCUMENTS, SAMPLE_PIECES = DOCUMENTS_WORKLOAD, "sample pieces"
+DOCUMENTS, SAMPLE_PIECES = DOCUMENTS_WORKLOAD, SAMPLE_PIECES_WORKLOAD
 """The ``workload`` of a point (module docstring)."""
 WORKLOADS = (DOCUMENTS, SAMPLE_PIECES)
 
