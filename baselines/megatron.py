@@ -98,7 +98,6 @@ def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
 
 METHOD = MethodSpec(
     name="megatron", planner=plan, options=MegatronOptions,
-    search_layouts=None,  # the baseline of every ratio: searched exhaustively
     cuts_at_sample_boundaries=True, ring_cp_at_layout_degree=True,
     summary="Megatron-LM fixed-length packing with document masks, static CP sharded per "
             "document (TE thd), 1F1B/interleaved",

@@ -48,7 +48,6 @@ def plan(batch: Batch, setup: PlanSetup, options: MegatronOptions) -> Plan:
 
 METHOD = MethodSpec(
     name="megatron-causal", planner=plan, options=MegatronOptions,
-    search_layouts=None,  # the baseline of every ratio: searched exhaustively
     cuts_at_sample_boundaries=True, ring_cp_at_layout_degree=True,
     summary="Megatron-LM fixed-length packing without document masks (full-causal samples, "
             "stock pretraining), static CP, 1F1B/interleaved",

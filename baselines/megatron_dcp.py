@@ -132,6 +132,5 @@ def plan(batch: Batch, setup: PlanSetup, options: DCPOptions) -> Plan:
 
 METHOD = MethodSpec(
     name="megatron-dcp", planner=plan, options=DCPOptions,
-    search_layouts=None,  # cheap to plan: searched exhaustively (every layout the bound keeps)
     summary="Megatron-Core dynamic CP: each sequence gets the power-of-two CP size it needs",
     source="Megatron-Core dynamic context parallelism (docs/methods.md)")

@@ -136,7 +136,6 @@ def plan(batch: Batch, setup: PlanSetup, options: NaiveOptions) -> Plan:
 
 METHOD = MethodSpec(
     name="naive", planner=plan, options=NaiveOptions,
-    search_layouts=None,  # cheap to plan: searched exhaustively (every layout the bound keeps)
     cuts_at_sample_boundaries=True,  # packing="concat-chunk"
     ring_cp_at_layout_degree=True,
     summary="documents packed into fixed-length samples (BFD/FFD/sorted), static CP, 1F1B",

@@ -7,7 +7,6 @@ from slimpack.planning.method import MethodSpec
 
 METHOD = MethodSpec(
     name="wlb-llm", planner=plan, options=WLBOptions,
-    search_layouts=None,  # cheap to plan: searched exhaustively (every layout the bound keeps)
     ring_cp_at_layout_degree=True,
     summary="variable-length packing, outlier-delay queues, adaptive per-document CP sharding",
     source="WLB-LLM, arXiv 2503.17924")

@@ -70,33 +70,23 @@ search gives a plan that depends on the machine's load, so records never rely on
 (:func:`with_harness_options` refuses it)."""
 
 
-HEADLINE_METHOD = "slimpack"
-"""The method whose ratios over every other the headline experiments report."""
-
-
 def harness_caps(methods: tuple[str, ...] | list[str],
                  registry: MethodRegistry | None = None, *,
-                 exhaustive_baselines: bool = False,
-                 exhaustive: bool = False) -> dict[str, int | None]:
-    """Every entry's cap on the layouts its configuration search simulates: its method's
-    ``MethodSpec.search_layouts`` (entries may be ``"planner:variant"``), a count, so records
-    are the same on every machine: None (every layout not pruned by the bound) for
-    Megatron-LM in both attention semantics and the cheap baselines (naive packing, Megatron
-    dynamic CP, WLB-LLM), 3 for the others.
+                 capped: bool = False) -> dict[str, int | None]:
+    """Every entry's cap on the layouts its configuration search simulates (entries may be
+    ``"planner:variant"``): None, every layout the step lower bound does not prune, for every
+    method, so no method is searched less than another.
 
-    ``exhaustive_baselines`` (the headline experiments, e2e-throughput and paper-scale): None
-    for every method but SlimPack. A capped baseline can only inflate SlimPack's ratios over
-    it (SlimPipe's 3-layout answers were up to 1.8% slower than its best), a capped SlimPack
-    only understate them, and SlimPack's capped answers are audited against its exhaustive
-    search (``repro.scripts.cap_audit``).
-
-    ``exhaustive``: None for every method, SlimPack too: a batch small enough that SlimPack's
-    exhaustive search costs about as much as a baseline's (paper-scale's 16-sample batch,
-    about 90 s, whose one-method points cannot run the winner-layout pass)."""
+    ``capped`` (the papers' batches of 512 context-length samples: e2e-throughput, paper-scale
+    and batch-size's largest point): each method's ``MethodSpec.search_layouts``, a count, so
+    records are the same on every machine. Only SlimPack sets one: its exhaustive search
+    there costs 5 to 65 minutes a point, a capped SlimPack can only understate its ratios,
+    the winner-layout pass then plans it on every layout a faster method won with, and its
+    capped answers are audited against its exhaustive search (``repro.scripts.cap_audit``).
+    Every baseline stays exhaustive: a capped one could only inflate the ratios over it."""
     registry = method_registry(registry)
-    return {m: None if exhaustive or (exhaustive_baselines
-                                      and m.split(":")[0] != HEADLINE_METHOD)
-            else registry.get(m.split(":")[0]).search_layouts for m in methods}
+    return {m: registry.get(m.split(":")[0]).search_layouts if capped else None
+            for m in methods}
 
 
 def draw_batch(point: Point, experiment: str) -> Any:
@@ -139,9 +129,8 @@ def compare_rows(point: Point, methods: tuple[str, ...], experiment: str,
 
     registry = method_registry(registry)
     batch = extra.pop("batch", None) or draw_batch(point, experiment)
-    # Harness searches are capped by count, never by wall time, so every machine computes the
-    # same records: each method's own budget (MethodSpec.search_layouts) unless the
-    # experiment says otherwise.
+    # Harness searches are never bounded by wall time, so every machine computes the same
+    # records: exhaustive (bound-pruned) for every method unless the experiment caps by count.
     extra.setdefault("auto_parallel_top_k", harness_caps(methods, registry))
     extra.setdefault("search_budget_s", None)
     extra["method_options"] = with_harness_options(methods, extra.get("method_options"))

@@ -117,13 +117,14 @@ answer anyway. This can only understate FlexSP; flexsp-headline runs it with its
 
 def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
     """Every compared method of ``registry`` (None: the suite's), each with its search budget
-    (``harness_caps(..., exhaustive_baselines=True)``): every baseline of a SlimPack ratio is
-    searched over every layout the lower bound does not prune, SlimPack over its 3
-    best-estimated layouts and the winners' (which can only understate its lead; audited by
+    (``harness_caps(..., capped=True)``): every baseline of a SlimPack ratio is searched over
+    every layout the lower bound does not prune, SlimPack over its 3 best-estimated layouts
+    and the winners' (which can only understate its lead; audited by
     ``repro.scripts.cap_audit``). A count, not a time budget, so every machine gets the same
-    records."""
+    records. The 16-sample smoke point is capped alike: its exhaustive SlimPack search (about
+    90 s) would double the point that the registry test runs twice."""
     methods = all_methods(registry)
-    caps = harness_caps(methods, registry, exhaustive_baselines=True)
+    caps = harness_caps(methods, registry, capped=True)
 
     def point(model: str, dataset: str, samples: int, workload: str = DOCUMENTS) -> Point:
         return {"model": model, "dataset": dataset, "context": CONTEXT, "num_gpus": GPUS,

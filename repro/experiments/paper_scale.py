@@ -70,7 +70,7 @@ second job beside it; SlimPipe's exhaustive search, 60 of 163 layouts simulated,
 def points(quick: bool) -> list[Point]:
     """One point per method and dataset, so `repro run --jobs N` runs the methods side by side
     (one 5-method point took 14 minutes of one core). Every point carries the whole
-    ``search_top_k`` mapping (``harness_caps``: each method's ``MethodSpec.search_layouts``);
+    ``search_top_k`` mapping (``harness_caps``);
     ``compare`` reads its own method's entry. Every baseline (both Megatron-LM variants,
     WLB-LLM, SlimPipe) is searched exhaustively (the baseline's layout decides the headline's
     fairness; a capped megatron-causal search inflated the bracket's far end from 2.94x to
@@ -80,8 +80,7 @@ def points(quick: bool) -> list[Point]:
     batches = (SMOKE_SAMPLES,) if quick else (SAMPLES, SMOKE_SAMPLES)
     out = []
     for samples in batches:
-        caps = harness_caps(METHODS, exhaustive_baselines=True,
-                            exhaustive=samples == SMOKE_SAMPLES)
+        caps = harness_caps(METHODS, capped=samples == SAMPLES)
         for dataset in (QUICK_DATASETS if quick else DATASETS):
             base = {"model": MODEL, "dataset": dataset, "context": CONTEXT, "num_gpus": GPUS,
                     "token_budget": samples * CONTEXT, "seed": 0, "hardware": HARDWARE,
