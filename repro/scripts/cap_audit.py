@@ -1,10 +1,11 @@
 """Whether a capped layout search missed its method's best layout (issue 24, equal search budgets).
 
-The harness searches SlimPack, SlimPipe and FlexSP over their best-estimated layouts only
-(``MethodSpec.search_layouts``; in e2e-throughput and paper-scale SlimPack alone, every
-baseline there being searched exhaustively) and says in ``search_gain_bound`` how much faster a layout it
-did not simulate could be at most: a certificate that is loose, because the step lower bound
-ignores bubbles, communication and kernel fragmentation. This audit runs the search the
+The harness searches every method exhaustively but SlimPack on the 512-sample batches
+(e2e-throughput, paper-scale, batch-size's largest point), which gets its best-estimated
+layouts only (``MethodSpec.search_layouts``) and the winners', and says in
+``search_gain_bound`` how much faster a layout it did not simulate could be at most: a
+certificate that is loose, because the step lower bound ignores bubbles, communication and
+kernel fragmentation. This audit runs the search the
 capped record skipped: for each point of the committed records of ``--experiment``
 (e2e-throughput or paper-scale; best-layout protocol, the 512-sample batch), the method's
 exhaustive, bound-pruned search (``slimpack.compare.best_parallel`` with no cap, harness

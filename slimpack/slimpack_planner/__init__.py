@@ -44,7 +44,12 @@ from slimpack.slimpack_planner.assemble import (
 from slimpack.slimpack_planner.mechanisms import try_mechanisms, with_offload
 from slimpack.slimpack_planner.options import SlimPackOptions
 from slimpack.slimpack_planner.sync_tail import with_sync_tail
-from slimpack.slimpack_planner.uniform import uniform_applies, uniform_plan
+from slimpack.slimpack_planner.uniform import (
+    uniform_applies,
+    uniform_counts,
+    uniform_deals,
+    uniform_plan,
+)
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 __all__ = ["SlimPackOptions", "plan", "default_slice_tokens"]
@@ -135,22 +140,30 @@ RECOMPUTE_LADDER = ("selective", "full")
 """Recompute modes ``recompute="auto"`` tries, in order, after the plan without recompute."""
 
 
-def _memory_bound(plan: Plan, record) -> bool:
-    """Whether memory shaped ``plan``: it overflows, or it runs outliers on merged replicas
-    (DP-Merge is SlimPack's answer to a sequence whose activations do not fit a replica;
-    recompute is the other one, and neither is free, so both are simulated)."""
-    return record is None or record.oom or bool(plan.metadata["slimpack"]["outliers"])
+def _memory_bound(plan: Plan, record, tried: list[dict]) -> bool:
+    """Whether memory shaped ``plan``, the best of a search whose candidates are ``tried``: it
+    overflows, it runs outliers on merged replicas (DP-Merge is SlimPack's answer to a
+    sequence whose activations do not fit a replica; recompute is the other one, and neither
+    is free, so both are simulated), or memory ruled out a candidate the simulator timed
+    faster than it (recompute may make that one fit: on llama-70b at 128K, pp 16, the plan
+    that fits without recompute needs the steady-state floor and was 21% slower than
+    SlimPipe's uniform slices under selective recompute)."""
+    if record is None or record.oom or plan.metadata["slimpack"]["outliers"]:
+        return True
+    return any(t.get("oom") and t.get("step_time_s", math.inf) < record.step_time_s
+               for t in tried)
 
 
 def _search_recompute(ctx: BuildContext, best: Plan, tried: list[dict], record,
                       merge_choices: tuple[bool, ...], deadline: Deadline,
                       ) -> tuple[Plan, list[dict], bool, Any]:
-    """``recompute="auto"``: while the best plan so far is memory-bound, the whole search
-    again with the next mode of :data:`RECOMPUTE_LADDER` (its own estimator, memory budget and
-    slice candidates), keeping the fastest plan that fits (a count of searches, like the
-    slice candidates: the same answer on every machine)."""
+    """``recompute="auto"``: while the last search's best plan is memory-bound
+    (:func:`_memory_bound`), the whole search again with the next mode of
+    :data:`RECOMPUTE_LADDER` (its own estimator, memory budget and slice candidates), keeping
+    the fastest plan that fits (a count of searches, like the slice candidates: the same
+    answer on every machine)."""
+    last_plan, last_record, last_tried = best, record, tried
     tried = [{**t, "recompute": "none"} for t in tried]
-    last_plan, last_record = best, record
     if ctx.options.offload is None and record is not None and record.oom:
         # Offload is the third answer to memory (SlimPipe tries it before recompute): the
         # plan without recompute, with the smallest share that fits, is a candidate too.
@@ -160,7 +173,7 @@ def _search_recompute(ctx: BuildContext, best: Plan, tried: list[dict], record,
     key = _record_key(record)
     cut = False
     for mode in RECOMPUTE_LADDER:
-        if not _memory_bound(last_plan, last_record):
+        if not _memory_bound(last_plan, last_record, last_tried):
             break
         # A fresh context: every memo (estimators, prices, cuts) depends on the recompute mode.
         rctx = BuildContext(batch=ctx.batch, model=ctx.model, hardware=ctx.hardware,
@@ -172,7 +185,7 @@ def _search_recompute(ctx: BuildContext, best: Plan, tried: list[dict], record,
         tried += [{**t, "recompute": mode} for t in more]
         if rec is not None and _record_key(rec) < key:
             best, record, key = plan, rec, _record_key(rec)
-        last_plan, last_record = plan, rec
+        last_plan, last_record, last_tried = plan, rec, more
         if cut:
             break
     best.metadata["slimpack"]["recompute"] = sorted({g.recompute for g in best.groups()})[0]
@@ -477,15 +490,21 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
             build_deadline = _build_deadline(deadline, 0.0)
             if build_deadline.remaining_s < build_seconds + 2 * sim_seconds:
                 return best, tried, True, best_record
-        candidate, schedules = uniform_plan(ctx)
-        record = simulate(candidate, model=ctx.model, hardware=ctx.hardware, cost=ctx.cost,
-                          schedules=schedules, schedules_built=True).record
-        info = candidate.metadata["slimpack"]
-        tried.append({"uniform": True, "uniform_slice_tokens": info["slice_tokens"],
-                      "num_slices": info["num_slices"], "built_s": deadline.elapsed_s,
-                      "step_time_s": record.step_time_s, "oom": record.oom})
-        key = _record_key(record)
-        if best_key is None or key < best_key:
-            best, best_key, best_record = candidate, key, record
+        built: list[Plan] = []
+        for num_slices, by_tokens in product(uniform_counts(ctx), uniform_deals(ctx)):
+            candidate, schedules = uniform_plan(ctx, num_slices=num_slices, by_tokens=by_tokens)
+            if any(candidate.phases == other.phases for other in built):
+                continue  # the same plan as one built (both deals alike, or a count doubled)
+            built.append(candidate)
+            record = simulate(candidate, model=ctx.model, hardware=ctx.hardware, cost=ctx.cost,
+                              schedules=schedules, schedules_built=True).record
+            info = candidate.metadata["slimpack"]
+            tried.append({"uniform": True, "uniform_slice_tokens": info["slice_tokens"],
+                          "num_slices": info["num_slices"], "phase1": info["phase1"],
+                          "built_s": deadline.elapsed_s, "step_time_s": record.step_time_s,
+                          "oom": record.oom})
+            key = _record_key(record)
+            if best_key is None or key < best_key:
+                best, best_key, best_record = candidate, key, record
     assert best is not None
     return best, tried, False, best_record
