@@ -492,6 +492,9 @@ def _search(ctx: BuildContext, candidates: list[int | None], merge_choices: tupl
                 return best, tried, True, best_record
         built: list[Plan] = []
         for num_slices, by_tokens in product(uniform_counts(ctx), uniform_deals(ctx)):
+            if built and _build_deadline(deadline, 0.0).remaining_s \
+                    < build_seconds + 2 * sim_seconds:
+                return best, tried, True, best_record
             candidate, schedules = uniform_plan(ctx, num_slices=num_slices, by_tokens=by_tokens)
             if any(candidate.phases == other.phases for other in built):
                 continue  # the same plan as one built (both deals alike, or a count doubled)
