@@ -63,7 +63,9 @@ def cause(ours: pd.Series, winner: pd.Series,
        points of one method): a layout it did not try may be faster. ``planner``: the layouts
        differ but SlimPack's search held the winner's layout (not capped, or the pass gave it
        the winner's layout), so SlimPack's own plan on it is the slower one; the rules below
-       then say how its own best differs. Before ``planner``, ``documents`` (as rule 5, on any
+       then say how its own best differs. Where the winner cuts documents and the records
+       hold no sample pieces of the batch, the line names documents as the other candidate
+       cause (the records cannot separate the two). Before ``planner``, ``documents`` (as rule 5, on any
        layouts): every method got the batch's documents, the winner cuts them at sample
        boundaries, and on the same batch cut into sample pieces (``same_pieces``: every
        method the same attention work) SlimPack is at least as fast as the winner.
@@ -102,8 +104,16 @@ def cause(ours: pd.Series, winner: pd.Series,
                 "pass) and is slower there; at its own best layout, "
                 + _mechanism_cause(ours, winner))
     if not same_layout and not math.isnan(candidates):
-        return ("planner: SlimPack's search held the winner's layout (simulated, or pruned by "
+        held = ("planner: SlimPack's search held the winner's layout (simulated, or pruned by "
                 "the bound), and SlimPack's plan there is slower than the winner's")
+        if same_pieces is None and _documents_workload(ours) \
+                and str(winner.get("method")) in CUTS_DOCUMENTS:
+            # Without the batch's sample pieces in the records, the attention the winner's
+            # cuts skip and SlimPack's planning cannot be told apart: say both.
+            return (f"{held}, or documents: {winner.get('method')} cuts documents at its "
+                    f"fixed-length sample boundaries (less attention work) and these records "
+                    f"hold no run on the batch's sample pieces to tell the two apart")
+        return held
     return _mechanism_cause(ours, winner)
 
 

@@ -36,8 +36,14 @@ def test_causes_follow_the_rules_in_order():
     assert cause(ours, pd.Series(_row("slimpipe", 130.0, layout=LAYOUT_B))).startswith(
         "search: SlimPack simulated 3 of 100")
     uncapped = pd.Series(_row("slimpack", 100.0, simulated=40, pruned=60))
-    assert cause(uncapped, pd.Series(_row("slimpipe", 130.0, layout=LAYOUT_B))).startswith(
-        "planner")
+    assert cause(uncapped, pd.Series(_row("wlb-llm", 130.0, layout=LAYOUT_B))) == (
+        "planner: SlimPack's search held the winner's layout (simulated, or pruned by the "
+        "bound), and SlimPack's plan there is slower than the winner's")
+    # A winner that cuts documents, and no sample pieces to separate the two causes: both.
+    assert cause(uncapped, pd.Series(_row("slimpipe", 130.0, layout=LAYOUT_B))).endswith(
+        "slower than the winner's, or documents: slimpipe cuts documents at its fixed-length "
+        "sample boundaries (less attention work) and these records hold no run on the "
+        "batch's sample pieces to tell the two apart")
     assert cause(ours, pd.Series(_row("megatron", 130.0, bubble=0.01))).startswith(
         "bubble: SlimPack's bubble fraction is 4 points higher")
     assert cause(ours, pd.Series(_row("megatron", 130.0, over=1.0))).startswith(
