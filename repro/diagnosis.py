@@ -63,12 +63,13 @@ def cause(ours: pd.Series, winner: pd.Series,
        points of one method): a layout it did not try may be faster. ``planner``: the layouts
        differ but SlimPack's search held the winner's layout (not capped, or the pass gave it
        the winner's layout), so SlimPack's own plan on it is the slower one; the rules below
-       then say how its own best differs. Where the winner cuts documents and the records
-       hold no sample pieces of the batch, the line names documents as the other candidate
-       cause (the records cannot separate the two). Before ``planner``, ``documents`` (as rule 5, on any
-       layouts): every method got the batch's documents, the winner cuts them at sample
+       then say how its own best differs. Before ``planner``, ``documents`` (as rule 5, on
+       any layouts): every method got the batch's documents, the winner cuts them at sample
        boundaries, and on the same batch cut into sample pieces (``same_pieces``: every
-       method the same attention work) SlimPack is at least as fast as the winner.
+       method the same attention work) SlimPack is at least as fast as the winner. Where the
+       winner cuts the documents and the records hold no sample pieces of the batch, the
+       ``planner`` line names documents as the other candidate cause (the records cannot
+       separate the two).
     2. ``bubble``: SlimPack's bubble fraction exceeds the winner's by more than 2 points.
     3. ``balance``: SlimPack's step over its ideal exceeds the winner's by more than 2%.
     4. ``recompute`` / ``offload``: SlimPack recomputes in a heavier mode, or offloads a larger
@@ -90,8 +91,8 @@ def cause(ours: pd.Series, winner: pd.Series,
     if not same_layout and capped and not _winner_pass_ran(ours):
         return (f"search: SlimPack simulated {simulated:.0f} of {candidates:.0f} layouts "
                 f"and not the winner's")
-    if same_pieces is not None and _documents_workload(ours) \
-            and str(winner.get("method")) in CUTS_DOCUMENTS:
+    cuts_ours = _cuts_our_documents(ours, winner)
+    if same_pieces is not None and cuts_ours:
         lead = _num(same_pieces[0], "tokens_per_s") / _num(same_pieces[1], "tokens_per_s")
         if lead >= 1.0:
             return (f"documents: {winner.get('method')} cuts documents at its fixed-length "
@@ -106,8 +107,7 @@ def cause(ours: pd.Series, winner: pd.Series,
     if not same_layout and not math.isnan(candidates):
         held = ("planner: SlimPack's search held the winner's layout (simulated, or pruned by "
                 "the bound), and SlimPack's plan there is slower than the winner's")
-        if same_pieces is None and _documents_workload(ours) \
-                and str(winner.get("method")) in CUTS_DOCUMENTS:
+        if same_pieces is None and cuts_ours:
             # Without the batch's sample pieces in the records, the attention the winner's
             # cuts skip and SlimPack's planning cannot be told apart: say both.
             return (f"{held}, or documents: {winner.get('method')} cuts documents at its "
@@ -163,8 +163,7 @@ def _mechanism_cause(ours: pd.Series, winner: pd.Series) -> str:
     same_layout = _layout(ours.get("parallel")) == _layout(winner.get("parallel"))
     # Only on one layout is the ideal-step gap the work of the same kernels on the same
     # shards: across layouts it also holds the layouts' own costs.
-    if same_layout and _documents_workload(ours) and str(winner.get("method")) in CUTS_DOCUMENTS \
-            and work > 1.0:
+    if same_layout and _cuts_our_documents(ours, winner) and work > 1.0:
         return (f"documents: same bubble and balance; {winner.get('method')} cuts documents at "
                 f"its fixed-length sample boundaries (a cut tail no longer attends to its "
                 f"head) where SlimPack keeps them whole, and SlimPack's balanced ideal step is "
@@ -173,10 +172,12 @@ def _mechanism_cause(ours: pd.Series, winner: pd.Series) -> str:
     return "kernel work: same bubble and balance; the difference is per-kernel work"
 
 
-def _documents_workload(row: pd.Series) -> bool:
-    """Whether every method of the row's setting got the batch's documents."""
-    workload = row.get("workload", DOCUMENTS_WORKLOAD)
-    return not isinstance(workload, str) or workload == DOCUMENTS_WORKLOAD
+def _cuts_our_documents(ours: pd.Series, winner: pd.Series) -> bool:
+    """Whether every method of the setting got the batch's documents and the winner cuts
+    them at sample boundaries where SlimPack keeps them whole."""
+    workload = ours.get("workload", DOCUMENTS_WORKLOAD)
+    documents = not isinstance(workload, str) or workload == DOCUMENTS_WORKLOAD
+    return documents and str(winner.get("method")) in CUTS_DOCUMENTS
 
 
 def _same_pieces(frame: pd.DataFrame, setting: pd.DataFrame,
