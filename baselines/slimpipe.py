@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -123,14 +124,23 @@ def plan(batch: Batch, setup: PlanSetup, options: SlimPipeOptions) -> Plan:
     per_replica = deal_round_robin(list(layout.samples), parallel.dp)
     offload = opts.offload or 0.0
 
+    # A slice count's groups are cut once: the probes and trials that try it under other
+    # recompute modes or offload shares run the same slices (a paper-size batch cuts ~10^4).
+    sliced: dict[int, tuple[Group, ...]] = {}
+
     def build(n: int, mode: str, share: float) -> tuple[Group, ...]:
-        group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp,
-                                   vpp=parallel.vpp, schedule="slimpipe", recompute=mode,
-                                   vocab_parallel_pp=True, offload=share)
-        length = slice_length(longest, n)
-        return tuple(sliced_group(d, ranks, group_layout, [cut_sample(smp, length) for smp in samples])
-                     for d, (ranks, samples) in enumerate(zip(replica_groups(parallel), per_replica,
-                                                              strict=True)) if samples)
+        if n not in sliced:
+            group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp,
+                                       vpp=parallel.vpp, schedule="slimpipe", recompute=mode,
+                                       vocab_parallel_pp=True, offload=share)
+            length = slice_length(longest, n)
+            sliced[n] = tuple(
+                sliced_group(d, ranks, group_layout,
+                             [cut_sample(smp, length) for smp in samples])
+                for d, (ranks, samples) in enumerate(zip(replica_groups(parallel), per_replica,
+                                                         strict=True)) if samples)
+            return sliced[n]
+        return tuple(dataclasses.replace(g, recompute=mode, offload=share) for g in sliced[n])
 
     # The op lists depend on the slices alone (not on recompute or offload): build each
     # slice count's once for its memory probes, its trial simulation and the final check.
@@ -223,5 +233,6 @@ def _pipelined(parallel: ParallelSpec) -> bool:
 METHOD = MethodSpec(
     name="slimpipe", planner=plan, options=SlimPipeOptions, schedule_family="slimpipe",
     allows=_pipelined, cuts_at_sample_boundaries=True, ring_cp_at_layout_degree=True,
+    simulates_to_plan=True,
     summary="uniform sequence slices, slice-level 1F1B, attention redistribution",
     source="SlimPipe, arXiv 2504.14519")

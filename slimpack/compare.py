@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -39,6 +39,9 @@ from slimpack.records import MethodRecord, StepRecord
 from slimpack.runtime.validate import refused_field, runtime_refusal
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.training import TrainingSpec
+
+if TYPE_CHECKING:
+    from slimpack.sim.redistribution import PricedGroup
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +86,8 @@ class CompareSettings:
 
 def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareSpec,
                 parallel: ParallelSpec, cost: CostModel, *, context: int | None = None,
-                registry: MethodRegistry = DEFAULT_METHODS, **options: Any) -> Plan:
+                registry: MethodRegistry = DEFAULT_METHODS,
+                priced: dict[int, PricedGroup] | None = None, **options: Any) -> Plan:
     """Run method ``method``'s planner, ``plan(batch, setup, options)``: the one opening and
     closing every planner shares. Opening: ``options`` become the method's typed options
     dataclass (unknown or bad options fail before any work) and ``parallel`` is checked
@@ -94,7 +98,8 @@ def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareS
     until it fits). ``context`` is every method's option (None: the method's default);
     ``time_limit_s``, every method's too, is one of ``options``: absent, the planner's own
     safety net; None, no wall-clock limit at all (the harness). ``registry`` is where
-    ``method`` is looked up (every function here takes one)."""
+    ``method`` is looked up (every function here takes one). ``priced``: where the plan's
+    closing leaves the groups it priced (``PlanSetup.priced``), for :func:`_simulate`."""
     spec = registry.get(method)
     shared = {"context": context} if context is not None else {}
     if shared and "context" in options:
@@ -103,7 +108,8 @@ def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareS
     started = time.perf_counter()
     typed = spec.make_options({**shared, **options})
     parallel.validate_for_model(model)
-    setup = PlanSetup(model=model, hardware=hardware, parallel=parallel, cost=cost)
+    setup = PlanSetup(model=model, hardware=hardware, parallel=parallel, cost=cost,
+                      priced=priced)
     plan = spec.planner(batch, setup, typed)
     plan.metadata["plan_seconds"] = time.perf_counter() - started
     if plan.zero_stage is None:  # a planner that states no recipe was planned under cost's
@@ -132,11 +138,12 @@ def paper_recipe_costs(methods: Sequence[str], model: ModelSpec, hardware: Hardw
 
 
 def _simulate(plan: Plan, model: ModelSpec, hardware: HardwareSpec, cost: CostModel,
-              price_cache: dict | None = None):
+              price_cache: dict | None = None,
+              priced: dict[int, PricedGroup] | None = None):
     from slimpack.sim import simulate  # the simulator is the judge; imported when needed
 
     return simulate(plan, model=model, hardware=hardware, cost=cost, validate=False,
-                    price_cache=price_cache).record
+                    price_cache=price_cache, priced=priced).record
 
 
 def _record(method: str, plan: Plan, rec: StepRecord, parallel: ParallelSpec,
@@ -357,10 +364,11 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
         entry: dict[str, Any] = {"parallel": cand.parallel.to_dict(), "lower_bound_s": bounds[i]}
         simulated += 1
         try:
+            priced: dict[int, PricedGroup] = {}
             plan = plan_method(method, batch, model, hardware, cand.parallel, cost,
-                               context=context, registry=registry, **options)
+                               context=context, registry=registry, priced=priced, **options)
             rec = _simulate(plan, model, hardware, cost,
-                            price_cache=cache.setdefault("unit_prices", {}))
+                            price_cache=cache.setdefault("unit_prices", {}), priced=priced)
         except (ValueError, RuntimeError) as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"
             errors.append(f"{cand.parallel.describe()}: {entry['error']}")
@@ -452,9 +460,10 @@ def _compare_method(*, method: str, batch: Batch, model: ModelSpec, hardware: Ha
                                   registry=registry, **options)
             return searched_record(method, found, cost), found
         assert parallel is not None
+        priced: dict[int, PricedGroup] = {}
         plan = plan_method(method, batch, model, hardware, parallel, cost, context=context,
-                           registry=registry, **options)
-        rec = _simulate(plan, model, hardware, cost)
+                           registry=registry, priced=priced, **options)
+        rec = _simulate(plan, model, hardware, cost, priced=priced)
         return _record(method, plan, rec, parallel, cost, search_columns("fixed layout", None)), None
     except (ValueError, RuntimeError) as exc:
         search = {**search_columns("fixed layout" if not auto_parallel else "", None),
@@ -571,10 +580,12 @@ def compare(methods: Sequence[str], batch: Batch, model: ModelSpec, hardware: Ha
             bar.update()
     else:
         # Methods are independent: each runs in its own process (its own caches).
-        # Methods whose layout search is capped plan each layout with a whole search of their
-        # own (SlimPack, SlimPipe: the costliest methods, hence the cap), so they start first
-        # and the processes finish closer together. Wall time only: each record is its own.
-        start_order = sorted(range(len(tasks)), key=lambda i: (tasks[i]["top_k"] is None, i))
+        # Methods that simulate to plan (MethodSpec.simulates_to_plan: SlimPipe, SlimPack)
+        # cost the most per layout, so they start first and the processes finish closer
+        # together. Wall time only: each record is its own.
+        heavy = {name for name in registry.names() if registry.get(name).simulates_to_plan}
+        start_order = sorted(range(len(tasks)),
+                             key=lambda i: (tasks[i]["method"] not in heavy, i))
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(_compare_method, **tasks[i]): i for i in start_order}
             results_at: dict[int, tuple[MethodRecord, SearchResult | None]] = {}

@@ -80,3 +80,42 @@ def test_per_sequence_cuts_each_buffer_on_its_own():
 def test_shard_buffers_rejects_bad_buffer_starts(bad):
     with pytest.raises(ValueError, match="first"):
         shard_buffers(np.ones((3, 2), dtype=np.int64), bad, 2, "per-document")
+
+
+slices_strategy = st.lists(
+    st.lists(st.tuples(st.integers(1, 5_000), st.integers(0, 300_000)), min_size=1,
+             max_size=6),
+    min_size=1, max_size=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(slices=slices_strategy, cp=st.sampled_from([1, 2, 4, 8]),
+       sharding=st.sampled_from(["per-sequence", "per-document"]), data=st.data())
+def test_a_groups_shards_taken_once_are_each_slices_own(slices, cp, sharding, data):
+    """``SliceShards`` (every slice of a group sharded in one pass, shared by the unit prices
+    and the redistribution): per slice and rank the pieces ``shard_pieces`` gives that slice
+    alone, and per (unit, rank) the sums ``unit_rank_sums`` computes from the units' own
+    slices, whichever slices the units hold and in whatever order."""
+    from slimpack.cost.cp_sharding import shard_pieces
+    from slimpack.plan import Group, Segment, Slice, Unit
+    from slimpack.sim.costs import SliceShards, unit_rank_sums
+
+    built = tuple(Slice(slice_id=10 + i, segments=tuple(
+        Segment(seq_id=j, start=start, end=start + tokens)
+        for j, (tokens, start) in enumerate(segs))) for i, segs in enumerate(slices))
+    ids = [sl.slice_id for sl in built]
+    units = tuple(Unit(slice_ids=tuple(data.draw(st.permutations(ids))[:k]))
+                  for k in data.draw(st.lists(st.integers(1, len(ids)), min_size=1,
+                                              max_size=4)))
+    group = Group(group_id=0, ranks=tuple(range(cp)), cp=cp, slices=built,
+                  forward_units=units, backward_units=units, cp_sharding=sharding)
+    shards = SliceShards(group)
+    for sl in built:
+        alone = shard_pieces([(seg.num_tokens, seg.start) for seg in sl.segments], cp, sharding)
+        assert shards.rank_pieces(sl.slice_id) == alone
+
+    def columns(q, p):
+        return [q, q * p, np.where(p > 0, q, 0)]
+
+    np.testing.assert_array_equal(unit_rank_sums(group, units, columns, shards),
+                                  unit_rank_sums(group, units, columns))

@@ -174,3 +174,36 @@ def test_a_light_op_off_its_tick_is_refused(plan, change):
                                         rf"{moved.light_block}, unit {moved.light_unit}\) does "
                                         r"not start at tick"):
         check_move_ticks(bad_group, build_schedule(bad_group), bad_group.attention_moves)
+
+
+def test_the_simulation_takes_the_groups_the_planner_priced_and_only_those():
+    """``plan_method(priced=...)`` leaves each group whose moves it chose, priced; simulated
+    under the same cost model, the plan's record is the one pricing it again gives (bit for
+    bit), and the simulator does read it (a doctored entry changes the step). Under another
+    cost model object, or for another group object, the entry is not taken."""
+    priced = {}
+    plan = plan_method("slimpipe", Batch.from_lengths([65536, 32768, 16384, 8192] * 2), MODEL,
+                       H100, ParallelSpec(tp=4, pp=4, dp=1), COST_H100, num_slices=4,
+                       attention_redistribution=True, priced=priced)
+    (group,) = plan.groups()
+    assert priced[group.group_id].group is group
+    assert priced[group.group_id].cost is COST_H100
+    fresh = simulate(plan, model=MODEL, hardware=H100, cost=COST_H100).record
+    reused = simulate(plan, model=MODEL, hardware=H100, cost=COST_H100, priced=priced).record
+    assert reused.step_time_s == fresh.step_time_s
+    assert reused.unit_forward_s == fresh.unit_forward_s
+    assert reused.unit_backward_s == fresh.unit_backward_s
+    assert reused.extra["attention_redistribution"] == fresh.extra["attention_redistribution"]
+    entry = priced[group.group_id]
+    slower = dataclasses.replace(entry, costs=dataclasses.replace(
+        entry.costs, fwd_s=[[2 * t for t in row] for row in entry.costs.fwd_s]))
+    doctored = {group.group_id: slower}
+    assert simulate(plan, model=MODEL, hardware=H100, cost=COST_H100,
+                    priced=doctored).record.step_time_s > fresh.step_time_s
+    other_cost = default_cost_model(MODEL, H100)
+    assert simulate(plan, model=MODEL, hardware=H100, cost=other_cost,
+                    priced=doctored).record.step_time_s == fresh.step_time_s
+    copy = dataclasses.replace(plan, phases=(dataclasses.replace(
+        plan.phases[0], groups=(dataclasses.replace(group),)),))
+    assert simulate(copy, model=MODEL, hardware=H100, cost=COST_H100,
+                    priced=doctored).record.step_time_s == fresh.step_time_s

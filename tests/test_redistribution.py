@@ -387,15 +387,22 @@ def test_a_simulation_hands_over_the_moves_it_chose_for_the_plan_to_carry():
     ops = build_schedule(group)
     result = simulate(bare, model=MODEL, hardware=HW, cost=COST,
                       schedules={group.group_id: ops}, schedules_built=True)
-    simulated, moves = result.chosen_moves[group.group_id]
-    assert simulated is group and moves
+    entry = result.chosen_moves[group.group_id]
+    moves = entry.moves
+    assert entry.group is group and entry.cost is COST and moves
     assert moves == priced_moves(group, ops, model=MODEL, cost=COST, gpus_per_node=8)
+    handed = {group.group_id: dataclasses.replace(entry, moves=())}
+    priced = {}
     carried = with_attention_moves(bare, model=MODEL, cost=COST,
-                                   schedules={group.group_id: ops},
-                                   chosen={group.group_id: (group, ())})
-    assert next(carried.groups()).attention_moves == ()  # taken as handed over, not re-chosen
+                                   schedules={group.group_id: ops}, chosen=handed,
+                                   priced=priced)
+    carried_group = next(carried.groups())
+    assert carried_group.attention_moves == ()  # taken as handed over, not re-chosen
+    # ... with the simulation's prices, for the simulation of the plan that carries them.
+    assert priced[group.group_id].group is carried_group
+    assert priced[group.group_id].costs is entry.costs
     copy = dataclasses.replace(group)
     again = with_attention_moves(dataclasses.replace(bare, phases=(
         dataclasses.replace(bare.phases[0], groups=(copy,)),)), model=MODEL, cost=COST,
-        schedules={group.group_id: ops}, chosen={group.group_id: (group, ())})
+        schedules={group.group_id: ops}, chosen=handed)
     assert next(again.groups()).attention_moves == moves

@@ -6,11 +6,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from slimpack.plan import DocumentMap, Group, Move, Phase, Plan
+from slimpack.plan import DocumentMap, Phase, Plan
 from slimpack.planning.setup import PlanSetup
 from slimpack.schedules import Op
 from slimpack.sim.memory import plan_fits_memory
-from slimpack.sim.redistribution import with_attention_moves
+from slimpack.sim.redistribution import PricedGroup, with_attention_moves
 from slimpack.specs import ParallelSpec
 from slimpack.specs.recompute import RECOMPUTE_MODES
 
@@ -21,7 +21,7 @@ def finish_plan(*, method: str, setup: PlanSetup, sequence_lengths: dict[int, in
                 escalate_recompute: bool = False, documents: DocumentMap | None = None,
                 attention_redistribution: bool = False,
                 schedules: Mapping[int, list[list[Op]]] | None = None,
-                chosen_moves: Mapping[int, tuple[Group, tuple[Move, ...]]] | None = None,
+                chosen_moves: Mapping[int, PricedGroup] | None = None,
                 ) -> Plan:
     """Build and validate the plan, then check memory with the simulator's own walk.
 
@@ -57,7 +57,7 @@ def finish_plan(*, method: str, setup: PlanSetup, sequence_lengths: dict[int, in
     # The plan carries the moves its redistribution runs, chosen under the cost model it was
     # planned with, on the recompute modes it ends with.
     plan = with_attention_moves(plan, model=model, cost=setup.cost, schedules=schedules,
-                                chosen=chosen_moves)
+                                chosen=chosen_moves, priced=setup.priced)
     modes = sorted({g.recompute for g in plan.groups()}, key=RECOMPUTE_MODES.index)
     if escalate_recompute or "recompute" in plan.metadata:
         plan.metadata["recompute"] = modes[0] if len(modes) == 1 else ",".join(modes)

@@ -129,6 +129,12 @@ class MethodSpec:
     default (1, Megatron-LM's distributed optimizer): ``slimpack compare`` prices the method
     under it unless ``--zero-stage`` says otherwise (FlexSP and its Ulysses baselines: 3)."""
 
+    simulates_to_plan: bool = False
+    """Whether the planner simulates candidate plans of one layout to choose among them
+    (SlimPipe's slice-count trials, SlimPack's search): each layout then costs several
+    simulations, so ``slimpack.compare`` with ``jobs > 1`` starts these methods first and
+    the processes finish closer together (wall time only, never a record)."""
+
     search_layouts: int | None = None
     """The method's deterministic search budget where the harness caps searches (the papers'
     batches of 512 context-length samples, where an exhaustive SlimPack search costs 5 to 65

@@ -9,6 +9,7 @@ recipe's memory verdict, so no planner repeats that opening or closing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from slimpack.cost.model import CostModel, training_of
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
@@ -25,6 +26,12 @@ class PlanSetup:
     """The layout to plan on (FlexSP reshapes it into its SP pool)."""
     cost: CostModel
     """Prices the planner's estimates; its recipe is the one the plan is checked under."""
+    priced: dict[int, Any] | None = None
+    """The caller's scratch space, not part of the workload: where the plan's closing leaves
+    the groups it already priced under ``cost`` (``slimpack.sim.redistribution.PricedGroup``
+    by group id, from ``with_attention_moves(priced=...)``; typed loosely because planning
+    sits below the simulator), so the caller's simulation of the plan
+    (``simulate(priced=...)``) does not price them again. None: nothing is kept."""
 
     @property
     def training(self) -> TrainingSpec:

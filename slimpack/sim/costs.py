@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,7 +92,8 @@ def head_stages(pp: int, vpp: int, *, vocab_parallel_pp: bool) -> list[int]:
 
 
 def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_node: int,
-                slice_cache: dict | None = None, price_cache: dict | None = None) -> GroupCosts:
+                slice_cache: dict | None = None, price_cache: dict | None = None,
+                shards: SliceShards | None = None) -> GroupCosts:
     """Per-unit, per-virtual-stage seconds of one group.
 
     ``price_cache`` (kept by the caller for one cost model) reuses a unit's per-layer price
@@ -100,6 +101,8 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
     counts and KV prefixes), the group's tp, cp, sharding, CP kind, recompute mode and
     whether the CP ring stays inside a node. A configuration search simulates the same
     fixed-length samples under dozens of layouts that differ only in dp, pp or vpp.
+    ``shards``: the group's slices already CP-sharded (:class:`SliceShards`), when the caller
+    keys or pieces them too.
     """
     pp, vpp, tp, cp = group.pp, group.vpp, group.tp, group.cp
     layers = layers_per_virtual_stage(model.num_layers, pp, vpp)
@@ -135,7 +138,7 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
     if price_cache is not None:
         # A slice's key is its segments' (tokens, start) pairs as bytes: bytes cache their
         # hash, so a unit's key hashes in O(its slices), not O(its documents).
-        index, rows, first = _slice_rows(group, units)
+        index, rows, first = _slice_rows(group, [sid for u in units for sid in u.slice_ids])
         bounds = np.append(first, len(rows)) * rows.itemsize * 2
         raw = rows.tobytes()
         slice_key = [raw[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(),
@@ -145,7 +148,7 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
     todo = [i for i, p in enumerate(priced) if p is None]
     if todo:
         fresh = unit_prices(group, [units[i] for i in todo], model=model, cost=cost,
-                            cp_intra=cp_intra)
+                            cp_intra=cp_intra, shards=shards)
         if fresh is None:  # a cost model that prices pieces only
             fresh = [price(units[i]) for i in todo]
         for i, p in zip(todo, fresh, strict=True):
@@ -230,7 +233,8 @@ def ring_step_seconds(cost: CostModel, model: ModelSpec, *, tp: int, rank_tokens
 
 
 def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: CostModel,
-                cp_intra: bool = True) -> list[tuple[float, float, float, float, int]] | None:
+                cp_intra: bool = True, shards: SliceShards | None = None,
+                ) -> list[tuple[float, float, float, float, int]] | None:
     """:func:`unit_layer_seconds` of every unit in ``units`` in one numpy pass, element for
     element equal to pricing them one by one (integer sums exact, the same float operations
     in the same order), or ``None`` where that is not available: a cost model without
@@ -252,7 +256,7 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
         nq = -(-tokens // ATTN_TILE)
         return [tokens, nq * -(-prefix // ATTN_TILE) + nq * (nq + 1) // 2, nq]
 
-    per_unit = unit_rank_sums(group, units, work)  # (3, unit, rank)
+    per_unit = unit_rank_sums(group, units, work, shards)  # (3, unit, rank)
     rank_tokens, rank_tiles, rank_queries = (x.T for x in per_unit)  # each (rank, unit)
     if ulysses:
         return _ulysses_prices(per_unit.sum(axis=2), batched, model=model, cost=cost, tp=tp,
@@ -279,42 +283,83 @@ def unit_prices(group: Group, units: Sequence[Unit], *, model: ModelSpec, cost: 
                     (bwd_sum / cp).tolist(), rank_tokens.sum(axis=0).tolist(), strict=True))
 
 
+class SliceShards:
+    """Every slice of one group CP-sharded once
+    (:func:`~slimpack.cost.cp_sharding.shard_buffers`, equal to sharding each alone), on
+    first use: one simulation prices the group's units (:func:`unit_prices`) and, with
+    attention redistribution, keys and pieces its ops (``slimpack.sim.redistribution``)
+    from the same shards instead of sharding each slice three times."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+        self._arrays: tuple[dict[int, int], np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._bounds: np.ndarray | None = None
+
+    @property
+    def arrays(self) -> tuple[dict[int, int], np.ndarray, np.ndarray, np.ndarray]:
+        """(slice id -> its buffer, then :func:`shard_buffers`' ``(buffer, rank, chunks)``)."""
+        if self._arrays is None:
+            group = self.group
+            index, rows, first = _slice_rows(group, [sl.slice_id for sl in group.slices])
+            self._arrays = (index, *shard_buffers(rows, first, group.cp, group.cp_sharding))
+        return self._arrays
+
+    def rank_pieces(self, slice_id: int) -> list[list[tuple[int, int]]]:
+        """Per CP rank, the slice's ``(tokens, kv_prefix)`` pieces (``shard_pieces`` of its
+        segments)."""
+        index, buffer, rank, chunks = self.arrays
+        cp = self.group.cp
+        if self._bounds is None:
+            keys = np.arange(len(index) * cp + 1, dtype=np.int64)
+            self._bounds = np.searchsorted(buffer * cp + rank, keys)
+        at = index[slice_id] * cp
+        bounds = self._bounds[at:at + cp + 1].tolist()
+        return [[(t, p) for t, p in chunks[a:b].tolist()]
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 def unit_rank_sums(group: Group, units: Sequence[Unit],
-                   columns: Callable[[np.ndarray, np.ndarray], list[np.ndarray]]) -> np.ndarray:
+                   columns: Callable[[np.ndarray, np.ndarray], list[np.ndarray]],
+                   shards: SliceShards | None = None) -> np.ndarray:
     """Integer sums per (unit, CP rank) over the unit's CP-sharded pieces, shape
     ``(len(columns(...)), len(units), cp)``; ``columns(tokens, kv_prefix)`` maps the pieces'
     two int64 columns to the per-piece values to sum. Exact: every slice is sharded once
-    (:func:`~slimpack.cost.cp_sharding.shard_buffers`, equal to sharding it alone), and a
-    unit's pieces on a rank are its slices' pieces on that rank. Every unit holds a slice."""
+    (:func:`~slimpack.cost.cp_sharding.shard_buffers`, equal to sharding it alone; ``shards``
+    where the caller already sharded the group's slices), and a unit's pieces on a rank are
+    its slices' pieces on that rank. Every unit holds a slice."""
     cp = group.cp
-    index, rows, first = _slice_rows(group, units)
-    buffer, rank, chunks = shard_buffers(rows, first, cp, group.cp_sharding)
+    if shards is not None:
+        index, buffer, rank, chunks = shards.arrays
+        num_slices = len(index)
+    else:
+        index, rows, first = _slice_rows(group, [sid for u in units for sid in u.slice_ids])
+        buffer, rank, chunks = shard_buffers(rows, first, cp, group.cp_sharding)
+        num_slices = len(first)
     values = columns(chunks[:, 0], chunks[:, 1])
     # Per (slice, rank) sums; shard_buffers sorts pieces by (slice, rank).
     key = buffer * cp + rank
-    per_slice = np.zeros((len(values), len(first) * cp), dtype=np.int64)
+    per_slice = np.zeros((len(values), num_slices * cp), dtype=np.int64)
     if len(key):
         starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
         for row, column in enumerate(values):
             per_slice[row, key[starts]] = np.add.reduceat(column, starts)
-    per_slice = per_slice.reshape(len(values), len(first), cp)
+    per_slice = per_slice.reshape(len(values), num_slices, cp)
     # Per (unit, rank): the sums of the unit's slices.
     members = np.array([index[sid] for unit in units for sid in unit.slice_ids], dtype=np.int64)
     unit_start = np.cumsum([0] + [len(unit.slice_ids) for unit in units[:-1]])
     return np.add.reduceat(per_slice[:, members, :], unit_start, axis=1)
 
 
-def _slice_rows(group: Group, units: Sequence[Unit]
+def _slice_rows(group: Group, slice_ids: Iterable[int]
                 ) -> tuple[dict[int, int], np.ndarray, np.ndarray]:
-    """The distinct slices of ``units``: slice id -> its position, the ``(tokens, start)``
+    """The distinct slices of ``slice_ids``: slice id -> its position, the ``(tokens, start)``
     rows of their segments one slice after another, and the row where each slice starts."""
     index: dict[int, int] = {}
     slices = []
-    for unit in units:
-        for sid in unit.slice_ids:
-            if sid not in index:
-                index[sid] = len(slices)
-                slices.append(group.slice(sid).segments)
+    for sid in slice_ids:
+        if sid not in index:
+            index[sid] = len(slices)
+            slices.append(group.slice(sid).segments)
     counts = np.fromiter(map(len, slices), dtype=np.int64, count=len(slices))
     pairs = map(_START_END, itertools.chain.from_iterable(slices))
     bounds = np.fromiter(itertools.chain.from_iterable(pairs), dtype=np.int64,

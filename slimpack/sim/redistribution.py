@@ -71,6 +71,7 @@ from slimpack.schedules.validate import walk_op_arrays
 from slimpack.sim.costs import (
     BF16,
     GroupCosts,
+    SliceShards,
     cp_ring_intra_node,
     group_costs,
     ring_step_seconds,
@@ -177,6 +178,7 @@ class _Pricer:
     def __init__(self, cost: CostModel, *, tp: int, recompute: str) -> None:
         self.cost, self.tp, self.recompute = cost, tp, recompute
         self._cache: dict[Pieces, tuple[float, float]] = {}
+        self._blocks: dict[tuple[Pieces, bool], float] = {}
 
     def times(self, pieces: Pieces) -> tuple[float, float]:
         got = self._cache.get(pieces)
@@ -190,9 +192,12 @@ class _Pricer:
         """The query-by-KV rectangles alone: with and without their prefix."""
         if not shipped:
             return 0.0
-        k = 1 if backward else 0
-        return (self.times(shipped)[k]
-                - self.times(tuple((q, 0) for q, _ in shipped))[k])
+        got = self._blocks.get((shipped, backward))
+        if got is None:
+            k = 1 if backward else 0
+            got = self._blocks[(shipped, backward)] = (
+                self.times(shipped)[k] - self.times(tuple((q, 0) for q, _ in shipped))[k])
+        return got
 
 
 def prefix_weight(ranks: RankPieces) -> int:
@@ -218,6 +223,10 @@ class _Pair:
         self.heavy, self.light, self.ring_step = heavy, light, ring_step
         self._ranks: list[tuple[Pieces, float]] | None = None
         self._floors: tuple[float, float, float, float] | None = None
+        # The share search evaluates a few shares, some twice (the secant's candidates, then
+        # the chosen one): each share's sides and each rank's shortened pieces are priced once.
+        self._sides: dict[float, tuple[float, float, list[Pieces]]] = {}
+        self._shrunk: dict[tuple[int, float], tuple[float, Pieces]] = {}
 
     @property
     def ranks(self) -> list[tuple[Pieces, float]]:
@@ -234,10 +243,15 @@ class _Pair:
             self._ranks = ranks
         return self._ranks
 
-    def shrunk(self, prefixed: Pieces, fraction: float) -> tuple[float, Pieces]:
-        """(time of the prefixed pieces after shipping, the shipped blocks)."""
-        kept, shipped = _shrink(prefixed, fraction)
-        return (self.pricer.times(kept)[self.k] if kept else 0.0), shipped
+    def shrunk(self, rank: int, fraction: float) -> tuple[float, Pieces]:
+        """(time of CP rank ``rank``'s prefixed pieces after shipping, the shipped blocks)."""
+        key = (rank, fraction)
+        got = self._shrunk.get(key)
+        if got is None:
+            kept, shipped = _shrink(self.ranks[rank][0], fraction)
+            got = self._shrunk[key] = ((self.pricer.times(kept)[self.k] if kept else 0.0),
+                                       shipped)
+        return got
 
     @property
     def floors(self) -> tuple[float, float, float, float]:
@@ -257,10 +271,16 @@ class _Pair:
 
     def sides(self, fraction: float) -> tuple[float, float, list[Pieces]]:
         """(heavy op's time, light op's time, shipped blocks per CP rank), transfers aside."""
+        got = self._sides.get(fraction)
+        if got is None:
+            got = self._sides[fraction] = self._priced_sides(fraction)
+        return got
+
+    def _priced_sides(self, fraction: float) -> tuple[float, float, list[Pieces]]:
         saved, extra = -float("inf"), 0.0
         blocks = []
-        for prefixed, prefixed_s, in self.ranks:
-            kept_s, shipped = self.shrunk(prefixed, fraction)
+        for rank, (_, prefixed_s) in enumerate(self.ranks):
+            kept_s, shipped = self.shrunk(rank, fraction)
             saved = max(saved, kept_s - prefixed_s)
             extra = max(extra, self.pricer.block(shipped, self.backward))
             blocks.append(shipped)
@@ -304,8 +324,8 @@ class _Pair:
              held: float) -> PairMove:
         nh, nl = self.nh, self.nl
         cp = len(self.heavy)
-        moved = sum(prefixed_s - self.shrunk(prefixed, fraction)[0]
-                    for prefixed, prefixed_s in self.ranks)
+        moved = sum(prefixed_s - self.shrunk(rank, fraction)[0]
+                    for rank, (_, prefixed_s) in enumerate(self.ranks))
         added = sum(self.pricer.block(shipped, self.backward) for shipped in blocks)
         return PairMove(heavy_delta_s=max(h, l_) - self.h0 + nh * exposed,
                         light_delta_s=l_ - self.l0 + nl * exposed, moved_s=nh * moved / cp,
@@ -382,17 +402,20 @@ def price_pair(heavy: RankPieces, light: RankPieces, *, fraction: float, heavy_s
     return pair.move(fraction, h, l_, blocks, exposed, held)
 
 
-def _unit_pieces(group: Group, unit: Unit, slice_cache: dict) -> RankPieces:
+def _unit_pieces(group: Group, unit: Unit, slice_cache: dict,
+                 sharded: SliceShards | None = None) -> RankPieces:
     """Per-CP-rank (tokens, prefix) tuples of a unit; ``slice_cache`` is this module's own
-    (the simulator's pricing keeps its shards in another form)."""
+    (the simulator's pricing keeps its shards as arrays: ``sharded``, where given, is read
+    instead of sharding each slice again)."""
     per_rank: list[list[tuple[int, int]]] = [[] for _ in range(group.cp)]
     for sid in unit.slice_ids:
         key = (group.group_id, sid)
         shards = slice_cache.get(key)
         if shards is None:
-            shards = shard_pieces([(seg.num_tokens, seg.start)
-                                   for seg in group.slice(sid).segments],
-                                  group.cp, group.cp_sharding)
+            shards = (sharded.rank_pieces(sid) if sharded is not None else
+                      shard_pieces([(seg.num_tokens, seg.start)
+                                    for seg in group.slice(sid).segments],
+                                   group.cp, group.cp_sharding))
             slice_cache[key] = shards
         for r in range(group.cp):
             per_rank[r].extend(shards[r])
@@ -509,9 +532,23 @@ def _ranks_within(sizes: np.ndarray) -> np.ndarray:
 
 def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
                 model: ModelSpec, cost: CostModel, gpus_per_node: int,
+                shards: SliceShards | None = None,
                 ) -> tuple[GroupCosts, RedistributionStats, tuple[Move, ...]]:
     """``costs`` with attention moved between concurrent ops of paired pipeline ranks, the
-    stats, and the moves themselves (in the order their prices were applied).
+    stats, and the moves themselves (in the order their prices were applied). ``shards``:
+    the group's slices as ``group_costs`` sharded them, where the caller kept them."""
+    table, times, applied = _chosen(group, ops, costs, model=model, cost=cost,
+                                    gpus_per_node=gpus_per_node, shards=shards)
+    after, stats = _applied(group, costs, table, times, applied)
+    return after, stats, tuple(m for m, _ in applied)
+
+
+def _chosen(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
+            model: ModelSpec, cost: CostModel, gpus_per_node: int,
+            shards: SliceShards | None = None,
+            ) -> tuple[_OpTable, np.ndarray, list[tuple[Move, PairMove]]]:
+    """The op table, every op's time under ``costs``, and the moves :func:`group_moves`
+    applies with their prices (in the order they are applied).
 
     Every op of the schedule lies in exactly one tick, so each tick's moves read prices no
     other tick changes: the pairing and the cheap necessary conditions of :func:`pair_move`
@@ -520,7 +557,8 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
     """
     pp, tp = group.pp, group.tp
     slice_cache: dict = {}
-    (fwd_weight, fwd_queries), (bwd_weight, bwd_queries) = _unit_keys(group)
+    shards = shards if shards is not None else SliceShards(group)
+    (fwd_weight, fwd_queries), (bwd_weight, bwd_queries) = _unit_keys(group, shards)
     table = _op_table(ops, pp=pp, vpp=group.vpp, fwd_weight=fwd_weight, bwd_weight=bwd_weight)
     times = _op_times(table, costs, group)
     # Pairs: in each set, the a-th heaviest with the a-th lightest.
@@ -579,7 +617,7 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
         got = pieces_of.get((backward, u))
         if got is None:
             units = group.backward_units if backward else group.forward_units
-            ranks = _unit_pieces(group, units[u], slice_cache)
+            ranks = _unit_pieces(group, units[u], slice_cache, shards)
             got = pieces_of[(backward, u)] = (interned.setdefault(ranks, len(interned)), ranks)
         return got
 
@@ -646,20 +684,21 @@ def group_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
                                  heavy_block=heavy_ops[j][0], heavy_unit=heavy_ops[j][1],
                                  light_block=light_ops[j][0], light_unit=light_ops[j][1],
                                  fraction=move.fraction), move))
-    after, stats = _applied(group, costs, table, times, applied)
-    return after, stats, tuple(m for m, _ in applied)
+    return table, times, applied
 
 
 def apply_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts,
                 moves: Sequence[Move], *, model: ModelSpec, cost: CostModel,
-                gpus_per_node: int) -> tuple[GroupCosts, RedistributionStats]:
+                gpus_per_node: int, shards: SliceShards | None = None,
+                ) -> tuple[GroupCosts, RedistributionStats]:
     """``costs`` with the given ``moves`` priced under ``cost`` (a plan's
     ``Group.attention_moves``: priced as they are, not chosen again, even where this cost
     model would choose others), and the stats. Moves :func:`group_moves` chose under the same
     prices give its numbers bit for bit. Raises PlanError for a move whose ops do not run at
     its tick in ``ops``."""
     pp = group.pp
-    (fwd_weight, _), (bwd_weight, _) = _unit_keys(group)
+    shards = shards if shards is not None else SliceShards(group)
+    (fwd_weight, _), (bwd_weight, _) = _unit_keys(group, shards)
     table = _op_table(ops, pp=pp, vpp=group.vpp, fwd_weight=fwd_weight, bwd_weight=bwd_weight)
     times = _op_times(table, costs, group)
     _check_ticks(group, table, moves)
@@ -671,8 +710,8 @@ def apply_moves(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts,
     for m in moves:
         before = costs.bwd_s if m.backward else costs.fwd_s
         units = group.backward_units if m.backward else group.forward_units
-        move = price_pair(_unit_pieces(group, units[m.heavy_unit], slice_cache),
-                          _unit_pieces(group, units[m.light_unit], slice_cache),
+        move = price_pair(_unit_pieces(group, units[m.heavy_unit], slice_cache, shards),
+                          _unit_pieces(group, units[m.light_unit], slice_cache, shards),
                           fraction=m.fraction, heavy_s=float(before[m.heavy_block][m.heavy_unit]),
                           light_s=float(before[m.light_block][m.light_unit]),
                           heavy_layers=costs.layers[m.heavy_block],
@@ -757,13 +796,15 @@ def _applied(group: Group, costs: GroupCosts, table: _OpTable, times: np.ndarray
     return after, stats
 
 
-def _unit_keys(group: Group) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+def _unit_keys(group: Group, shards: SliceShards | None = None,
+               ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """Per forward and per backward unit: :func:`prefix_weight` of its pieces, and its
     busiest CP rank's query tokens that have a KV prefix."""
     def keys(units: Sequence[Unit]) -> tuple[np.ndarray, np.ndarray]:
         if not units:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        sums = unit_rank_sums(group, units, lambda q, p: [q * p, np.where(p > 0, q, 0)])
+        sums = unit_rank_sums(group, units, lambda q, p: [q * p, np.where(p > 0, q, 0)],
+                              shards)
         return sums[0].sum(axis=1), sums[1].max(axis=1)
 
     fwd = keys(group.forward_units)
@@ -811,9 +852,35 @@ def priced_moves(group: Group, ops: Sequence[Sequence[Op]], *, model: ModelSpec,
                  cost: CostModel, gpus_per_node: int) -> tuple[Move, ...]:
     """The moves :func:`~slimpack.sim.simulate.simulate` applies to ``group`` run as ``ops``
     under ``cost`` (the group priced as the simulator prices it): what the runtime executes."""
-    costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node)
-    return group_moves(group, ops, costs, model=model, cost=cost,
-                       gpus_per_node=gpus_per_node)[2]
+    shards = SliceShards(group)
+    costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
+                        shards=shards)
+    # The moves alone: the costs after them and the stats are the simulator's to compute.
+    _, _, applied = _chosen(group, ops, costs, model=model, cost=cost,
+                            gpus_per_node=gpus_per_node, shards=shards)
+    return tuple(m for m, _ in applied)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PricedGroup:
+    """A group whose attention moves :func:`with_attention_moves` chose, priced as the
+    simulator prices it: what :func:`~slimpack.sim.simulate.simulate` takes instead of
+    building its schedule, pricing its units and applying its moves again (the same
+    numbers: moves :func:`group_moves` chose give :func:`apply_moves` its prices bit for
+    bit). Kept only for the very group object of the plan and the very cost model."""
+
+    group: Group
+    """The plan's group, moves included (reused only for this object); in
+    ``SimResult.chosen_moves``, the group simulated without moves."""
+    moves: tuple[Move, ...]
+    """The moves priced (the group's ``attention_moves`` once it carries them)."""
+    cost: CostModel
+    ops: Sequence[Sequence[Op]]
+    """The op lists the moves were chosen on (:func:`~slimpack.schedules.build_schedule`'s,
+    which do not depend on the moves)."""
+    costs: GroupCosts
+    """The group's unit prices with its moves applied."""
+    stats: RedistributionStats
 
 
 def merge_stats(stats: Sequence[RedistributionStats]) -> dict[str, float]:
@@ -833,8 +900,8 @@ def merge_stats(stats: Sequence[RedistributionStats]) -> dict[str, float]:
 
 def with_attention_moves(plan: Plan, *, model: ModelSpec, cost: CostModel,
                          schedules: Mapping[int, Sequence[Sequence[Op]]] | None = None,
-                         chosen: Mapping[int, tuple[Group, tuple[Move, ...]]] | None = None,
-                         ) -> Plan:
+                         chosen: Mapping[int, PricedGroup] | None = None,
+                         priced: dict[int, PricedGroup] | None = None) -> Plan:
     """``plan`` with every pp > 1 group's ``attention_moves`` chosen under ``cost``
     (:func:`priced_moves` on the simulator's schedule: ``schedules[group_id]`` where given,
     else :func:`~slimpack.schedules.build_schedule`) when ``attention_redistribution`` is on;
@@ -844,22 +911,41 @@ def with_attention_moves(plan: Plan, *, model: ModelSpec, cost: CostModel,
     ``chosen``: ``SimResult.chosen_moves`` of a simulation under ``cost`` on the op lists
     used here (``schedules``, else :func:`~slimpack.schedules.build_schedule`'s); a group that
     is the very object simulated there (not one changed since, e.g. by a recompute
-    escalation) takes those moves, the ones :func:`priced_moves` would choose again."""
+    escalation) takes those moves, the ones :func:`priced_moves` would choose again (and
+    their prices, for ``priced``).
+
+    ``priced``: where to leave a :class:`PricedGroup` (by group id) for every group whose
+    moves are chosen here, for the simulation of the returned plan under ``cost`` that
+    follows (``simulate(priced=...)``), so it does not price them a second time."""
     if not plan.attention_redistribution:
         return plan
     gpus = plan.parallel.gpus_per_node
     schedules = schedules or {}
     chosen = chosen or {}
 
-    def moves_of(g: Group) -> tuple[Move, ...]:
+    def with_moves(g: Group) -> Group:
+        if g.pp == 1:
+            return g
         simulated = chosen.get(g.group_id)
-        if simulated is not None and simulated[0] is g:
-            return simulated[1]
+        if simulated is not None and simulated.group is g:
+            moved = dataclasses.replace(g, attention_moves=simulated.moves)
+            if priced is not None and simulated.cost is cost:
+                priced[g.group_id] = dataclasses.replace(simulated, group=moved)
+            return moved
         ops = schedules.get(g.group_id)
-        return priced_moves(g, ops if ops is not None else build_schedule(g), model=model,
-                            cost=cost, gpus_per_node=gpus)
+        ops = ops if ops is not None else build_schedule(g)
+        if priced is None:
+            return dataclasses.replace(g, attention_moves=priced_moves(
+                g, ops, model=model, cost=cost, gpus_per_node=gpus))
+        shards = SliceShards(g)
+        costs = group_costs(g, model=model, cost=cost, gpus_per_node=gpus, shards=shards)
+        after, stats, moves = group_moves(g, ops, costs, model=model, cost=cost,
+                                          gpus_per_node=gpus, shards=shards)
+        moved = dataclasses.replace(g, attention_moves=moves)
+        priced[g.group_id] = PricedGroup(group=moved, moves=moves, cost=cost, ops=ops,
+                                         costs=after, stats=stats)
+        return moved
 
-    phases = tuple(dataclasses.replace(phase, groups=tuple(
-        dataclasses.replace(g, attention_moves=moves_of(g)) if g.pp > 1 else g
-        for g in phase.groups)) for phase in plan.phases)
+    phases = tuple(dataclasses.replace(phase, groups=tuple(map(with_moves, phase.groups)))
+                   for phase in plan.phases)
     return dataclasses.replace(plan, phases=phases)

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from slimpack.cost.flops import mfu, model_flops
 from slimpack.cost.kernel_model import default_cost_model
 from slimpack.cost.model import CostModel, training_of
-from slimpack.plan import Group, Move, Plan
+from slimpack.plan import Group, Plan
 from slimpack.planning.gc_pause import gc_paused
 from slimpack.records import OpTiming, StepRecord
 from slimpack.schedules import Op, build_schedule, validate_schedule
-from slimpack.sim.costs import GroupCosts, group_costs, with_host_copies
+from slimpack.sim.costs import GroupCosts, SliceShards, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
 from slimpack.sim.memory import GroupMemory, check_zero_stage, group_memory
-from slimpack.sim.redistribution import apply_moves, group_moves, merge_stats
+from slimpack.sim.redistribution import PricedGroup, apply_moves, group_moves, merge_stats
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
 
@@ -37,9 +37,9 @@ class SimResult:
     ops: tuple[OpTiming, ...] = ()
     schedules: Mapping[int, list[list[Op]]] = field(default_factory=dict)
     """Op lists per group id, as simulated."""
-    chosen_moves: Mapping[int, tuple[Group, tuple[Move, ...]]] = field(default_factory=dict)
+    chosen_moves: Mapping[int, PricedGroup] = field(default_factory=dict)
     """Per group id, for groups without ``attention_moves`` whose attention this simulation
-    redistributed: the group and the moves it chose (what
+    redistributed: the group, the moves it chose and their prices (what
     :func:`~slimpack.sim.redistribution.with_attention_moves` would choose for that group on
     the same op lists and cost model, so a planner need not choose them again)."""
 
@@ -56,7 +56,8 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
              cost: CostModel | None = None, trace: bool = False, overlap_dp_sync: bool = True,
              schedules: Mapping[int, list[list[Op]]] | None = None,
              validate: bool = True, schedules_built: bool = False,
-             price_cache: dict | None = None) -> SimResult:
+             price_cache: dict | None = None,
+             priced: Mapping[int, PricedGroup] | None = None) -> SimResult:
     """Simulate one training step of ``plan``.
 
     ``cost`` defaults to :func:`~slimpack.cost.kernel_model.default_cost_model` (the
@@ -67,7 +68,10 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
     :func:`build_schedule`'s own for those groups (a planner that built them for its memory
     check), so they are not checked again. ``price_cache`` (a dict the caller keeps for one
     cost model) reuses unit prices between simulations (see
-    :func:`~slimpack.sim.costs.group_costs`). Raises PlanError for a malformed plan or
+    :func:`~slimpack.sim.costs.group_costs`). ``priced``: the groups the planner already
+    priced under ``cost`` (``with_attention_moves(priced=...)``), taken as they are for the
+    very group objects of ``plan`` whose op lists are not overridden by ``schedules``.
+    Raises PlanError for a malformed plan or
     schedule and DeadlockError
     (a RuntimeError) if op lists cannot complete.
     """
@@ -75,12 +79,13 @@ def simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec,
         return _simulate(plan, model=model, hardware=hardware, cost=cost, trace=trace,
                          overlap_dp_sync=overlap_dp_sync, schedules=schedules,
                          validate=validate, schedules_built=schedules_built,
-                         price_cache=price_cache)
+                         price_cache=price_cache, priced=priced)
 
 
 def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: CostModel | None,
               trace: bool, overlap_dp_sync: bool, schedules: Mapping[int, list[list[Op]]] | None,
-              validate: bool, schedules_built: bool, price_cache: dict | None) -> SimResult:
+              validate: bool, schedules_built: bool, price_cache: dict | None,
+              priced: Mapping[int, PricedGroup] | None) -> SimResult:
     if validate:
         plan.validate()
     cost = cost if cost is not None else default_cost_model(model, hardware)
@@ -95,29 +100,39 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
     # each group's ``attention_moves`` say which ops pair, else they are chosen here).
     redistribute = plan.attention_redistribution
     redistributed = []
-    chosen_moves: dict[int, tuple[Group, tuple[Move, ...]]] = {}
+    chosen_moves: dict[int, PricedGroup] = {}
     for phase in plan.phases:
         for group in phase.groups:
-            if schedules is not None and group.group_id in schedules:
+            reuse = _priced(priced, group, cost, schedules) if redistribute else None
+            if reuse is not None:
+                ops = reuse.ops
+            elif schedules is not None and group.group_id in schedules:
                 ops = schedules[group.group_id]
                 if not schedules_built:
                     validate_schedule(group, ops)
             else:
                 ops = build_schedule(group)
             used_schedules[group.group_id] = ops
-            costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
-                                slice_cache=slice_cache, price_cache=price_cache)
             memory = group_memory(group, model=model, dp=plan.parallel.dp,
                                   training=training_of(cost))
-            if redistribute and group.pp > 1:
+            if reuse is not None:
+                costs = reuse.costs
+                redistributed.append(reuse.stats)
+            else:
+                shards = SliceShards(group)  # sharded once for pricing and redistribution
+                costs = group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
+                                    slice_cache=slice_cache, price_cache=price_cache,
+                                    shards=shards)
+            if reuse is None and redistribute and group.pp > 1:
                 if group.attention_moves is None:  # a plan that did not choose (format 3)
                     costs, stats, moves = group_moves(group, ops, costs, model=model, cost=cost,
-                                                      gpus_per_node=gpus_per_node)
-                    chosen_moves[group.group_id] = (group, moves)
+                                                      gpus_per_node=gpus_per_node, shards=shards)
+                    chosen_moves[group.group_id] = PricedGroup(
+                        group=group, moves=moves, cost=cost, ops=ops, costs=costs, stats=stats)
                 else:  # the plan's moves, priced under this cost model
                     costs, stats = apply_moves(group, ops, costs, group.attention_moves,
                                                model=model, cost=cost,
-                                               gpus_per_node=gpus_per_node)
+                                               gpus_per_node=gpus_per_node, shards=shards)
                 redistributed.append(stats)
             costs = with_host_copies(costs, fwd_offload=memory.fwd_offload,
                                      bwd_fetch=memory.bwd_fetch,
@@ -142,6 +157,18 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
             **record.extra, "attention_redistribution": merge_stats(redistributed)})
     return SimResult(record=record, plan=plan, ops=record.ops, schedules=used_schedules,
                      chosen_moves=chosen_moves)
+
+
+def _priced(priced: Mapping[int, PricedGroup] | None, group: Group, cost: CostModel,
+            schedules: Mapping[int, list[list[Op]]] | None) -> PricedGroup | None:
+    """The planner's pricing of ``group`` when it holds for this simulation: the same group
+    object with moves, the same cost model, no other op lists asked for."""
+    got = priced.get(group.group_id) if priced else None
+    if (got is None or got.group is not group or got.cost is not cost or group.pp == 1
+            or group.attention_moves is None
+            or (schedules is not None and group.group_id in schedules)):
+        return None
+    return got
 
 
 def _record(plan: Plan, runs: list[_GroupRun], sync: DpSync, *, model: ModelSpec,

@@ -29,11 +29,11 @@ from typing import Any
 
 from slimpack.batch import Batch
 from slimpack.cost.model import CostModel
-from slimpack.plan import Group, Move, Plan
+from slimpack.plan import Plan
 from slimpack.planning.deadline import WALL_CLOCK_FALLBACK, Deadline
 from slimpack.planning.gc_pause import gc_paused
 from slimpack.planning.setup import PlanSetup
-from slimpack.sim.redistribution import with_attention_moves
+from slimpack.sim.redistribution import PricedGroup, with_attention_moves
 from slimpack.slimpack_planner.assemble import (
     BuildContext,
     OutOfTime,
@@ -83,11 +83,13 @@ def plan(batch: Batch, setup: PlanSetup, options: SlimPackOptions) -> Plan:
     longer is returned as soon as it is built (``metadata["search"][0]["built_s"]`` says when).
     Every returned plan has been validated once (``Plan.validate``)."""
     with gc_paused():
-        return _plan(batch, setup.model, setup.hardware, setup.parallel, setup.cost, options)
+        return _plan(batch, setup.model, setup.hardware, setup.parallel, setup.cost, options,
+                     priced=setup.priced)
 
 
 def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSpec,
-          cost: CostModel, opts: SlimPackOptions) -> Plan:
+          cost: CostModel, opts: SlimPackOptions,
+          priced: dict[int, PricedGroup] | None = None) -> Plan:
     deadline = Deadline(time_limit_s=opts.time_limit_s)
     parallel.validate_for_model(model)
     if opts.slice_tokens is not None and opts.slice_tokens % (2 * parallel.cp):
@@ -100,7 +102,7 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
                                    fit_tokens=max_tokens_in_flight(ctx, parallel.cp))
     merge_choices = (True,) if opts.no_dp_merge else (True, False)
     record = None
-    chosen_moves: Mapping[int, tuple[Group, tuple[Move, ...]]] = {}
+    chosen_moves: Mapping[int, PricedGroup] = {}
     if not opts.search:
         best, tried, cut = _first_fit(ctx, candidates, deadline)
         # Heuristic mode times nothing: only a mechanism the options force is applied.
@@ -130,7 +132,8 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
     # The plan carries the moves its redistribution runs, chosen under the cost model it was
     # planned with (the simulator and the runtime execute them as they are): those its last
     # simulation chose, for the groups it simulated.
-    best = with_attention_moves(best, model=model, cost=cost, chosen=chosen_moves)
+    best = with_attention_moves(best, model=model, cost=cost, chosen=chosen_moves,
+                                priced=priced)
     best.metadata["plan_seconds"] = deadline.elapsed_s
     best.metadata["search"] = tried
     return best  # validated where it was built (heuristic) or simulated (search)
@@ -226,7 +229,7 @@ def _sync_tail(ctx: BuildContext, best: Plan, record) -> tuple[Plan, Any, list[d
 
 
 def _mechanisms(ctx: BuildContext, best: Plan, record,
-                ) -> tuple[Plan, Any, list[dict], Mapping[int, tuple[Group, tuple[Move, ...]]]]:
+                ) -> tuple[Plan, Any, list[dict], Mapping[int, PricedGroup]]:
     """SlimPipe's offload and attention redistribution on the chosen plan (``mechanisms``),
     and the moves the simulation of the returned plan chose (``SimResult.chosen_moves``:
     empty unless it was simulated here with redistribution)."""
@@ -237,7 +240,7 @@ def _mechanisms(ctx: BuildContext, best: Plan, record,
 
 def _timed_mechanisms(ctx: BuildContext, best: Plan, record, *, offload: float | None,
                       attention_redistribution: bool | None,
-                      ) -> tuple[Plan, Any, list[dict], Mapping[int, tuple[Group, tuple[Move, ...]]]]:
+                      ) -> tuple[Plan, Any, list[dict], Mapping[int, PricedGroup]]:
     from slimpack.sim import simulate
 
     simulated: list[tuple[Plan, Mapping]] = []

@@ -8,7 +8,7 @@ from slimpack.slimpack_planner.options import SlimPackOptions
 
 METHOD = MethodSpec(
     name="slimpack", planner=plan, options=SlimPackOptions, schedule_family="slimpipe",
-    ring_cp_at_layout_degree=True,
+    ring_cp_at_layout_degree=True, simulates_to_plan=True,  # its search simulates candidates
     # Capped where the harness caps (the 512-sample batches): its exhaustive search there
     # costs 5 to 65 minutes a point; audited by repro.scripts.cap_audit.
     search_layouts=HARNESS_SEARCH_LAYOUTS,
