@@ -147,9 +147,9 @@ def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_nod
         priced = [price_cache.get(k) for k in keys]
     todo = [i for i, p in enumerate(priced) if p is None]
     if todo:
-        # The group-wide shards serve when every unit is priced here (or they exist
-        # already); a few cache misses shard their own slices only.
-        whole = shards if len(todo) == len(units) or (shards and shards.ready) else None
+        # The group-wide shards serve when every unit is priced here; a few cache misses
+        # shard their own slices only.
+        whole = shards if len(todo) == len(units) else None
         fresh = unit_prices(group, [units[i] for i in todo], model=model, cost=cost,
                             cp_intra=cp_intra, shards=whole)
         if fresh is None:  # a cost model that prices pieces only
@@ -297,11 +297,6 @@ class SliceShards:
         self.group = group
         self._arrays: tuple[dict[int, int], np.ndarray, np.ndarray, np.ndarray] | None = None
         self._bounds: np.ndarray | None = None
-
-    @property
-    def ready(self) -> bool:
-        """Whether the slices are sharded already (reading them costs nothing more)."""
-        return self._arrays is not None
 
     @property
     def arrays(self) -> tuple[dict[int, int], np.ndarray, np.ndarray, np.ndarray]:
