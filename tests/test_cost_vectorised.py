@@ -135,8 +135,20 @@ def test_layer_times_of_work_equal_layer_times_to_the_last_bit(lists, tp, recomp
     assert bwd[0].tolist() == [t.backward_s for t in expected]
 
 
+@settings(max_examples=150, deadline=None)
+@given(pieces=pieces_strategy, tp=st.sampled_from([1, 2, 4, 8]),
+       recompute=st.sampled_from(["none", "selective", "full"]))
+def test_layer_times_of_sums_equal_layer_times_to_the_last_bit(pieces, tp, recompute):
+    """The scalar form the redistribution's share search prices shortened ranks with; lists
+    of 64 pieces and more are summed with numpy inside ``layer_times``."""
+    cost = default_cost_model(model_preset("llama-70b"), hardware_preset("h800"))
+    got = cost.layer_times_of_sums(*_work_sums(pieces), tp=tp, recompute=recompute)
+    assert got == cost.layer_times(pieces, tp=tp, recompute=recompute)
+
+
 def test_unfused_attention_has_no_pricing_from_sums():
     cost = default_cost_model(model_preset("llama-7b"), hardware_preset("h800"),
                               TrainingSpec(attention_kernel="unfused"))
     one = np.ones(3, dtype=np.int64)
     assert cost.layer_times_of_work(one, one, one) is None
+    assert cost.layer_times_of_sums(1, 1, 1) is None

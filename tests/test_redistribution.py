@@ -6,6 +6,8 @@ import dataclasses
 from functools import partial
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slimpack.batch import Batch
 from slimpack.compare import plan_method
@@ -19,6 +21,7 @@ from slimpack.sim.costs import group_costs
 from slimpack.sim.redistribution import (
     NO_MOVE,
     _Pricer,
+    _Rank,
     _unit_pieces,
     group_moves,
     pair_move,
@@ -261,6 +264,41 @@ def test_attention_shipped_off_a_layer_that_waits_on_its_ring_saves_nothing():
     bound = price_pair(heavy, light, ring_step=ring, **kwargs)
     assert bound.heavy_delta_s == pytest.approx(bound.transfer_s, rel=1e-12)
     assert bound.light_delta_s == free.light_delta_s  # the light op never waited on its ring
+
+
+@dataclasses.dataclass(frozen=True)
+class _PiecesOnly:
+    """The kernel-level model seen through ``layer_times`` alone (no pricing from sums), as
+    a calibrated model would be."""
+
+    cost: object
+
+    def layer_times(self, pieces, *, tp=1, recompute="none"):  # noqa: ANN001, ANN201
+        return self.cost.layer_times(pieces, tp=tp, recompute=recompute)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pieces=st.lists(st.tuples(st.integers(0, 70_000), st.integers(1, 600_000)),
+                       min_size=1, max_size=80),
+       fraction=st.floats(0.0, 1.0), backward=st.booleans(),
+       recompute=st.sampled_from(["none", "selective", "full"]))
+def test_a_shortened_rank_priced_from_its_sums_is_priced_as_its_pieces(pieces, fraction,
+                                                                      backward, recompute):
+    """The share search prices a heavy rank after shipping, and what it ships, from attention
+    sums where the cost model prices sums: the same seconds and blocks, to the last bit, as
+    building the shortened and shipped pieces and pricing them (lists of 64 pieces and more
+    are summed with numpy inside ``layer_times``)."""
+    cost = default_cost_model(model_preset("llama-70b"), hardware_preset("h800-80g"))
+    by_sums = _Pricer(cost, tp=2, recompute=recompute)
+    by_pieces = _Pricer(_PiecesOnly(cost), tp=2, recompute=recompute)
+    rank = tuple(pieces)
+    got = by_sums.shrink(_Rank(rank, 0.0), fraction, backward)
+    assert got == by_pieces.shrink(_Rank(rank, 0.0), fraction, backward)
+    kept_s, shipped = got
+    assert shipped.kv_tokens == sum(min(p, round(fraction * p / TILE) * TILE) for _, p in rank)
+    if fraction == 0.0:
+        assert shipped == (0, 0, 0.0)
+        assert kept_s == by_pieces.times(rank)[1 if backward else 0]
 
 
 def test_off_when_the_flag_is_off():

@@ -279,6 +279,19 @@ class KernelCostModel:
         return self._work_times(tokens, tokens, tiles, queries, tp, recompute,
                                 self.model.num_heads / tp)
 
+    def layer_times_of_sums(self, tokens: int, tiles: int, queries: int, *, tp: int = 1,
+                            recompute: str = "none") -> PassTimes | None:
+        """:meth:`layer_times` of some pieces from their sums (one set of
+        :meth:`layer_times_of_work`'s arguments, as Python ints): the same float operations
+        in the same order, so the same seconds to the last bit. ``None`` when this model
+        needs the pieces themselves (unfused attention)."""
+        check_recompute("layer_times", recompute)
+        if self.training.attention_kernel != "flash":
+            return None
+        if tokens <= 0:
+            return ZERO_TIMES
+        return self._flash_layer_times(tokens, tiles, queries, tp, recompute)
+
     def ulysses_layer_times_of_work(self, tokens: np.ndarray, tiles: np.ndarray,
                                     queries: np.ndarray, *, tp: int = 1, sp: int = 1,
                                     recompute: str = "none"

@@ -57,11 +57,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from slimpack.cost.cp_sharding import shard_pieces
+from slimpack.cost.kernels import ATTN_TILE
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel
 from slimpack.plan import Group, Move, Plan, PlanError, Unit, shipped_tokens
@@ -171,14 +173,62 @@ def _shrink(pieces: Pieces, fraction: float) -> tuple[Pieces, Pieces]:
     return tuple(kept), tuple(shipped)
 
 
+class _Shipped(NamedTuple):
+    """What one CP rank of a heavy op ships at one share."""
+
+    queries: int
+    """Query tokens of the shipped blocks."""
+    kv_tokens: int
+    """KV tokens shipped."""
+    seconds: float
+    """The query-by-KV rectangles' time alone (:meth:`_Pricer.block`), in the pair's pass."""
+
+
+class _Rank:
+    """One CP rank of a heavy op: its pieces with a KV prefix and their time in the pair's
+    pass."""
+
+    __slots__ = ("pieces", "seconds", "_sums")
+
+    def __init__(self, pieces: Pieces, seconds: float) -> None:
+        self.pieces, self.seconds = pieces, seconds
+        self._sums: tuple[tuple[tuple[int, int, int, int], ...], int, int, int] | None = None
+
+    def sums(self) -> tuple[tuple[tuple[int, int, int, int], ...], int, int, int]:
+        """(per piece (tokens, prefix, query tiles, diagonal tiles), and the totals that
+        shipping does not change: tokens, query tiles, diagonal tiles)."""
+        if self._sums is None:
+            rows = []
+            for q, p in self.pieces:
+                nq = -(-q // ATTN_TILE)  # 0 for a piece without queries: no attention
+                rows.append((q, p, nq, nq * (nq + 1) // 2))
+            self._sums = (tuple(rows), sum(r[0] for r in rows), sum(r[2] for r in rows),
+                          sum(r[3] for r in rows))
+        return self._sums
+
+
 class _Pricer:
     """Per-layer pass times through the cost model, cached (fixed-length samples repeat the
-    same slices in every micro-batch)."""
+    same slices in every micro-batch).
+
+    A shortened rank and its shipped blocks are priced from their attention sums (tokens,
+    key tiles visited, query tiles: :func:`~slimpack.cost.kernels.attention_work`'s) where
+    the cost model prices those (``layer_times_of_sums``, the kernel-level model with fused
+    attention): the same seconds as ``layer_times`` of the pieces, without building and
+    hashing ~10^6 one-use piece tuples per search. Other models are given the pieces."""
 
     def __init__(self, cost: CostModel, *, tp: int, recompute: str) -> None:
         self.cost, self.tp, self.recompute = cost, tp, recompute
         self._cache: dict[Pieces, tuple[float, float]] = {}
         self._blocks: dict[tuple[Pieces, bool], float] = {}
+        self._sums: dict[tuple[int, int, int], tuple[float, float]] = {}
+        # By the pieces object (kept in the value, so its id stays its own): the moves search
+        # passes each distinct unit's pieces as one shared tuple, paired many times.
+        self._ranks: dict[tuple[int, bool], tuple[RankPieces, list[_Rank]]] = {}
+        self._compute: dict[tuple[int, bool], tuple[RankPieces, float, int]] = {}
+        of_sums = getattr(cost, "layer_times_of_sums", None)
+        self._of_sums = (of_sums if of_sums is not None
+                         and of_sums(0, 0, 0, tp=tp, recompute=recompute) is not None else None)
 
     def times(self, pieces: Pieces) -> tuple[float, float]:
         got = self._cache.get(pieces)
@@ -197,6 +247,62 @@ class _Pricer:
             k = 1 if backward else 0
             got = self._blocks[(shipped, backward)] = (
                 self.times(shipped)[k] - self.times(tuple((q, 0) for q, _ in shipped))[k])
+        return got
+
+    def heavy_ranks(self, heavy: RankPieces, backward: bool) -> list[_Rank]:
+        """Per CP rank of a heavy op, its pieces with a KV prefix (the only ones shipping
+        changes) and their time in the pass."""
+        got = self._ranks.get((id(heavy), backward))
+        if got is None:
+            k = 1 if backward else 0
+            ranks = []
+            for hr in heavy:
+                prefixed = tuple(p for p in hr if p[1] > 0)
+                ranks.append(_Rank(prefixed, self.times(prefixed)[k] if prefixed else 0.0))
+            got = self._ranks[(id(heavy), backward)] = (heavy, ranks)
+        return got[1]
+
+    def compute(self, ranks: RankPieces, backward: bool) -> tuple[float, int]:
+        """(the slowest CP rank's layer time in the pass, the most tokens a CP rank holds)."""
+        got = self._compute.get((id(ranks), backward))
+        if got is None:
+            k = 1 if backward else 0
+            got = self._compute[(id(ranks), backward)] = (
+                ranks, max(self.times(tuple(r))[k] if r else 0.0 for r in ranks),
+                max(sum(q for q, _ in r) for r in ranks))
+        return got[1], got[2]
+
+    def shrink(self, rank: _Rank, fraction: float, backward: bool) -> tuple[float, _Shipped]:
+        """(the time of ``rank``'s prefixed pieces after shipping ``fraction`` of each KV
+        prefix, what it ships)."""
+        k = 1 if backward else 0
+        if self._of_sums is None:
+            kept, shipped = _shrink(rank.pieces, fraction)
+            return ((self.times(kept)[k] if kept else 0.0),
+                    _Shipped(sum(q for q, _ in shipped), sum(d for _, d in shipped),
+                             self.block(shipped, backward)))
+        rows, rank_tokens, rank_queries, kept_tiles = rank.sums()
+        tokens = queries = tiles = diagonal = kv = 0
+        for q, p, nq, tri in rows:
+            d = shipped_tokens(p, fraction)
+            kept_tiles += nq * -(-(p - d) // ATTN_TILE)
+            if d > 0:
+                tokens += q
+                queries += nq
+                tiles += nq * -(-d // ATTN_TILE) + tri
+                diagonal += tri
+                kv += d
+        kept_s = self._summed(rank_tokens, kept_tiles, rank_queries)[k]
+        block_s = (self._summed(tokens, tiles, queries)[k]
+                   - self._summed(tokens, diagonal, queries)[k]) if tokens else 0.0
+        return kept_s, _Shipped(tokens, kv, block_s)
+
+    def _summed(self, tokens: int, tiles: int, queries: int) -> tuple[float, float]:
+        key = (tokens, tiles, queries)
+        got = self._sums.get(key)
+        if got is None:
+            t = self._of_sums(tokens, tiles, queries, tp=self.tp, recompute=self.recompute)
+            got = self._sums[key] = (t.forward_s, t.backward_s)
         return got
 
 
@@ -221,36 +327,31 @@ class _Pair:
         self.lse_bytes = model.num_heads / tp * FP32
         self.kv_bytes = kv_bytes_per_token_per_layer(model, tp)
         self.heavy, self.light, self.ring_step = heavy, light, ring_step
-        self._ranks: list[tuple[Pieces, float]] | None = None
+        self._ranks: list[_Rank] | None = None
         self._floors: tuple[float, float, float, float] | None = None
         # The share search evaluates a few shares, some twice (the secant's candidates, then
         # the chosen one): each share's sides and each rank's shortened pieces are priced once.
-        self._sides: dict[float, tuple[float, float, list[Pieces]]] = {}
-        self._shrunk: dict[tuple[int, float], tuple[float, Pieces]] = {}
+        self._sides: dict[float, tuple[float, float, list[_Shipped]]] = {}
+        self._shrunk: dict[tuple[int, float], tuple[float, _Shipped]] = {}
 
     @property
-    def ranks(self) -> list[tuple[Pieces, float]]:
+    def ranks(self) -> list[_Rank]:
         # Only pieces with a KV prefix change. Attention adds over the pieces of a varlen
         # launch (both cost models sum tile work), so each rank's change is priced on those
         # few pieces alone and added to the op's current duration. With CP the op changes by
         # its CP ranks' least favourable change (the smallest saving, the largest addition):
         # exact for cp = 1, conservative otherwise.
         if self._ranks is None:
-            ranks = []
-            for hr in self.heavy:
-                prefixed = tuple(p for p in hr if p[1] > 0)
-                ranks.append((prefixed, self.pricer.times(prefixed)[self.k] if prefixed else 0.0))
-            self._ranks = ranks
+            self._ranks = self.pricer.heavy_ranks(self.heavy, self.backward)
         return self._ranks
 
-    def shrunk(self, rank: int, fraction: float) -> tuple[float, Pieces]:
-        """(time of CP rank ``rank``'s prefixed pieces after shipping, the shipped blocks)."""
+    def shrunk(self, rank: int, fraction: float) -> tuple[float, _Shipped]:
+        """(time of CP rank ``rank``'s prefixed pieces after shipping, what it ships)."""
         key = (rank, fraction)
         got = self._shrunk.get(key)
         if got is None:
-            kept, shipped = _shrink(self.ranks[rank][0], fraction)
-            got = self._shrunk[key] = ((self.pricer.times(kept)[self.k] if kept else 0.0),
-                                       shipped)
+            got = self._shrunk[key] = self.pricer.shrink(self.ranks[rank], fraction,
+                                                         self.backward)
         return got
 
     @property
@@ -262,27 +363,26 @@ class _Pair:
             steps = (2 if self.backward else 1) * (len(self.heavy) - 1)
 
             def terms(ranks: RankPieces) -> tuple[float, float]:
-                compute = max(self.pricer.times(tuple(r))[self.k] if r else 0.0 for r in ranks)
-                tokens = max(sum(q for q, _ in r) for r in ranks)
+                compute, tokens = self.pricer.compute(ranks, self.backward)
                 return compute, steps * self.ring_step(tokens)
 
             self._floors = (*terms(self.heavy), *terms(self.light))
         return self._floors
 
-    def sides(self, fraction: float) -> tuple[float, float, list[Pieces]]:
+    def sides(self, fraction: float) -> tuple[float, float, list[_Shipped]]:
         """(heavy op's time, light op's time, shipped blocks per CP rank), transfers aside."""
         got = self._sides.get(fraction)
         if got is None:
             got = self._sides[fraction] = self._priced_sides(fraction)
         return got
 
-    def _priced_sides(self, fraction: float) -> tuple[float, float, list[Pieces]]:
+    def _priced_sides(self, fraction: float) -> tuple[float, float, list[_Shipped]]:
         saved, extra = -float("inf"), 0.0
         blocks = []
-        for rank, (_, prefixed_s) in enumerate(self.ranks):
-            kept_s, shipped = self.shrunk(rank, fraction)
-            saved = max(saved, kept_s - prefixed_s)
-            extra = max(extra, self.pricer.block(shipped, self.backward))
+        for r, rank in enumerate(self.ranks):
+            kept_s, shipped = self.shrunk(r, fraction)
+            saved = max(saved, kept_s - rank.seconds)
+            extra = max(extra, shipped.seconds)
             blocks.append(shipped)
         h, l_ = self.h0 + self.nh * saved, self.l0 + self.nl * extra
         if self.ring_step is not None:
@@ -297,7 +397,7 @@ class _Pair:
                 l_ = self.l0 + self.nl * (max(light_c + extra, light_r) - light_r)
         return h, l_, blocks
 
-    def exposed(self, blocks: list[Pieces]) -> tuple[float, float]:
+    def exposed(self, blocks: list[_Shipped]) -> tuple[float, float]:
         """(exposed transfer seconds per layer, largest KV block bytes a light GPU holds).
         The busiest CP rank's blocks set the pace (ranks of a stage send in parallel); the KV
         block overlaps the light rank's own per-layer pass."""
@@ -305,8 +405,8 @@ class _Pair:
         q_bytes, lse_bytes, comm_time = self.q_bytes, self.lse_bytes, self.comm_time
         exposed = held = 0.0
         for shipped in blocks:
-            q = sum(t for t, _ in shipped)
-            kv = sum(d for _, d in shipped) * self.kv_bytes
+            q = shipped.queries
+            kv = shipped.kv_tokens * self.kv_bytes
             if q == 0:
                 continue
             if self.backward:
@@ -320,13 +420,13 @@ class _Pair:
             held = max(held, kv)
         return exposed, held
 
-    def move(self, fraction: float, h: float, l_: float, blocks: list[Pieces], exposed: float,
-             held: float) -> PairMove:
+    def move(self, fraction: float, h: float, l_: float, blocks: list[_Shipped],
+             exposed: float, held: float) -> PairMove:
         nh, nl = self.nh, self.nl
         cp = len(self.heavy)
-        moved = sum(prefixed_s - self.shrunk(rank, fraction)[0]
-                    for rank, (_, prefixed_s) in enumerate(self.ranks))
-        added = sum(self.pricer.block(shipped, self.backward) for shipped in blocks)
+        moved = sum(rank.seconds - self.shrunk(r, fraction)[0]
+                    for r, rank in enumerate(self.ranks))
+        added = sum(shipped.seconds for shipped in blocks)
         return PairMove(heavy_delta_s=max(h, l_) - self.h0 + nh * exposed,
                         light_delta_s=l_ - self.l0 + nl * exposed, moved_s=nh * moved / cp,
                         added_s=nl * added / cp, transfer_s=nh * exposed, fraction=fraction,
@@ -609,16 +709,20 @@ def _chosen(group: Group, ops: Sequence[Sequence[Op]], costs: GroupCosts, *,
     viable &= (shrink_max > fixed_max)[tick_of[heavy]]
 
     pieces_of: dict[tuple[bool, int], tuple[int, RankPieces]] = {}
-    interned: dict[RankPieces, int] = {}
+    interned: dict[RankPieces, tuple[int, RankPieces]] = {}
 
     def pieces(backward: bool, u: int) -> tuple[int, RankPieces]:
-        """(an id equal for equal pieces, the unit's pieces): samples repeat slices, and a
-        small int hashes faster than the pieces in the moves cache's keys."""
+        """(an id equal for equal pieces, the unit's pieces, one object for equal pieces):
+        samples repeat slices, a small int hashes faster than the pieces in the moves
+        cache's keys, and the pricer keeps each unit's per-rank work by its object."""
         got = pieces_of.get((backward, u))
         if got is None:
             units = group.backward_units if backward else group.forward_units
             ranks = _unit_pieces(group, units[u], slice_cache, shards)
-            got = pieces_of[(backward, u)] = (interned.setdefault(ranks, len(interned)), ranks)
+            got = interned.get(ranks)
+            if got is None:
+                got = interned[ranks] = (len(interned), ranks)
+            pieces_of[(backward, u)] = got
         return got
 
     pricer = _Pricer(cost, tp=tp, recompute=group.recompute)
