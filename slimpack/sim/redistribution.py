@@ -262,7 +262,7 @@ class _Pricer:
             got = self._ranks[(id(heavy), backward)] = (heavy, ranks)
         return got[1]
 
-    def compute(self, ranks: RankPieces, backward: bool) -> tuple[float, int]:
+    def slowest_rank(self, ranks: RankPieces, backward: bool) -> tuple[float, int]:
         """(the slowest CP rank's layer time in the pass, the most tokens a CP rank holds)."""
         got = self._compute.get((id(ranks), backward))
         if got is None:
@@ -283,6 +283,8 @@ class _Pricer:
                              self.block(shipped, backward)))
         rows, rank_tokens, rank_queries, kept_tiles = rank.sums()
         tokens = queries = tiles = diagonal = kv = 0
+        # attention_work's tile rule (nq * ceil(prefix / tile) + the diagonal), piece by
+        # piece: the kept prefix p - d on this rank, the shipped block d on the light one.
         for q, p, nq, tri in rows:
             d = shipped_tokens(p, fraction)
             kept_tiles += nq * -(-(p - d) // ATTN_TILE)
@@ -363,7 +365,7 @@ class _Pair:
             steps = (2 if self.backward else 1) * (len(self.heavy) - 1)
 
             def terms(ranks: RankPieces) -> tuple[float, float]:
-                compute, tokens = self.pricer.compute(ranks, self.backward)
+                compute, tokens = self.pricer.slowest_rank(ranks, self.backward)
                 return compute, steps * self.ring_step(tokens)
 
             self._floors = (*terms(self.heavy), *terms(self.light))
