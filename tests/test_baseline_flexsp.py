@@ -490,6 +490,26 @@ def test_counts_grow_until_the_longest_sequences_fit_instead_of_one_sequence_eac
     assert all(sum(d) <= 4 for d in meta["sp_degrees"])
 
 
+def test_fewest_micro_batches_is_what_the_whole_pool_holds_not_one_group():
+    """FlexSP's smallest micro-batch count is the batch's tokens over the whole pool's token
+    capacity (the FlexSP authors' solver: device capacity times devices). llama-13b at tp 4
+    splits at most degree 2 (10 heads per rank), so one group holds 1/8 of 16 slots: sized by
+    one group, 64 sequences of 0.4 slot-capacities each (25.6 in all) needed 13 micro-batches
+    of about five sequences, leaving 11 of the 16 slots idle in every one."""
+    model, hw = model_preset("llama-13b"), hardware_preset("a100-80g")
+    cost = AnalyticCostModel(model=model, hardware=hw)
+    k = from_cost_model(cost, tp=4, pp=1, num_gpus=16, state_shards=16, recompute="none",
+                        zero_stage=1)
+    length = int(0.4 * k.max_tokens(1))
+    result = flexsp_plan(Batch.from_lengths([length] * 64), model, hw,
+                         ParallelSpec(tp=4, dp=16), cost, recompute="none", milp_counts=0)
+    meta = result.metadata
+    assert meta["m_min"] == 2  # ceil(25.6 / 16)
+    # Two sequences per slot fit (0.8 of its capacity): every micro-batch fills all 16.
+    assert meta["num_microbatches"] == 2
+    assert [sum(d) for d in meta["sp_degrees"]] == [16, 16]
+
+
 def test_ulysses_degrees_are_the_powers_of_two_that_split_a_tp_ranks_heads():
     from baselines.flexsp.assignment import ulysses_degrees
 

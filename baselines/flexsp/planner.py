@@ -298,8 +298,15 @@ def plan(batch: Batch, setup: PlanSetup, options: FlexSPOptions) -> Plan:
             break
     order = sorted(batch.sequences, key=lambda s: (s.length, s.seq_id))
     lengths = [s.length for s in order]
-    capacity = k.max_tokens(top)
-    m_min = max(1, -(-sum(lengths) // max(int(capacity), 1)))
+    capacity = k.max_tokens(top)  # the largest group's: what the longest sequence may use
+    # The fewest micro-batches memory allows: the batch's tokens over what the whole pool
+    # holds at once, every slot's share (the FlexSP authors' solver counts the cluster's token
+    # capacity, device capacity times devices: flexSPOptimizer.get_min_valid_microbatch_num,
+    # PKU-DAIR/Hetu-Galvatron). One group's capacity here made M_min slots/top times too
+    # large: llama-13b on 16 slots of tp 4 (Ulysses degrees <= 2) got 15 micro-batches whose
+    # longest ones used 2 to 4 of the 16 slots.
+    pool_capacity = k.max_tokens(top) * (slots // top)
+    m_min = max(1, -(-sum(lengths) // max(int(pool_capacity), 1)))
     m_min = min(m_min, len(lengths))
     tries = [m for m in range(m_min, m_min + opts.extra_microbatch_counts + 1)
              if m <= len(lengths)]
