@@ -485,8 +485,10 @@ def test_counts_grow_until_the_longest_sequences_fit_instead_of_one_sequence_eac
                          recompute="none", milp_counts=0)
     meta = result.metadata
     assert "fallback" not in meta
-    # Counts 40-44 fail; growth by a quarter tries 55 (one or two sequences per run) next.
-    assert meta["m_min"] == 40 and meta["num_microbatches"] == 55
+    # Counts 40-49 fail (some run holds three); 50 is the first where every run holds two,
+    # and of the window 50-54 it leaves no micro-batch with one sequence. (Growing the count
+    # by a quarter, as FlexSP here once did, jumped from 44 to 55.)
+    assert meta["m_min"] == 40 and meta["num_microbatches"] == 50
     assert all(sum(d) <= 4 for d in meta["sp_degrees"])
 
 
@@ -508,6 +510,28 @@ def test_fewest_micro_batches_is_what_the_whole_pool_holds_not_one_group():
     # Two sequences per slot fit (0.8 of its capacity): every micro-batch fills all 16.
     assert meta["num_microbatches"] == 2
     assert [sum(d) for d in meta["sp_degrees"]] == [16, 16]
+
+
+def test_first_fitting_count_is_the_smallest_count_that_fits_even_where_fitting_is_not_monotone():
+    """FlexSP raises its micro-batch count one at a time until every token-balanced run fits.
+    With a rule that allows at most two long sequences per run, fitting is not monotone in the
+    count; the answer must be the first count that fits, checked against every count."""
+    from baselines.flexsp.planner import first_fitting_count
+
+    rng = np.random.default_rng(7)
+    non_monotone = 0
+    for _ in range(40):
+        lengths = sorted(int(x) for x in rng.choice([500, 900, 4000, 9000], size=60))
+
+        def fits(run: list[int]) -> bool:
+            return sum(n >= 4000 for n in run) <= 2 and sum(run) <= 20000
+
+        fitting = [m for m in range(2, 61)
+                   if all(fits([lengths[i] for i in r])
+                          for r in contiguous_partition(lengths, m) if r)]
+        assert first_fitting_count(lengths, 1, fits) == (fitting[0] if fitting else None)
+        non_monotone += any(b - a > 1 for a, b in zip(fitting, fitting[1:], strict=False))
+    assert non_monotone  # the rule above does make fitting non-monotone somewhere
 
 
 def test_ulysses_degrees_are_the_powers_of_two_that_split_a_tp_ranks_heads():

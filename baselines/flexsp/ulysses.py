@@ -32,6 +32,7 @@ from baselines.common.finish import finish_plan
 from baselines.flexsp.assignment import Assignment, SPGroup, greedy, ulysses_degrees
 from baselines.flexsp.constants import FlexSPConstants, from_cost_model
 from baselines.flexsp.planner import (
+    first_fitting_count,
     microbatch_phases,
     search_microbatches,
     sp_pool_layout,
@@ -122,8 +123,8 @@ def _plan(mode: str, batch: Batch, setup: PlanSetup, opts: UlyssesOptions) -> Pl
     lengths = [s.length for s in order]
     # Rounds of one micro-batch per group, as FlexSP cuts them: at least enough rounds for
     # the pool's memory, then the count with the smallest estimate. Degree d is fixed, so a
-    # round may not fit at M_min; counts grow until every round fits (one sequence per round
-    # always does when the degree holds the longest).
+    # round may not fit at M_min; then the same window from the first count whose rounds all
+    # fit, as FlexSP's (one sequence per round always does when the degree holds the longest).
     m_min = min(len(lengths), max(1, -(-sum(lengths) // max(int(k.max_tokens(d) * (
         slots // d)), 1))))
     deadline = Deadline(time_limit_s=opts.time_limit_s)
@@ -133,10 +134,13 @@ def _plan(mode: str, batch: Batch, setup: PlanSetup, opts: UlyssesOptions) -> Pl
 
     tries = list(range(m_min, min(m_min + EXTRA_COUNTS, len(lengths)) + 1))
     best = search_microbatches(lengths, tries, deadline, solve)
-    m = tries[-1]
-    while best is None and m < len(lengths):
-        m = min(2 * m, len(lengths))
-        best = search_microbatches(lengths, [m], deadline, solve)
+    if best is None:
+        first = first_fitting_count(lengths, tries[-1],
+                                    lambda run: solve(run, 0.0) is not None)
+        if first is not None:
+            best = search_microbatches(
+                lengths, list(range(first, min(first + EXTRA_COUNTS, len(lengths)) + 1)),
+                deadline, solve)
     if best is None:  # only when the degree cannot hold the longest sequence (a fallback)
         answers = [Assignment(groups=(SPGroup(degree=d, members=(0,)),),
                               seconds=k.beta1_s + k.seq_seconds(n, d), source="fallback")
