@@ -534,6 +534,26 @@ def test_first_fitting_count_is_the_smallest_count_that_fits_even_where_fitting_
     assert non_monotone  # the rule above does make fitting non-monotone somewhere
 
 
+def test_first_fitting_count_steps_by_one_until_the_safety_net_expires_then_grows():
+    """Without a wall-clock limit (the harness) the count rises one at a time; once the
+    planner's safety net has expired it grows by a quarter per check, so a CLI plan stays
+    near its limit (the plan then says it was cut)."""
+    from baselines.flexsp.planner import first_fitting_count
+
+    lengths = [1000] * 200
+    checked: list[int] = []
+
+    def one_each(run: list[int]) -> bool:
+        checked.append(len(run))
+        return len(run) <= 1
+
+    assert first_fitting_count(lengths, 10, one_each) == 200
+    exact_checks = len(checked)
+    checked.clear()
+    assert first_fitting_count(lengths, 10, one_each, expired=lambda: True) == 200
+    assert len(checked) < exact_checks / 10  # runs checked: 536 against 10,321 by ones
+
+
 def test_ulysses_degrees_are_the_powers_of_two_that_split_a_tp_ranks_heads():
     from baselines.flexsp.assignment import ulysses_degrees
 

@@ -156,8 +156,13 @@ def _fallback_reason(lengths: list[int], k: FlexSPConstants, top: int, slots: in
             f"{top} slots")
 
 
-def first_fitting_count(lengths: list[int], last: int,
-                        fits: Callable[[list[int]], bool]) -> int | None:
+GROWTH = 1.25
+"""Factor by which the count grows (at least by one) per check once the wall-clock safety net
+has expired (:func:`first_fitting_count`)."""
+
+
+def first_fitting_count(lengths: list[int], last: int, fits: Callable[[list[int]], bool], *,
+                        expired: Callable[[], bool] = lambda: False) -> int | None:
     """The smallest micro-batch count above ``last`` whose token-balanced runs of ``lengths``
     (sorted) all ``fit``; None when not even one sequence per micro-batch does.
 
@@ -166,8 +171,13 @@ def first_fitting_count(lengths: list[int], last: int,
     at one greedy answer per run per count. Fitting is not monotone in the count (a
     token-balanced cut can put one long sequence too many into a run), so growing the count
     geometrically, as this did before, overshoots: llama-13b Common Crawl, 512 x 64K on 64
-    slots, grew 31 -> 38 -> 47 -> 58 where 46 fits, at a 10% longer estimated step."""
-    for m in range(last + 1, len(lengths) + 1):
+    slots, grew 31 -> 38 -> 47 -> 58 where 46 fits, at a 10% longer estimated step. Only once
+    ``expired()`` (the planner's wall-clock safety net, never set in the harness) does the
+    count grow by :data:`GROWTH` per check, so a CLI plan stays within its limit; the plan
+    then says it was cut (``stopped_by``)."""
+    m = last
+    while m < len(lengths):
+        m = min(len(lengths), max(m + 1, int(m * GROWTH)) if expired() else m + 1)
         if all(fits([lengths[i] for i in run]) for run in contiguous_partition(lengths, m)
                if run):
             return m
@@ -327,7 +337,8 @@ def plan(batch: Batch, setup: PlanSetup, options: FlexSPOptions) -> Plan:
         # counts above it and the same solver as at the memory minimum; deterministic.
         first = first_fitting_count(
             lengths, tries[-1] if tries else m_min,
-            lambda run: greedy(run, slots, k, degrees=degrees) is not None)
+            lambda run: greedy(run, slots, k, degrees=degrees) is not None,
+            expired=lambda: deadline.expired)
         if first is not None:
             best = search(range(first, min(first + opts.extra_microbatch_counts,
                                            len(lengths)) + 1))

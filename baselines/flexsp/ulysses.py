@@ -136,7 +136,8 @@ def _plan(mode: str, batch: Batch, setup: PlanSetup, opts: UlyssesOptions) -> Pl
     best = search_microbatches(lengths, tries, deadline, solve)
     if best is None:
         first = first_fitting_count(lengths, tries[-1],
-                                    lambda run: solve(run, 0.0) is not None)
+                                    lambda run: solve(run, 0.0) is not None,
+                                    expired=lambda: deadline.expired)
         if first is not None:
             best = search_microbatches(
                 lengths, list(range(first, min(first + EXTRA_COUNTS, len(lengths)) + 1)),
