@@ -122,6 +122,7 @@ def memory_analysis(cuda: pd.DataFrame) -> str:
     needed = {"method", "global_batch", "measured_peak_memory_gib", "sim_peak_memory_gib"}
     if cuda.empty or not needed <= set(cuda.columns):
         return ""
+
     def span(values: pd.Series) -> str:
         low, high = f"{values.min():.1f}", f"{values.max():.1f}"
         return low if low == high else f"{low}-{high}"
