@@ -37,7 +37,7 @@ from slimpack.planning import (
 )
 from slimpack.planning.method import MethodSpec
 from slimpack.planning.setup import PlanSetup
-from slimpack.specs.recompute import AUTO, check_recompute
+from slimpack.specs.recompute import AUTO, check_recompute, recompute_layers_problem
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +46,10 @@ class MegatronOptions:
     """Sample length in tokens; default: the longest sequence in the batch."""
     recompute: str = "auto"
     """``auto`` picks the cheapest mode that fits (docs/methods.md), or force one."""
+    recompute_layers: int | None = None
+    """With ``recompute="full"``: fully recompute only the first this many layers of each
+    virtual stage, keep the rest (Megatron-Core ``--recompute-method block
+    --recompute-num-layers N``); None: every layer."""
     time_limit_s: float | None = 1.0
     """Unused by this closed-form planner except as a contract: it never takes longer."""
 
@@ -53,6 +57,9 @@ class MegatronOptions:
         if self.context is not None and self.context < 1:
             raise ValueError(f"megatron: context must be >= 1 token, got {self.context}")
         check_recompute("megatron", self.recompute, allow_auto=True)
+        problem = recompute_layers_problem(self.recompute_layers, self.recompute)
+        if problem:
+            raise ValueError(f"megatron: {problem}")
         if self.time_limit_s is not None and not self.time_limit_s >= 0:
             raise ValueError(f"megatron: time_limit_s must be >= 0, got {self.time_limit_s}")
 
@@ -62,14 +69,15 @@ def plan(batch: Batch, setup: PlanSetup, options: MegatronOptions) -> Plan:
     layout = fixed_length_samples(batch, context)
     return plan_samples(
         method="megatron", samples=layout.samples, sequence_lengths=layout.sequence_lengths,
-        setup=setup, recompute=options.recompute,
+        setup=setup, recompute=options.recompute, recompute_layers=options.recompute_layers,
         metadata={"context": context, "attention": "document masks"},
         documents=DocumentMap(pieces=layout.document_pieces))
 
 
 def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
                  sequence_lengths: dict[int, int], setup: PlanSetup, recompute: str,
-                 metadata: dict[str, Any], documents: DocumentMap) -> Plan:
+                 metadata: dict[str, Any], documents: DocumentMap,
+                 recompute_layers: int | None = None) -> Plan:
     """Megatron-LM's step for fixed-length ``samples`` (one per micro-batch): dealt to DP
     replicas round-robin, 1F1B or interleaved, per-document CP sharding, recompute resolved
     ("auto": the cheapest mode the memory model accepts, escalated by ``finish_plan`` until
@@ -80,7 +88,8 @@ def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
     mode, _ = resolve_recompute(recompute, setup.model, setup.hardware, parallel,
                                 max(sum(s.num_tokens for s in smp) for smp in samples), schedule)
     group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
-                               schedule=schedule, cp_sharding="per-document", recompute=mode)
+                               schedule=schedule, cp_sharding="per-document", recompute=mode,
+                               recompute_layers=recompute_layers)
     groups = []
     for dp_rank, (ranks, dealt) in enumerate(zip(replica_groups(parallel),
                                                  deal_round_robin(list(samples), parallel.dp),

@@ -41,7 +41,7 @@ def plan(batch: Batch, setup: PlanSetup, options: MegatronOptions) -> Plan:
         held[sample_id] = tuple((ids[i], end - start) for i, start, end in chunk)
     return plan_samples(
         method="megatron-causal", samples=samples, sequence_lengths=lengths, setup=setup,
-        recompute=options.recompute,
+        recompute=options.recompute, recompute_layers=options.recompute_layers,
         metadata={"context": context, "attention": "full causal (no document masks)"},
         documents=DocumentMap(samples=held))
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from slimpack.jsonio import atomic_write_text, check_output_path, strict_json
 from slimpack.specs.parallel import ParallelSpec
-from slimpack.specs.recompute import RECOMPUTE_MODES
+from slimpack.specs.recompute import RECOMPUTE_MODES, recompute_layers_problem
 from slimpack.specs.training import ZERO_STAGES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "slimpipe", "asymmetric")
@@ -197,6 +197,11 @@ class Group:
     cp_sharding: Literal["per-sequence", "per-document"] = "per-sequence"
     cp_kind: Literal["ring", "ulysses"] = "ring"
     recompute: Literal["none", "selective", "full"] = "none"
+    recompute_layers: int | None = None
+    """With ``recompute="full"``: recompute only the first this many layers of each virtual
+    stage and keep the others' activations (Megatron-Core's ``recompute_method="block"``,
+    ``recompute_num_layers``); None: every layer. A virtual stage with fewer layers
+    recomputes all of them."""
     offload: float = 0.0
     """Share of each slice's activations (its K,V cache excluded: later slices read it) copied
     to host memory after its forward and back before its backward, over the host link."""
@@ -226,6 +231,12 @@ class Group:
             raise PlanError(
                 f"Group {self.group_id}: recompute {self.recompute!r} not in {RECOMPUTE_MODES}"
             )
+        problem = recompute_layers_problem(self.recompute_layers, self.recompute)
+        if problem:
+            raise PlanError(f"Group {self.group_id}: {problem}")
+        if self.recompute_layers is not None and self.offload:
+            raise PlanError(f"Group {self.group_id}: recompute_layers with offload > 0 is "
+                            f"not modelled (offload must be 0, got {self.offload!r})")
         if isinstance(self.offload, bool) or not isinstance(self.offload, int | float) \
                 or not 0.0 <= self.offload <= 1.0:
             raise PlanError(f"Group {self.group_id}: offload must be a number in [0, 1], "
@@ -546,6 +557,11 @@ class Plan:
                 if group.attention_moves and not self.attention_redistribution:
                     raise PlanError(f"Group {group.group_id}: attention_moves given but "
                                     f"Plan.attention_redistribution is false")
+                if group.recompute_layers is not None and self.attention_redistribution \
+                        and group.pp > 1:
+                    # The moves are priced per layer under one recompute mode.
+                    raise PlanError(f"Group {group.group_id}: recompute_layers with "
+                                    f"Plan.attention_redistribution at pp > 1 is not modelled")
                 bad = [r for r in group.ranks if not 0 <= r < world]
                 if bad:
                     raise PlanError(
@@ -768,6 +784,8 @@ def _group_to_dict(g: Group) -> dict[str, Any]:
         "cp_sharding": g.cp_sharding,
         "cp_kind": g.cp_kind,
         "recompute": g.recompute,
+        # Only when set: plans without it keep their bytes (and digests).
+        **({} if g.recompute_layers is None else {"recompute_layers": g.recompute_layers}),
         "offload": g.offload,
         "vocab_parallel_pp": g.vocab_parallel_pp,
         # Segments as compact [seq_id, start, end] triples: plans hold thousands of them.
@@ -858,7 +876,20 @@ def _slice_from_dict(d: Any, where: str) -> Slice:
     return Slice(slice_id=_get(obj, "id", int, where), segments=tuple(segments))
 
 
+_GROUP_KEYS = frozenset({
+    "group_id", "ranks", "tp", "cp", "pp", "vpp", "schedule", "cp_sharding", "cp_kind",
+    "recompute", "recompute_layers", "offload", "vocab_parallel_pp", "slices", "forward_units",
+    "backward_units", "attention_moves"})
+
+
 def _group_from_dict(d: dict[str, Any], where: str = "group") -> Group:
+    # A key this reader does not know (a misspelling, a newer field) would be dropped and
+    # the plan run differently: refused instead.
+    unknown = sorted(set(_expect(d, dict, where)) - _GROUP_KEYS)
+    if unknown:
+        raise PlanError(f"Plan JSON: {where} has unknown keys {unknown}; allowed: "
+                        f"{', '.join(sorted(_GROUP_KEYS))}")
+
     def units(key: str) -> tuple[Unit, ...]:
         return tuple(Unit(slice_ids=_int_list(u, f"{where}.{key}[{i}]"))
                      for i, u in enumerate(_get(d, key, list, where)))
@@ -872,6 +903,8 @@ def _group_from_dict(d: dict[str, Any], where: str = "group") -> Group:
         cp_sharding=_get(d, "cp_sharding", str, where, default="per-sequence"),
         cp_kind=_get(d, "cp_kind", str, where, default="ring"),
         recompute=_get(d, "recompute", str, where, default="none"),
+        recompute_layers=(None if d.get("recompute_layers") is None
+                          else _get(d, "recompute_layers", int, where)),
         offload=float(_get(d, "offload", (int, float), where, default=0.0)),
         vocab_parallel_pp=_get(d, "vocab_parallel_pp", bool, where, default=False),
         slices=tuple(_slice_from_dict(s, f"{where}.slices[{i}]")

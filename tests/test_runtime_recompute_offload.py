@@ -1,5 +1,6 @@
-"""Recompute (selective, full) and activation offload are executed, keep gradients exact, and
-change what a slice's forward keeps (single process, then pipeline x data parallel on gloo)."""
+"""Recompute (selective, full, full on a chunk's first layers only) and activation offload
+are executed, keep gradients exact, and change what a slice's forward keeps (single process,
+then pipeline x data parallel on gloo)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,30 @@ def _with_group_fields(plan: Plan, **fields) -> Plan:
 def test_recompute_with_offload_on_four_processes_matches_unsliced_model(mode):
     # pp 2 x dp 2, a long sequence cut into 4 slices per replica (KV cache across slices).
     plan = _with_group_fields(slimpipe_plan(pp=2, dp=2), recompute=mode, offload=0.5)
+    result = run_plan(plan, TINY, RuntimeConfig(seed=3), return_grads=True, timeout_s=120)
+    ref = reference_step(TINY, plan.sequence_lengths, seed=3)
+    check = parity(result.loss, result.grads(), ref.loss, ref.grads)
+    assert check.ok, check.describe()
+
+
+def test_the_runtime_recomputes_only_the_first_layers_exactly():
+    """tiny: 4 layers; recomputing the first 1 or 2 keeps gradients exact and keeps less than
+    no recompute, more than recomputing all four."""
+    plan = slimpipe_plan(pp=1, dp=1)
+    ref = reference_step(TINY, plan.sequence_lengths, seed=0)
+    kept = {}
+    for layers in (None, 2, 1):
+        loss, grads, device_bytes, _ = _run_single_process(
+            plan, ActivationPolicy(recompute="full", recompute_layers=layers))
+        check = parity(loss, grads, ref.loss, ref.grads)
+        assert check.ok, f"recompute_layers={layers}: {check.describe()}"
+        kept[layers] = device_bytes
+    _, _, kept_all, _ = _run_single_process(plan, ActivationPolicy())
+    assert kept[None] < kept[2] < kept[1] < kept_all
+
+
+def test_a_pipeline_with_recompute_of_one_layer_per_stage_matches_the_unsliced_model():
+    plan = _with_group_fields(slimpipe_plan(pp=2, dp=2), recompute="full", recompute_layers=1)
     result = run_plan(plan, TINY, RuntimeConfig(seed=3), return_grads=True, timeout_s=120)
     ref = reference_step(TINY, plan.sequence_lengths, seed=3)
     check = parity(result.loss, result.grads(), ref.loss, ref.grads)

@@ -30,6 +30,7 @@ class GroupLayout:
     cp_sharding: str = "per-sequence"
     cp_kind: str = "ring"
     recompute: str = "none"
+    recompute_layers: int | None = None
     vocab_parallel_pp: bool = False
     offload: float = 0.0
 
@@ -74,8 +75,8 @@ def _group(group_id: int, ranks: tuple[int, ...], layout: GroupLayout, slices: t
         group_id=group_id, ranks=ranks, tp=layout.tp, cp=layout.cp, pp=layout.pp,
         vpp=layout.vpp, slices=slices, forward_units=forward, backward_units=backward,
         schedule=layout.schedule, cp_sharding=layout.cp_sharding, cp_kind=layout.cp_kind,
-        recompute=layout.recompute, vocab_parallel_pp=layout.vocab_parallel_pp,
-        offload=layout.offload,
+        recompute=layout.recompute, recompute_layers=layout.recompute_layers,
+        vocab_parallel_pp=layout.vocab_parallel_pp, offload=layout.offload,
     )
 
 

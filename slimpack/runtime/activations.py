@@ -59,6 +59,8 @@ class Recompute(torch.autograd.Function):
 @dataclass(frozen=True, kw_only=True)
 class ActivationPolicy:
     recompute: str = "none"
+    recompute_layers: int | None = None
+    """With full recompute: only a chunk's first this many layers (``Group.recompute_layers``)."""
     offload: float = 0.0
 
     def __post_init__(self) -> None:
@@ -73,10 +75,12 @@ class ActivationPolicy:
             return attention
         return lambda q, k, v: Recompute.apply(attention, q, k, v)
 
-    def run_layer(self, layer: Callable, x: torch.Tensor, *rest):
-        """``layer(x, *rest)``; under full recompute only ``x`` is kept (``rest`` is the
-        rope tables and the attention closure, constants of the slice)."""
-        if self.recompute != "full":
+    def run_layer(self, layer: Callable, x: torch.Tensor, *rest, index: int = 0):
+        """``layer(x, *rest)``, the ``index``-th layer of its chunk; under full recompute
+        (of that layer: ``recompute_layers``) only ``x`` is kept (``rest`` is the rope tables
+        and the attention closure, constants of the slice)."""
+        if self.recompute != "full" or (self.recompute_layers is not None
+                                         and index >= self.recompute_layers):
             return layer(x, *rest)
         return Recompute.apply(lambda xin: layer(xin, *rest), x)
 

@@ -340,7 +340,8 @@ def _run_group(su: _Setup, group: Group, clock: _Clock, loss_here: torch.Tensor,
         # This rank's query pieces of the slice, in its attention's varlen order.
         shard = exchange.shard(slice_id)
         return whole_segments(layout[slice_id]) if shard is None else shard.pieces
-    policy = ActivationPolicy(recompute=group.recompute, offload=group.offload)
+    policy = ActivationPolicy(recompute=group.recompute, recompute_layers=group.recompute_layers,
+                              offload=group.offload)
     head_comm = su.head_comms.get(group.group_id)
     runners = [SliceRunner(c, layout, attention_backend=su.backend, head_dim=spec.head_dim,
                            loss_scale=1.0 / denom, policy=policy, exchange=exchange,

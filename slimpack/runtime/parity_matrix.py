@@ -34,6 +34,7 @@ class Case:
     make: Callable[[], Plan]
     model: str = "tiny"
     recompute: str = "none"
+    recompute_layers: int | None = None
     offload: float = 0.0
     zero_stage: int | None = None
     vocab_parallel_pp: bool = False
@@ -41,7 +42,8 @@ class Case:
     def plan(self) -> Plan:
         plan = self.make()
         phases = tuple(Phase(groups=tuple(
-            dataclasses.replace(g, recompute=self.recompute, offload=self.offload,
+            dataclasses.replace(g, recompute=self.recompute,
+                                recompute_layers=self.recompute_layers, offload=self.offload,
                                 vocab_parallel_pp=self.vocab_parallel_pp)
             for g in ph.groups)) for ph in plan.phases)
         return dataclasses.replace(plan, phases=phases, zero_stage=self.zero_stage)
@@ -53,6 +55,8 @@ CASES: tuple[Case, ...] = (
          make=lambda: slimpipe_plan(pp=1, dp=1), recompute="selective", offload=0.5),
     Case(name="1 rank, asymmetric units, full", make=lambda: slimpack_plan(pp=1, dp=1),
          recompute="full"),
+    Case(name="1 rank, asymmetric units, full on each chunk's first 2 of 4 layers",
+         make=lambda: slimpack_plan(pp=1, dp=1), recompute="full", recompute_layers=2),
     Case(name="1 rank vpp2, asymmetric units, selective",
          make=lambda: slimpack_plan(pp=1, dp=1, vpp=2), recompute="selective"),
     Case(name="1 rank, packed documents, tied embeddings, offload 0.5",
@@ -62,6 +66,8 @@ CASES: tuple[Case, ...] = (
          make=lambda: slimpipe_plan(pp=2, dp=2), recompute="selective", offload=0.5),
     Case(name="pp2 dp2, 4 slices/seq, full, offload 0.5",
          make=lambda: slimpipe_plan(pp=2, dp=2), recompute="full", offload=0.5),
+    Case(name="pp2 dp2, 4 slices/seq, full on each stage's first of 2 layers",
+         make=lambda: slimpipe_plan(pp=2, dp=2), recompute="full", recompute_layers=1),
     Case(name="tp2, asymmetric units", make=lambda: slimpack_plan(pp=1, dp=1, tp=2)),
     Case(name="tp2 pp2, 4 slices/seq, selective, offload 0.5",
          make=lambda: slimpipe_plan(pp=2, dp=1, tp=2), recompute="selective", offload=0.5),

@@ -159,11 +159,11 @@ class SliceRunner:
                 return self.exchange.finish(sl.slice_id, _anchor(o, ex.roots))
             return attend
 
-        def run_layer(layer, x: torch.Tensor, *rest):  # noqa: ANN001, ANN202 - a layer call
+        def run_layer(index: int, layer, x: torch.Tensor, *rest):  # noqa: ANN001, ANN202
             def body(xin: torch.Tensor, *args):  # noqa: ANN202
                 out, _, _ = layer(xin, *args)
                 return (out, *args[-1].kv)  # what the exchange caches (cp: this rank's rows)
-            return self.policy.run_layer(body, x, *rest)
+            return self.policy.run_layer(body, x, *rest, index=index)
 
         with saved.hooks():
             out, own_kv = self.chunk(x, cos=cos, sin=sin, attend_for_layer=attend_for_layer,

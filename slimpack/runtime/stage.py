@@ -82,13 +82,14 @@ class ModelChunk(nn.Module):
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Token ids (first block) or hidden ``[T, hidden]`` in; hidden out, or the summed
         loss (last block, fp32 scalar). Also returns each layer's own (k, v).
-        ``run_layer(layer, *args)`` calls a layer (full recompute wraps it in a checkpoint);
+        ``run_layer(index, layer, *args)`` calls the chunk's ``index``-th layer (full recompute
+        wraps it in a checkpoint);
         ``head_comm``: the group's process groups for a head spread over the pipeline."""
         x = self.embed(inp) if self.embed is not None else inp
         kvs = []
         for i, layer in enumerate(self.layers):
             args = (x, cos, sin, attend_for_layer(i))
-            x, k, v = run_layer(layer, *args) if run_layer is not None else layer(*args)
+            x, k, v = run_layer(i, layer, *args) if run_layer is not None else layer(*args)
             kvs.append((k, v))
         if self.is_last:
             assert labels is not None, "the last block needs labels"

@@ -94,7 +94,36 @@ def head_stages(pp: int, vpp: int, *, vocab_parallel_pp: bool) -> list[int]:
 def group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_node: int,
                 slice_cache: dict | None = None, price_cache: dict | None = None,
                 shards: SliceShards | None = None) -> GroupCosts:
-    """Per-unit, per-virtual-stage seconds of one group.
+    """Per-unit, per-virtual-stage seconds of one group (:func:`uniform_group_costs`); with
+    ``recompute_layers``, each virtual stage's first ``k = min(recompute_layers, layers)``
+    layers priced with full recompute and the others without: a unit's seconds on a stage of
+    ``n`` layers are ``(n - k)/n`` of its price without recompute plus ``k/n`` of its price
+    with (the LM head, in both, stays whole)."""
+    if group.recompute_layers is None:
+        return uniform_group_costs(group, model=model, cost=cost, gpus_per_node=gpus_per_node,
+                                   slice_cache=slice_cache, price_cache=price_cache,
+                                   shards=shards)
+    priced = {mode: uniform_group_costs(
+                  dataclasses.replace(group, recompute=mode, recompute_layers=None),
+                  model=model, cost=cost, gpus_per_node=gpus_per_node, slice_cache=slice_cache,
+                  price_cache=price_cache, shards=shards)
+              for mode in ("none", "full")}
+    kept, recomputed = priced["none"], priced["full"]
+    recomputed_share = [min(group.recompute_layers, n) / n for n in kept.layers]
+
+    def blend(name: str) -> list[list[float]]:
+        return [[a * (1.0 - f) + b * f for a, b in zip(row_kept, row_full, strict=True)]
+                for row_kept, row_full, f in zip(getattr(kept, name), getattr(recomputed, name),
+                                                 recomputed_share, strict=True)]
+
+    return dataclasses.replace(kept, **{name: blend(name) for name in (
+        "fwd_s", "bwd_s", "fwd_ideal_s", "bwd_ideal_s")})
+
+
+def uniform_group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus_per_node: int,
+                        slice_cache: dict | None = None, price_cache: dict | None = None,
+                        shards: SliceShards | None = None) -> GroupCosts:
+    """Per-unit, per-virtual-stage seconds of one group whose layers share one recompute mode.
 
     ``price_cache`` (kept by the caller for one cost model) reuses a unit's per-layer price
     between simulations: it is a pure function of the unit's slices (their documents' token

@@ -19,6 +19,7 @@ compare the simulator with the runtime's tracked activation peak.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 from collections.abc import Mapping
@@ -169,6 +170,44 @@ def group_memory(group: Group, *, model: ModelSpec, dp: int,
     if accounting.saved == "runtime":
         return _runtime_group_memory(group, model=model, dp=dp, training=training,
                                      accounting=accounting, cp_index=cp_index)
+    if group.recompute_layers is not None:
+        return _block_recompute_memory(group, model=model, dp=dp, training=training)
+    return _uniform_group_memory(group, model=model, dp=dp, training=training)
+
+
+def _block_recompute_memory(group: Group, *, model: ModelSpec, dp: int,
+                            training: TrainingSpec | None) -> GroupMemory:
+    """``recompute_layers``: the first ``k`` layers of every virtual stage keep what full
+    recompute keeps, the others what no recompute keeps, so a unit's bytes per layer are
+    ``k/n`` of the first plus ``(n - k)/n`` of the second. The walk multiplies bytes per layer
+    by a virtual stage's layers, so that share must be the same on every virtual stage."""
+    layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
+    shares = {min(group.recompute_layers, n) / n for n in layers}
+    if len(shares) > 1:
+        raise PlanError(
+            f"Group {group.group_id}: recompute_layers={group.recompute_layers} recomputes "
+            f"different shares of virtual stages of {min(layers)} and {max(layers)} layers "
+            f"({model.num_layers} layers over pp*vpp = {group.pp * group.vpp}); not modelled: "
+            f"use a recompute_layers of at least {max(layers)} or a layer count that divides")
+    f = shares.pop()
+    kept, recomputed = (_uniform_group_memory(
+        dataclasses.replace(group, recompute=mode, recompute_layers=None), model=model, dp=dp,
+        training=training) for mode in ("none", "full"))
+
+    def blend(a: list[float], b: list[float]) -> list[float]:
+        return [x * (1.0 - f) + y * f for x, y in zip(a, b, strict=True)]
+
+    fwd_alloc = blend(kept.fwd_alloc, recomputed.fwd_alloc)
+    kv = (kept.kv_share * sum(kept.fwd_alloc) * (1.0 - f)
+          + recomputed.kv_share * sum(recomputed.fwd_alloc) * f)
+    return dataclasses.replace(
+        kept, fwd_alloc=fwd_alloc, bwd_free=blend(kept.bwd_free, recomputed.bwd_free),
+        kv_share=kv / max(sum(fwd_alloc), 1e-30))
+
+
+def _uniform_group_memory(group: Group, *, model: ModelSpec, dp: int,
+                          training: TrainingSpec | None) -> GroupMemory:
+    """:func:`group_memory` under the default accounting, every layer in ``group.recompute``."""
     tp, cp, pp = group.tp, group.cp, group.pp
     a = activation_bytes_per_token_per_layer(
         model, group.recompute, fp8=training is not None and training.dtype == "fp8")

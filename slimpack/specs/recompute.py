@@ -18,6 +18,21 @@ AUTO = "auto"
 """Planner option value: the cheapest mode that fits memory."""
 
 
+def recompute_layers_problem(recompute_layers: object, recompute: str) -> str | None:
+    """What is wrong with a ``recompute_layers`` count (full recompute of only the first
+    this many layers of each model chunk, Megatron-Core's block method) beside ``recompute``,
+    or None: it must be None or an integer >= 1, and only with ``full``."""
+    if recompute_layers is None:
+        return None
+    if isinstance(recompute_layers, bool) or not isinstance(recompute_layers, int) \
+            or recompute_layers < 1:
+        return f"recompute_layers must be an integer >= 1 or null, got {recompute_layers!r}"
+    if recompute != "full":
+        return (f"recompute_layers needs recompute='full' (the layers it names are fully "
+                f"recomputed), got recompute={recompute!r}")
+    return None
+
+
 def check_recompute(owner: str, value: str, *, allow_auto: bool = False) -> str:
     """``value`` if it names a mode (or ``auto`` where allowed); ValueError naming ``owner``."""
     allowed = ((AUTO,) if allow_auto else ()) + RECOMPUTE_MODES

@@ -15,6 +15,7 @@ Squared-ReLU MLPs (Nemotron) have GPT-3's two-matrix shape and are priced as one
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,20 @@ def _hardware(record: dict[str, Any]):
     return None
 
 
+def _recompute(text: str) -> tuple[str, int | None] | None:
+    """(mode, layers per virtual stage or None) of a record's ``recompute``: a mode, or
+    ``partial: recompute_num_layers=N`` (Megatron-Bridge's performance scripts set
+    ``recompute_granularity="full"``, ``recompute_method="block"``,
+    ``recompute_num_layers=N``: ``scripts/performance/utils/overrides.py``
+    ``_set_recompute_overrides``); None when neither."""
+    if text in ("none", "selective", "full"):
+        return text, None
+    found = re.fullmatch(r"partial: recompute_num_layers=(\d+)", text)
+    if found and int(found.group(1)) >= 1:
+        return "full", int(found.group(1))
+    return None
+
+
 def express_hopper(record: dict[str, Any]) -> Case | Skipped:
     """The record as a :class:`Case`, or why the suite cannot express it."""
     rid = record["id"]
@@ -78,9 +93,9 @@ def express_hopper(record: dict[str, Any]) -> Case | Skipped:
     m, p = record["model"], record["parallel"]
     if p.get("ep", 1) != 1:
         return Skipped(record_id=rid, reason="expert parallelism (MoE) is not in this set's scope")
-    if record.get("recompute") not in ("none", "selective", "full"):
-        return Skipped(record_id=rid, reason=f"recompute {record.get('recompute')!r} not modelled "
-                                             f"(recompute by layer count is not expressible)")
+    recompute = _recompute(record.get("recompute", ""))
+    if recompute is None:
+        return Skipped(record_id=rid, reason=f"recompute {record.get('recompute')!r} not modelled")
     mlp = _mlp(m.get("arch", ""))
     if mlp is None:
         return Skipped(record_id=rid, reason=f"MLP of {m.get('arch')!r} not modelled")
@@ -114,7 +129,7 @@ def express_hopper(record: dict[str, Any]) -> Case | Skipped:
         return Skipped(record_id=rid, reason=str(exc))
     return Case(record_id=rid, source=record["source"]["work"], params_b=float(m["params_b"]),
                 model=model, hardware=hardware, parallel=parallel, training=training,
-                recompute=record["recompute"], seq_len=m["seq_len"], mbs=p["mbs"], gbs=p["gbs"],
-                metric=measured["metric"], published=float(measured["value"]),
-                unit=measured.get("unit", ""))
+                recompute=recompute[0], recompute_layers=recompute[1], seq_len=m["seq_len"],
+                mbs=p["mbs"], gbs=p["gbs"], metric=measured["metric"],
+                published=float(measured["value"]), unit=measured.get("unit", ""))
 
