@@ -89,7 +89,9 @@ def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
                                 max(sum(s.num_tokens for s in smp) for smp in samples), schedule)
     group_layout = GroupLayout(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
                                schedule=schedule, cp_sharding="per-document", recompute=mode,
-                               recompute_layers=recompute_layers)
+                               recompute_layers=recompute_layers,
+                               virtual_stage_layers=None if parallel.pipeline_split == "even"
+                               else parallel.virtual_stage_layers(setup.model.num_layers))
     groups = []
     for dp_rank, (ranks, dealt) in enumerate(zip(replica_groups(parallel),
                                                  deal_round_robin(list(samples), parallel.dp),
@@ -108,6 +110,7 @@ def plan_samples(*, method: str, samples: Sequence[Sequence[Segment]],
 METHOD = MethodSpec(
     name="megatron", planner=plan, options=MegatronOptions,
     cuts_at_sample_boundaries=True, ring_cp_at_layout_degree=True,
+    pipeline_splits=("even", "embedding-and-loss"),
     summary="Megatron-LM fixed-length packing with document masks, static CP sharded per "
             "document (TE thd), 1F1B/interleaved",
     source="Megatron-LM (Narayanan et al. 2021, arXiv 2104.04473; Korthikanti et al. 2022)")

@@ -49,6 +49,7 @@ def plan(batch: Batch, setup: PlanSetup, options: MegatronOptions) -> Plan:
 METHOD = MethodSpec(
     name="megatron-causal", planner=plan, options=MegatronOptions,
     cuts_at_sample_boundaries=True, ring_cp_at_layout_degree=True,
+    pipeline_splits=("even", "embedding-and-loss"),
     summary="Megatron-LM fixed-length packing without document masks (full-causal samples, "
             "stock pretraining), static CP, 1F1B/interleaved",
     source="Megatron-LM GPTDataset without --reset-attention-mask (Narayanan et al. 2021, "

@@ -107,6 +107,9 @@ def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareS
                          f"option)")
     started = time.perf_counter()
     typed = spec.make_options({**shared, **options})
+    if parallel.pipeline_split not in spec.pipeline_splits:
+        raise ValueError(f"{method}: pipeline_split {parallel.pipeline_split!r} is not planned "
+                         f"by this method; it plans {', '.join(spec.pipeline_splits)}")
     parallel.validate_for_model(model)
     setup = PlanSetup(model=model, hardware=hardware, parallel=parallel, cost=cost,
                       priced=priced)

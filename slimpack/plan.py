@@ -202,6 +202,9 @@ class Group:
     stage and keep the others' activations (Megatron-Core's ``recompute_method="block"``,
     ``recompute_num_layers``); None: every layer. A virtual stage with fewer layers
     recomputes all of them."""
+    virtual_stage_layers: tuple[int, ...] | None = None
+    """Decoder layers of each virtual stage (``chunk*pp + stage``), set where the plan's
+    ``ParallelSpec.pipeline_split`` is not even; None: the layers split evenly."""
     offload: float = 0.0
     """Share of each slice's activations (its K,V cache excluded: later slices read it) copied
     to host memory after its forward and back before its backward, over the host link."""
@@ -231,6 +234,12 @@ class Group:
             raise PlanError(
                 f"Group {self.group_id}: recompute {self.recompute!r} not in {RECOMPUTE_MODES}"
             )
+        if self.virtual_stage_layers is not None:
+            counts = self.virtual_stage_layers
+            if not isinstance(counts, tuple) or len(counts) != self.pp * self.vpp or any(
+                    isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
+                raise PlanError(f"Group {self.group_id}: virtual_stage_layers must be pp*vpp = "
+                                f"{self.pp * self.vpp} integers >= 1 or null, got {counts!r}")
         problem = recompute_layers_problem(self.recompute_layers, self.recompute)
         if problem:
             raise PlanError(f"Group {self.group_id}: {problem}")
@@ -490,6 +499,29 @@ class Plan:
     def world_size(self) -> int:
         return self.parallel.world
 
+    def _check_layer_split(self, group: Group) -> None:
+        """A group at the plan's pp and vpp splits its layers as ``parallel.pipeline_split``
+        says (the simulator and the data-parallel sync read the group's split and the plan's
+        the same); a group at another layout only evenly (an uneven split is not modelled
+        there)."""
+        par = self.parallel
+        same = (group.pp, group.vpp) == (par.pp, par.vpp)
+        if par.pipeline_split == "even" or not same:
+            if group.virtual_stage_layers is not None:
+                raise PlanError(f"Group {group.group_id}: virtual_stage_layers given but the "
+                                f"plan's pipeline_split is {par.pipeline_split!r}"
+                                + ("" if same else " at its own pp and vpp"))
+            return
+        counts = group.virtual_stage_layers
+        try:
+            want = None if counts is None else par.virtual_stage_layers(sum(counts))
+        except ValueError:  # no split of that many layers follows the rule
+            want = None
+        if counts is None or counts != want:
+            raise PlanError(f"Group {group.group_id}: virtual_stage_layers {counts!r} do not "
+                            f"follow the plan's pipeline_split {par.pipeline_split!r}"
+                            + ("" if want is None else f" ({list(want)})"))
+
     def with_attention_redistribution(self, on: bool) -> Plan:
         """This plan with redistribution switched ``on`` or off, every group's
         ``attention_moves`` cleared (None): moves are chosen for one setting, so a plan that
@@ -557,6 +589,7 @@ class Plan:
                 if group.attention_moves and not self.attention_redistribution:
                     raise PlanError(f"Group {group.group_id}: attention_moves given but "
                                     f"Plan.attention_redistribution is false")
+                self._check_layer_split(group)
                 if group.recompute_layers is not None and self.attention_redistribution \
                         and group.pp > 1:
                     # The moves are priced per layer under one recompute mode.
@@ -661,7 +694,7 @@ class Plan:
             raise PlanError(f"Plan JSON: format must be one of {list(PLAN_FORMATS)}, got {fmt!r}")
         parallel = _get(obj, "parallel", dict, "")
         for key, value in parallel.items():
-            _expect(value, int, f"parallel.{key}")
+            _expect(value, str if key == "pipeline_split" else int, f"parallel.{key}")
         try:
             spec = ParallelSpec.from_dict(parallel)
         except ValueError as exc:
@@ -786,6 +819,8 @@ def _group_to_dict(g: Group) -> dict[str, Any]:
         "recompute": g.recompute,
         # Only when set: plans without it keep their bytes (and digests).
         **({} if g.recompute_layers is None else {"recompute_layers": g.recompute_layers}),
+        **({} if g.virtual_stage_layers is None
+           else {"virtual_stage_layers": list(g.virtual_stage_layers)}),
         "offload": g.offload,
         "vocab_parallel_pp": g.vocab_parallel_pp,
         # Segments as compact [seq_id, start, end] triples: plans hold thousands of them.
@@ -878,8 +913,8 @@ def _slice_from_dict(d: Any, where: str) -> Slice:
 
 _GROUP_KEYS = frozenset({
     "group_id", "ranks", "tp", "cp", "pp", "vpp", "schedule", "cp_sharding", "cp_kind",
-    "recompute", "recompute_layers", "offload", "vocab_parallel_pp", "slices", "forward_units",
-    "backward_units", "attention_moves"})
+    "recompute", "recompute_layers", "virtual_stage_layers", "offload", "vocab_parallel_pp",
+    "slices", "forward_units", "backward_units", "attention_moves"})
 
 
 def _group_from_dict(d: dict[str, Any], where: str = "group") -> Group:
@@ -905,6 +940,9 @@ def _group_from_dict(d: dict[str, Any], where: str = "group") -> Group:
         recompute=_get(d, "recompute", str, where, default="none"),
         recompute_layers=(None if d.get("recompute_layers") is None
                           else _get(d, "recompute_layers", int, where)),
+        virtual_stage_layers=(None if d.get("virtual_stage_layers") is None else tuple(
+            _int_list(_get(d, "virtual_stage_layers", list, where),
+                      f"{where}.virtual_stage_layers"))),
         offload=float(_get(d, "offload", (int, float), where, default=0.0)),
         vocab_parallel_pp=_get(d, "vocab_parallel_pp", bool, where, default=False),
         slices=tuple(_slice_from_dict(s, f"{where}.slices[{i}]")

@@ -28,6 +28,7 @@ from slimpack.jsonio import check_output_path, strict_json
 from slimpack.methods import DEFAULT_METHODS, MethodRegistry
 from slimpack.planning.options import parse_options
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
+from slimpack.specs.parallel import PIPELINE_SPLITS
 from slimpack.specs.training import ZERO_STAGES, TrainingSpec
 
 
@@ -37,6 +38,10 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
     for name in ("tp", "cp", "pp", "vpp", "dp"):
         p.add_argument(f"--{name}", type=int, default=None, help=f"{name} degree")
+    p.add_argument("--pipeline-split", choices=PIPELINE_SPLITS, default="even",
+                   help="decoder layers over the pp*vpp virtual stages: even (default), or "
+                        "embedding-and-loss (each counted as a layer, as Megatron-Core's "
+                        "account_for_*_in_pipeline_split; megatron methods only)")
     p.add_argument("--auto-parallel", action="store_true",
                    help="search each method's best tp/cp/pp/vpp/dp/recompute with the memory "
                         "model (needs the simulator)")
@@ -187,13 +192,15 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec | None:
     degrees = {k: getattr(args, k) for k in ("tp", "cp", "pp", "vpp", "dp")}
     given = {k: v for k, v in degrees.items() if v is not None}
     if args.auto_parallel:
-        if given:
-            raise ValueError("give either --auto-parallel or explicit degrees, not both")
+        if given or args.pipeline_split != "even":
+            raise ValueError("give either --auto-parallel or explicit degrees (and "
+                             "--pipeline-split), not both")
         return None
     if args.gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
     tp, cp, pp, vpp = (given.get(k, 1) for k in ("tp", "cp", "pp", "vpp"))
-    par = ParallelSpec.for_world(args.gpus, tp=tp, cp=cp, pp=pp, vpp=vpp)
+    par = ParallelSpec.for_world(args.gpus, tp=tp, cp=cp, pp=pp, vpp=vpp,
+                                 pipeline_split=args.pipeline_split)
     if "dp" in given and given["dp"] != par.dp:
         raise ValueError(f"--dp {given['dp']} disagrees with --gpus {args.gpus} / "
                          f"(tp*cp*pp = {tp * cp * pp}) = {par.dp}")

@@ -122,8 +122,9 @@ def _check_plan_model(plan, model, *, given: str | None) -> None:
         plan.parallel.validate_for_model(model)
         for group in plan.groups():
             where = f"group {group.group_id} (tp={group.tp} pp={group.pp} vpp={group.vpp})"
-            ParallelSpec(tp=group.tp, cp=group.cp, pp=group.pp, vpp=group.vpp
-                         ).validate_for_model(model)
+            ParallelSpec(tp=group.tp, cp=group.cp, pp=group.pp, vpp=group.vpp,
+                         pipeline_split="even" if group.virtual_stage_layers is None
+                         else plan.parallel.pipeline_split).validate_for_model(model)
     except ValueError as exc:
         raise ValueError(f"{where} cannot run {model.name}: {exc}") from None
 

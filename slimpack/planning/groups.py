@@ -31,6 +31,7 @@ class GroupLayout:
     cp_kind: str = "ring"
     recompute: str = "none"
     recompute_layers: int | None = None
+    virtual_stage_layers: tuple[int, ...] | None = None
     vocab_parallel_pp: bool = False
     offload: float = 0.0
 
@@ -76,6 +77,7 @@ def _group(group_id: int, ranks: tuple[int, ...], layout: GroupLayout, slices: t
         vpp=layout.vpp, slices=slices, forward_units=forward, backward_units=backward,
         schedule=layout.schedule, cp_sharding=layout.cp_sharding, cp_kind=layout.cp_kind,
         recompute=layout.recompute, recompute_layers=layout.recompute_layers,
+        virtual_stage_layers=layout.virtual_stage_layers,
         vocab_parallel_pp=layout.vocab_parallel_pp, offload=layout.offload,
     )
 

@@ -6,6 +6,8 @@ CP size, SlimPipe's slice count and the auto-parallel search.
 
 from __future__ import annotations
 
+import dataclasses
+
 from slimpack.cost.memory import estimate_memory
 from slimpack.specs import HardwareSpec, ModelSpec, ParallelSpec
 from slimpack.specs.recompute import AUTO, RECOMPUTE_MODES
@@ -72,6 +74,11 @@ def resolve_recompute(requested: str, model: ModelSpec, hardware: HardwareSpec,
     first; ``full`` is the fallback when nothing fits (the simulator then reports the OOM)."""
     if requested != AUTO:
         return requested, True
+    if parallel.pipeline_split != "even":
+        # The closed-form estimate splits layers evenly: price every virtual stage at the
+        # largest one's layers (an upper bound; the simulator's walk has the last word).
+        largest = max(parallel.virtual_stage_layers(model.num_layers))
+        model = dataclasses.replace(model, num_layers=largest * parallel.pp * parallel.vpp)
     mode = choose_recompute(model, hardware, tokens=tokens, schedule=schedule, tp=parallel.tp,
                             cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp, dp=parallel.dp)
     return (mode, True) if mode is not None else ("full", False)

@@ -124,6 +124,9 @@ class MethodSpec:
     (``slimpack.sim.redistribution``). False for methods whose CP degree varies below the
     layout's (Megatron dynamic CP, FlexSP's Ulysses groups); tests/test_search.py checks the
     plans of every method that sets it."""
+    pipeline_splits: tuple[str, ...] = ("even",)
+    """The ``ParallelSpec.pipeline_split`` values the planner honours; ``plan_method``
+    refuses the others rather than plan an even split under another name."""
     paper_zero_stage: int | None = None
     """The ZeRO stage the method's paper ran it with, where that differs from the suite's
     default (1, Megatron-LM's distributed optimizer): ``slimpack compare`` prices the method

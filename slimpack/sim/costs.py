@@ -21,7 +21,7 @@ from slimpack.cost.cp_sharding import shard_buffers, shard_piece_arrays
 from slimpack.cost.kernels import ATTN_TILE
 from slimpack.cost.memory import kv_bytes_per_token_per_layer
 from slimpack.cost.model import CostModel, PassTimes, rank_layer_times, training_of
-from slimpack.plan import Group, Unit
+from slimpack.plan import Group, PlanError, Unit
 from slimpack.specs.model import ModelSpec
 
 BF16 = 2
@@ -75,6 +75,18 @@ def layers_per_virtual_stage(num_layers: int, pp: int, vpp: int) -> list[int]:
         raise ValueError(f"pp*vpp = {stages} exceeds num_layers = {num_layers}")
     base, rem = divmod(num_layers, stages)
     return [base + (1 if vs < rem else 0) for vs in range(stages)]
+
+
+def group_layers(group: Group, num_layers: int) -> list[int]:
+    """Decoder layers of each of ``group``'s virtual stages: its ``virtual_stage_layers``
+    (PlanError unless they add up to the model's ``num_layers``), else the even split."""
+    counts = group.virtual_stage_layers
+    if counts is None:
+        return layers_per_virtual_stage(num_layers, group.pp, group.vpp)
+    if sum(counts) != num_layers:
+        raise PlanError(f"Group {group.group_id}: virtual_stage_layers add up to {sum(counts)} "
+                        f"layers, the model has {num_layers}")
+    return list(counts)
 
 
 def head_virtual_stages(group: Group) -> list[int]:
@@ -133,8 +145,8 @@ def uniform_group_costs(group: Group, *, model: ModelSpec, cost: CostModel, gpus
     ``shards``: the group's slices already CP-sharded (:class:`SliceShards`), when the caller
     keys or pieces them too.
     """
-    pp, vpp, tp, cp = group.pp, group.vpp, group.tp, group.cp
-    layers = layers_per_virtual_stage(model.num_layers, pp, vpp)
+    pp, tp, cp = group.pp, group.tp, group.cp
+    layers = group_layers(group, model.num_layers)
     stage_nodes = [{r // gpus_per_node for r in group.stage_ranks(s)} for s in range(pp)]
     cp_intra = cp_ring_intra_node(group, gpus_per_node)
     pieces_of = slice_cache if slice_cache is not None else {}

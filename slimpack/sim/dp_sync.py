@@ -9,7 +9,7 @@ so a stage's sync may begin at its last backward's start (but cannot end before 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slimpack.cost.comm import CommModel
@@ -38,9 +38,12 @@ class DpSync:
         return max(self.stage_end_s, default=0.0)
 
 
-def stage_layers(pp: int, vpp: int, num_layers: int) -> list[set[int]]:
-    """Layer indices held by each pipeline stage (chunk c of stage s = block c*pp + s)."""
-    counts = layers_per_virtual_stage(num_layers, pp, vpp)
+def stage_layers(pp: int, vpp: int, num_layers: int,
+                 counts: Sequence[int] | None = None) -> list[set[int]]:
+    """Layer indices held by each pipeline stage (chunk c of stage s = block c*pp + s);
+    ``counts``: the layers of each virtual stage (default: the even split)."""
+    if counts is None:
+        counts = layers_per_virtual_stage(num_layers, pp, vpp)
     out: list[set[int]] = [set() for _ in range(pp)]
     first = 0
     for vs, n in enumerate(counts):
@@ -61,7 +64,9 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
     if zero_stage == 3:
         overlap = False
     sync_size = base.dp * base.cp
-    base_layers = stage_layers(base.pp, base.vpp, model.num_layers)
+    base_layers = stage_layers(base.pp, base.vpp, model.num_layers, None
+                               if base.pipeline_split == "even"
+                               else base.virtual_stage_layers(model.num_layers))
     ready = [0.0] * base.pp
     done = [0.0] * base.pp
     for group, tl in groups:

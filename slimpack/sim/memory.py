@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,7 +48,7 @@ from slimpack.cost.memory import (
 from slimpack.plan import Group, Plan, PlanError, Unit
 from slimpack.schedules import Op, build_schedule, stage_forward_counts
 from slimpack.schedules.ops import describe_op_ranges, op_arrays, ops_in_range
-from slimpack.sim.costs import head_stages, layers_per_virtual_stage
+from slimpack.sim.costs import group_layers, head_stages
 from slimpack.sim.memory_walk import run_sums, stage_peaks
 from slimpack.specs.hardware import HardwareSpec
 from slimpack.specs.model import ModelSpec
@@ -122,10 +122,13 @@ class BlockExtras:
 
 def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
                       vocab_parallel_pp: bool,
-                      training: TrainingSpec | None = None) -> list[float]:
+                      training: TrainingSpec | None = None,
+                      stage_layers: Sequence[int] | None = None) -> list[float]:
     """Model-state bytes on one device of each pipeline stage: the layers' share, the input
     embedding on the first stage, an untied LM head on the last (or spread over every stage
-    with ``vocab_parallel_pp``), under ``training``'s ZeRO stage and precision."""
+    with ``vocab_parallel_pp``), under ``training``'s ZeRO stage and precision.
+    ``stage_layers``: the decoder layers each stage holds, where they are not
+    ``num_layers / pp`` (an uneven ``pipeline_split``; the layers' states scale with them)."""
     zero = {} if training is None else {
         "zero_stage": training.zero_stage, "fp8": training.dtype == "fp8",
         "grad_bytes": 2 if training.grad_dtype == "bf16" else 4,
@@ -137,6 +140,8 @@ def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
                                             include_embedding=False, **zero)
     embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, **zero) - states_no_embedding
     states = [states_no_embedding] * pp
+    if stage_layers is not None:
+        states = [states_no_embedding * n * pp / model.num_layers for n in stage_layers]
     states[0] += embedding
     if not model.tied_embeddings:
         if vocab_parallel_pp:
@@ -148,11 +153,13 @@ def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
 
 def stage_constant_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, vpp: int, dp: int,
                          vocab_parallel_pp: bool, training: TrainingSpec | None,
-                         longest_slice: int) -> tuple[list[float], list[float]]:
+                         longest_slice: int, stage_layers: Sequence[int] | None = None
+                         ) -> tuple[list[float], list[float]]:
     """Per stage, the bytes held for the whole step: model states (:func:`stage_state_bytes`)
     and the fp32 logits of the longest slice where (a share of) the LM head runs."""
     states = stage_state_bytes(model, tp=tp, cp=cp, pp=pp, dp=dp,
-                               vocab_parallel_pp=vocab_parallel_pp, training=training)
+                               vocab_parallel_pp=vocab_parallel_pp, training=training,
+                               stage_layers=stage_layers)
     logits = [0.0] * pp
     shards = pp if vocab_parallel_pp else 1
     for vs in head_stages(pp, vpp, vocab_parallel_pp=vocab_parallel_pp):
@@ -181,7 +188,7 @@ def _block_recompute_memory(group: Group, *, model: ModelSpec, dp: int,
     recompute keeps, the others what no recompute keeps, so a unit's bytes per layer are
     ``k/n`` of the first plus ``(n - k)/n`` of the second. The walk multiplies bytes per layer
     by a virtual stage's layers, so that share must be the same on every virtual stage."""
-    layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
+    layers = group_layers(group, model.num_layers)
     shares = {min(group.recompute_layers, n) / n for n in layers}
     if len(shares) > 1:
         raise PlanError(
@@ -257,10 +264,12 @@ def _uniform_group_memory(group: Group, *, model: ModelSpec, dp: int,
         kvgrad_alloc[int(first_unit[seq])] += tokens * kv_per_token
         kvgrad_free[int(last_unit[seq])] += tokens * kv_per_token
 
+    counts = group.virtual_stage_layers
     states, logits = stage_constant_bytes(
         model, tp=tp, cp=cp, pp=pp, vpp=group.vpp, dp=dp,
         vocab_parallel_pp=group.vocab_parallel_pp, training=training,
-        longest_slice=int(slice_tokens.max()))  # every slice of the group
+        longest_slice=int(slice_tokens.max()),  # every slice of the group
+        stage_layers=None if counts is None else [sum(counts[s::pp]) for s in range(pp)])
     if group.recompute == "full":
         kv_share = kept_kv / max(sum(slice_act.tolist()), 1e-30)
     else:
@@ -633,7 +642,7 @@ def peaks_and_schedule(group: Group, model: ModelSpec, dp: int,
     had to build (virtual stages), or None: without virtual stages the peaks come from the
     schedule's forward counts (:func:`peak_bytes_from_counts`) and no op list is built."""
     memory = group_memory(group, model=model, dp=dp, training=training, accounting=accounting)
-    layers = layers_per_virtual_stage(model.num_layers, group.pp, group.vpp)
+    layers = group_layers(group, model.num_layers)
     if ops is None and group.vpp == 1:
         return peak_bytes_from_counts(stage_forward_counts(group), memory, layers), None
     if ops is None:

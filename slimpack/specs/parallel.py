@@ -21,6 +21,14 @@ class RankCoords:
     tp: int
 
 
+PIPELINE_SPLITS = ("even", "embedding-and-loss")
+"""How the decoder layers are split over the ``pp*vpp`` virtual stages: ``even`` (every stage
+the same count); ``embedding-and-loss`` (Megatron-Core's ``account_for_embedding_in_pipeline_
+split`` and ``account_for_loss_in_pipeline_split``: the embedding and the loss each count as
+one layer, so ``num_layers + 2`` is split evenly and the first and last virtual stages hold one
+decoder layer fewer)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelSpec:
     """Degrees of tensor, context, pipeline and data parallelism (world = tp*cp*pp*dp)."""
@@ -36,6 +44,9 @@ class ParallelSpec:
     gpus_per_node: int = 8
     world_size: int | None = None
     """If given, must equal tp*cp*pp*dp; catches a configuration meant for another cluster."""
+    pipeline_split: str = "even"
+    """One of :data:`PIPELINE_SPLITS`: the decoder layers of each virtual stage
+    (:meth:`virtual_stage_layers`)."""
 
     def __post_init__(self) -> None:
         for f in ("tp", "cp", "pp", "dp", "vpp", "ep", "gpus_per_node"):
@@ -54,10 +65,14 @@ class ParallelSpec:
             )
         if (self.dp * self.cp) % self.ep:
             raise ValueError(f"ParallelSpec.ep ({self.ep}) must divide dp*cp ({self.dp * self.cp})")
+        if self.pipeline_split not in PIPELINE_SPLITS:
+            raise ValueError(f"ParallelSpec.pipeline_split must be one of "
+                             f"{', '.join(PIPELINE_SPLITS)}; got {self.pipeline_split!r}")
 
     @classmethod
     def for_world(cls, world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1,
-                  vpp: int = 1, ep: int = 1, gpus_per_node: int = 8) -> ParallelSpec:
+                  vpp: int = 1, ep: int = 1, gpus_per_node: int = 8,
+                  pipeline_split: str = "even") -> ParallelSpec:
         """Derive dp from the world size; raise if tp*cp*pp does not divide it."""
         require_int("ParallelSpec", "world_size", world_size)
         require_positive("ParallelSpec", "world_size", world_size)
@@ -70,7 +85,8 @@ class ParallelSpec:
                 f"world_size {world_size}"
             )
         return cls(tp=tp, cp=cp, pp=pp, dp=world_size // model_parallel, vpp=vpp, ep=ep,
-                   gpus_per_node=gpus_per_node, world_size=world_size)
+                   gpus_per_node=gpus_per_node, world_size=world_size,
+                   pipeline_split=pipeline_split)
 
     # -- sizes ---------------------------------------------------------------------------
     @property
@@ -89,13 +105,30 @@ class ParallelSpec:
                 f"ParallelSpec.tp={self.tp} must divide num_heads={model.num_heads} and either "
                 f"divide or be a multiple of num_kv_heads={model.num_kv_heads} ({model.name})"
             )
-        if model.num_layers % (self.pp * self.vpp):
-            raise ValueError(
-                f"ParallelSpec.pp*vpp = {self.pp}*{self.vpp} must divide num_layers="
-                f"{model.num_layers} ({model.name})"
-            )
+        self.virtual_stage_layers(model.num_layers, name=model.name)
         if model.is_moe and model.num_experts % self.ep:
             raise ValueError(f"ParallelSpec.ep={self.ep} must divide num_experts={model.num_experts}")
+
+    def virtual_stage_layers(self, num_layers: int, *, name: str = "") -> tuple[int, ...]:
+        """Decoder layers of each virtual stage (``chunk*pp + stage``) under
+        :attr:`pipeline_split`; ValueError when the split does not come out whole."""
+        stages = self.pp * self.vpp
+        where = f" ({name})" if name else ""
+        if self.pipeline_split == "even":
+            if num_layers % stages:
+                raise ValueError(f"ParallelSpec.pp*vpp = {self.pp}*{self.vpp} must divide "
+                                 f"num_layers={num_layers}{where}")
+            return (num_layers // stages,) * stages
+        counted = num_layers + 2  # the embedding and the loss count as a layer each
+        if counted % stages or counted // stages - (2 if stages == 1 else 1) < 1:
+            raise ValueError(f"ParallelSpec.pp*vpp = {self.pp}*{self.vpp} must divide "
+                             f"num_layers + 2 = {counted} (pipeline_split "
+                             f"'embedding-and-loss') and leave the first and last virtual "
+                             f"stages a layer each{where}")
+        layers = [counted // stages] * stages
+        layers[0] -= 1
+        layers[-1] -= 1
+        return tuple(layers)
 
     # -- rank <-> coordinates ---------------------------------------------------------------
     def coords(self, rank: int) -> RankCoords:
@@ -156,15 +189,22 @@ class ParallelSpec:
 
     def describe(self) -> str:
         extra = f" vpp={self.vpp}" if self.vpp > 1 else ""
+        if self.pipeline_split != "even":
+            extra += f" split={self.pipeline_split}"
         return f"tp={self.tp} cp={self.cp} pp={self.pp} dp={self.dp}{extra}"
 
-    def to_dict(self) -> dict[str, int]:
-        return {"tp": self.tp, "cp": self.cp, "pp": self.pp, "dp": self.dp, "vpp": self.vpp,
-                "ep": self.ep, "gpus_per_node": self.gpus_per_node}
+    def to_dict(self) -> dict[str, int | str]:
+        out: dict[str, int | str] = {
+            "tp": self.tp, "cp": self.cp, "pp": self.pp, "dp": self.dp, "vpp": self.vpp,
+            "ep": self.ep, "gpus_per_node": self.gpus_per_node}
+        if self.pipeline_split != "even":  # only when set: records and plans keep their bytes
+            out["pipeline_split"] = self.pipeline_split
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> ParallelSpec:
-        allowed = {"tp", "cp", "pp", "dp", "vpp", "ep", "gpus_per_node", "world_size"}
+        allowed = {"tp", "cp", "pp", "dp", "vpp", "ep", "gpus_per_node", "world_size",
+                   "pipeline_split"}
         unknown = set(data) - allowed
         if unknown:
             raise ValueError(f"ParallelSpec: unknown fields {sorted(unknown)}; allowed {sorted(allowed)}")

@@ -25,7 +25,7 @@ from slimpack.records import StepRecord
 from slimpack.runtime.config import RuntimeConfig
 from slimpack.runtime.validate import check_runtime_plan
 from slimpack.schedules import build_schedule
-from slimpack.sim.costs import layers_per_virtual_stage
+from slimpack.sim.costs import group_layers
 from slimpack.sim.memory import group_memory, peak_bytes_by_stage
 from slimpack.specs.model import ModelSpec
 
@@ -119,7 +119,7 @@ def simulated_rank_activation_bytes(plan: Plan, spec: ModelSpec,
     simulator's placement (:func:`~slimpack.sim.memory.peak_bytes_by_stage`)."""
     out: dict[int, float] = {}
     for group in plan.groups():
-        layers = layers_per_virtual_stage(spec.num_layers, group.pp, group.vpp)
+        layers = group_layers(group, spec.num_layers)
         ops = build_schedule(group)
         per_stage = len(group.ranks) // group.pp
         for cp_index in range(group.cp):  # ring CP ranks hold different rows

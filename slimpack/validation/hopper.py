@@ -104,7 +104,7 @@ def express_hopper(record: dict[str, Any]) -> Case | Skipped:
                       vocab_size=m["vocab"], tied_embeddings="untied" not in m.get("arch", ""),
                       mlp=mlp, rope="rope" in m.get("arch", "").lower())
     parallel = ParallelSpec(tp=p["tp"], pp=p["pp"], cp=p.get("cp", 1), dp=p["dp"],
-                            vpp=p.get("vpp", 1),
+                            vpp=p.get("vpp", 1), pipeline_split=p.get("pipeline_split", "even"),
                             gpus_per_node=record["hardware"].get("gpus_per_node", 8))
     if parallel.world != p["num_gpus"]:
         return Skipped(record_id=rid, reason=f"tp*cp*pp*dp = {parallel.world} != num_gpus "
