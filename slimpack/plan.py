@@ -590,11 +590,14 @@ class Plan:
                     raise PlanError(f"Group {group.group_id}: attention_moves given but "
                                     f"Plan.attention_redistribution is false")
                 self._check_layer_split(group)
-                if group.recompute_layers is not None and self.attention_redistribution \
-                        and group.pp > 1:
-                    # The moves are priced per layer under one recompute mode.
-                    raise PlanError(f"Group {group.group_id}: recompute_layers with "
-                                    f"Plan.attention_redistribution at pp > 1 is not modelled")
+                for name in ("recompute_layers", "virtual_stage_layers"):
+                    if getattr(group, name) is not None and self.attention_redistribution \
+                            and group.pp > 1:
+                        # The moves are priced (and executed) for equal layers per block
+                        # under one recompute mode.
+                        raise PlanError(f"Group {group.group_id}: {name} with "
+                                        f"Plan.attention_redistribution at pp > 1 is not "
+                                        f"modelled")
                 bad = [r for r in group.ranks if not 0 <= r < world]
                 if bad:
                     raise PlanError(

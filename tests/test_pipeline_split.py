@@ -1,7 +1,8 @@
 """Uneven pipeline splits (``ParallelSpec.pipeline_split="embedding-and-loss"``: Megatron-Core's
 ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``): the
 layout, the plan field the Megatron planners set, the simulator's time, memory and data-parallel
-sync, the refusals, and the published run it makes expressible."""
+sync, the runtime's exact gradients, the refusals, and the published run it makes
+expressible."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from slimpack.batch import Batch
 from slimpack.compare import plan_method
 from slimpack.cost.kernel_model import KernelCostModel
 from slimpack.plan import Plan, PlanError
+from slimpack.runtime.config import RuntimeConfig
+from slimpack.runtime.launch import run_plan
+from slimpack.runtime.parity import parity
+from slimpack.runtime.reference import reference_step
+from slimpack.runtime.stage import layer_block
 from slimpack.runtime.validate import runtime_refusal
 from slimpack.sim import simulate
 from slimpack.sim.costs import group_costs
@@ -71,12 +77,32 @@ def test_the_megatron_plan_carries_the_split_and_round_trips(tmp_path):
         other.validate()
 
 
-def test_methods_that_do_not_plan_the_split_are_refused_and_the_runtime_refuses_it():
+def test_methods_that_do_not_plan_the_split_are_refused():
     with pytest.raises(ValueError, match="slimpack: pipeline_split 'embedding-and-loss' is not "
                                          "planned by this method"):
         _plan(method="slimpack")
-    assert runtime_refusal(_plan(), SMALL).startswith(
-        "plan: pipeline_split='embedding-and-loss' is not executed by the runtime")
+    with pytest.raises(PlanError, match="virtual_stage_layers with "
+                                        "Plan.attention_redistribution at pp > 1"):
+        _plan().with_attention_redistribution(True).validate()
+
+
+def test_the_runtime_runs_the_split_with_exact_gradients():
+    """tiny (4 layers) at pp 3: blocks of 1, 2 and 1 layers on three gloo processes, loss
+    and gradients equal to the unsliced model's."""
+    tiny = model_preset("tiny")
+    par = ParallelSpec(pp=3, dp=1, pipeline_split="embedding-and-loss")
+    batch = Batch.from_lengths([96, 64, 40, 24, 16, 8], source="test")
+    plan = plan_method("megatron", batch, tiny, H100, par,
+                       KernelCostModel(model=tiny, hardware=H100), context=96)
+    assert {g.virtual_stage_layers for g in plan.groups()} == {(1, 2, 1)}
+    assert runtime_refusal(plan, tiny) == ""
+    result = run_plan(plan, tiny, RuntimeConfig(seed=3), return_grads=True, timeout_s=120)
+    ref = reference_step(tiny, plan.sequence_lengths, seed=3)
+    check = parity(result.loss, result.grads(), ref.loss, ref.grads)
+    assert check.ok, check.describe()
+    assert layer_block(tiny, 3, 1, (1, 2, 1)) == range(1, 3)
+    with pytest.raises(ValueError, match="must be 3 counts adding up to num_layers = 4"):
+        layer_block(tiny, 3, 0, (2, 2, 1))
 
 
 def test_each_virtual_stage_is_priced_and_holds_states_for_its_own_layers():

@@ -64,9 +64,6 @@ def check_plan_fields(plan: Plan) -> None:
         raise refuse(None, "zero_stage", plan.zero_stage,
                      f"None or one of {EXECUTED_ZERO_STAGES} (0/1: gradients all-reduced, no "
                      f"optimizer step; 3: parameters sharded over data parallelism)")
-    if plan.parallel.pipeline_split != "even":  # the chunks are built as equal blocks
-        raise refuse(None, "pipeline_split", plan.parallel.pipeline_split,
-                     "'even' (layers split evenly over pp*vpp)")
     # SlimPipe's attention redistribution ships KV between paired pipeline ranks
     # (slimpack.runtime.redistribution); with one stage there is no pair, so the flag
     # describes the plain computation. Executed lane by lane (tp and ring-CP ranks pair by
@@ -100,9 +97,7 @@ def check_group_fields(group: Group, model: ModelSpec) -> None:
     check_cp_group(group, model)
     if group.recompute not in EXECUTED_RECOMPUTE:
         raise refuse(group, "recompute", group.recompute, str(EXECUTED_RECOMPUTE))
-    if group.virtual_stage_layers is not None:  # the chunks are built as equal blocks
-        raise refuse(group, "virtual_stage_layers", list(group.virtual_stage_layers),
-                     "null (layers split evenly over pp*vpp)")
+
     if not 0.0 <= group.offload <= 1.0:
         raise refuse(group, "offload", group.offload, "a share in [0, 1]")
     if group.vocab_parallel_pp and group.pp > 1:

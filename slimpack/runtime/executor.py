@@ -173,7 +173,8 @@ def execute_rank(rplan: RuntimePlan, spec: ModelSpec, config: RuntimeConfig, *, 
     loss_scale = 1.0 / float(num_label_tokens(rplan.plan.sequence_lengths))
     head_comms = (build_head_comms(rplan.plan.groups(), rank=rank, loss_scale=loss_scale)
                   if rplan.vocab_over_pp else {})
-    kw = {"pp": rplan.pp, "vpp": rplan.vpp, "stage": stage, "seed": config.seed,
+    kw = {"pp": rplan.pp, "vpp": rplan.vpp, "layers": rplan.block_layers,
+          "stage": stage, "seed": config.seed,
           "device": device, "dtype": config.torch_dtype,
           "make_head": _head_maker(rplan, spec, stage, tp, device, config.torch_dtype)}
     chunks = ([] if stage is None else

@@ -1,6 +1,7 @@
 """The model chunks one pipeline rank holds, split by layer (docs/architecture.md, runtime).
 
-With ``pp`` pipeline ranks and ``vpp`` virtual stages the layers form ``pp*vpp`` equal blocks;
+With ``pp`` pipeline ranks and ``vpp`` virtual stages the layers form ``pp*vpp`` blocks, equal
+unless the plan gives each block's count (``Group.virtual_stage_layers``);
 model chunk ``c`` of pipeline rank ``s`` holds block ``c*pp + s`` (Megatron's interleaving).
 Block 0 also holds the embedding, the last block the final norm and LM head. With tied
 embeddings and more than one block, the first and last blocks each keep a copy of the shared
@@ -11,7 +12,7 @@ the pipeline ranks (``vocab_parallel_pp``) every rank's last chunk holds a block
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +24,16 @@ from slimpack.specs.model import ModelSpec
 EMBED = "embed.weight"
 
 
-def layer_block(spec: ModelSpec, num_blocks: int, block: int) -> range:
+def layer_block(spec: ModelSpec, num_blocks: int, block: int,
+                layers: Sequence[int] | None = None) -> range:
+    """The layer indices of ``block``: the ``layers[block]`` after the earlier blocks', or
+    one of ``num_blocks`` equal blocks."""
+    if layers is not None:
+        if len(layers) != num_blocks or sum(layers) != spec.num_layers:
+            raise ValueError(f"block layers {list(layers)} must be {num_blocks} counts adding "
+                             f"up to num_layers = {spec.num_layers} ({spec.name})")
+        first = sum(layers[:block])
+        return range(first, first + layers[block])
     if spec.num_layers % num_blocks:
         raise ValueError(f"pp*vpp = {num_blocks} must divide num_layers = {spec.num_layers} "
                          f"({spec.name})")
@@ -36,12 +46,13 @@ class ModelChunk(nn.Module):
 
     def __init__(self, spec: ModelSpec, *, block: int, num_blocks: int, seed: int,
                  device: torch.device, dtype: torch.dtype,
-                 make_head: Callable[[], nn.Module] | None = None) -> None:
+                 make_head: Callable[[], nn.Module] | None = None,
+                 layers: Sequence[int] | None = None) -> None:
         super().__init__()
         self.block = block
         self.is_first = block == 0
         self.is_last = block == num_blocks - 1
-        self.layer_ids = tuple(layer_block(spec, num_blocks, block))
+        self.layer_ids = tuple(layer_block(spec, num_blocks, block, layers))
         kw = {"device": device, "dtype": dtype}
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden, **kw) if self.is_first else None
         self.layers = nn.ModuleList(DecoderLayer(spec, **kw) for _ in self.layer_ids)
@@ -100,14 +111,16 @@ class ModelChunk(nn.Module):
 
 def build_chunks(spec: ModelSpec, *, pp: int, vpp: int, stage: int, seed: int,
                  device: torch.device, dtype: torch.dtype,
-                 make_head: Callable[[bool], nn.Module] | None = None) -> list[ModelChunk]:
+                 make_head: Callable[[bool], nn.Module] | None = None,
+                 layers: Sequence[int] | None = None) -> list[ModelChunk]:
     """The ``vpp`` chunks of pipeline rank ``stage``, chunk c holding block ``c*pp + stage``;
-    ``make_head(is_last_block)`` builds the last chunk's block of a head spread over pp."""
+    ``make_head(is_last_block)`` builds the last chunk's block of a head spread over pp;
+    ``layers``: each block's layer count (None: equal blocks)."""
     if not 0 <= stage < pp:
         raise ValueError(f"stage must be in [0, {pp}), got {stage}")
     return [ModelChunk(spec, block=c * pp + stage, num_blocks=pp * vpp, seed=seed,
                        device=device, dtype=dtype,
-                       make_head=last_chunk_head(make_head, c, vpp, stage, pp))
+                       make_head=last_chunk_head(make_head, c, vpp, stage, pp), layers=layers)
             for c in range(vpp)]
 
 

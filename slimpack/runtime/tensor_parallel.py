@@ -31,7 +31,7 @@ The process group is built from the plan's ranks and passed in: no global state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -285,13 +285,14 @@ class TPModelChunk(nn.Module):
 
     def __init__(self, spec: ModelSpec, tp: TPGroup, *, block: int, num_blocks: int, seed: int,
                  device: torch.device, dtype: torch.dtype,
-                 make_head: Callable[[], nn.Module] | None = None) -> None:
+                 make_head: Callable[[], nn.Module] | None = None,
+                 layers: Sequence[int] | None = None) -> None:
         super().__init__()
         self.tp = tp
         self.block = block
         self.is_first = block == 0
         self.is_last = block == num_blocks - 1
-        self.layer_ids = tuple(layer_block(spec, num_blocks, block))
+        self.layer_ids = tuple(layer_block(spec, num_blocks, block, layers))
         kw = {"device": device, "dtype": dtype}
         self.embed = VocabParallelEmbedding(spec, tp, **kw) if self.is_first else None
         self.layers = nn.ModuleList(TPDecoderLayer(spec, tp, **kw) for _ in self.layer_ids)
@@ -386,15 +387,15 @@ def _init_shard(param: nn.Parameter, name: str, dim: int | None, tp: TPGroup, se
 
 def build_tp_chunks(spec: ModelSpec, tp: TPGroup, *, pp: int, vpp: int, stage: int, seed: int,
                     device: torch.device, dtype: torch.dtype,
-                    make_head: Callable[[bool], nn.Module] | None = None
-                    ) -> list[TPModelChunk]:
+                    make_head: Callable[[bool], nn.Module] | None = None,
+                    layers: Sequence[int] | None = None) -> list[TPModelChunk]:
     """The ``vpp`` chunks of pipeline rank ``stage`` (block ``c*pp + stage``), sharded;
     ``make_head`` as in :func:`~slimpack.runtime.stage.build_chunks`."""
     if not 0 <= stage < pp:
         raise ValueError(f"stage must be in [0, {pp}), got {stage}")
     return [TPModelChunk(spec, tp, block=c * pp + stage, num_blocks=pp * vpp, seed=seed,
                          device=device, dtype=dtype,
-                         make_head=last_chunk_head(make_head, c, vpp, stage, pp))
+                         make_head=last_chunk_head(make_head, c, vpp, stage, pp), layers=layers)
             for c in range(vpp)]
 
 

@@ -36,6 +36,8 @@ class RuntimePlan:
     plan: Plan
     pp: int
     vpp: int
+    block_layers: tuple[int, ...] | None
+    """Each block's (virtual stage's) layers where the plan splits them unevenly."""
     stage_of_rank: dict[int, int]
     """Pipeline stage of every rank that appears in some group (same in every phase)."""
     tp_index_of_rank: dict[int, int]
@@ -105,9 +107,13 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
         raise ValueError(f"the runtime needs one pp and vpp for all groups (a rank keeps its "
                          f"layers for the whole step); plan has pp {sorted(pps)}, vpp {sorted(vpps)}")
     pp, vpp = pps.pop(), vpps.pop()
-    if model.num_layers % (pp * vpp):
+    block_layers = groups[0].virtual_stage_layers  # Plan.validate: every group the same
+    if block_layers is None and model.num_layers % (pp * vpp):
         raise ValueError(f"pp*vpp = {pp}*{vpp} must divide num_layers = {model.num_layers} "
                          f"({model.name})")
+    if block_layers is not None and sum(block_layers) != model.num_layers:
+        raise ValueError(f"virtual_stage_layers {list(block_layers)} add up to "
+                         f"{sum(block_layers)} layers; {model.name} has {model.num_layers}")
     check_tp_layout(groups)
     check_vocab_layout(groups)
     stage_of_rank: dict[int, int] = {}
@@ -141,7 +147,8 @@ def check_runtime_plan(plan: Plan, model: ModelSpec, *, world_size: int | None =
             check_move_ticks(g, ops, g.attention_moves)
             if g.attention_moves:
                 moves[g.group_id] = g.attention_moves
-    return RuntimePlan(plan=plan, pp=pp, vpp=vpp, stage_of_rank=stage_of_rank,
+    return RuntimePlan(plan=plan, pp=pp, vpp=vpp, block_layers=block_layers,
+                       stage_of_rank=stage_of_rank,
                        tp_index_of_rank=tp_index_of_rank, tp=groups[0].tp,
                        schedules=schedules, schedule_source=SCHEDULE_SOURCE,
                        notes=tuple(notes), head_joins=head_joins, moves=moves)
