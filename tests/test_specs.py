@@ -35,6 +35,18 @@ def test_model_shapes_from_design_section_4():
     assert mix.num_params == pytest.approx(46.7e9 + 0.79e9, rel=0.01)
 
 
+@pytest.mark.parametrize(("name", "published"), [
+    ("llama3.1-8b", 8.03e9),     # meta-llama/Llama-3.1-8B: 8.03B
+    ("llama3.1-70b", 70.6e9),    # meta-llama/Llama-3.1-70B: 70.6B
+    ("nemotron4-15b", 15.7e9),   # arXiv 2402.16819: 3.2B embedding + 12.5B non-embedding
+    ("nemotron4-340b", 341e9),   # arXiv 2406.11704: 9.4B embedding + 331.6B non-embedding
+    ("gpt3-175b", 174.6e9),      # Narayanan et al. 2021, Table 1
+])
+def test_public_model_presets_have_their_published_parameter_counts(name, published):
+    """Within 1% of the count each model's publication gives."""
+    assert model_preset(name).num_params == pytest.approx(published, rel=0.01)
+
+
 @pytest.mark.parametrize("name", sorted(HARDWARE_PRESETS))
 def test_every_hardware_preset_builds(name):
     hw = hardware_preset(name)

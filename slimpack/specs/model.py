@@ -131,6 +131,30 @@ MODEL_PRESETS: dict[str, Callable[[], ModelSpec]] = {
     "llama3.2-1b": lambda: ModelSpec(name="llama3.2-1b", num_layers=16, hidden=2048,
                                      ffn_hidden=8192, num_heads=32, num_kv_heads=8,
                                      vocab_size=128256, tied_embeddings=True),
+    # Public models as Megatron-Core / NeMo run them (issue 25's presets; the Hopper
+    # validation records of slimpack/validation/hopper_published.json use these shapes).
+    # Llama 3.1 8B and 70B: meta-llama/Llama-3.1-8B and -70B config.json (GQA, 8 kv heads,
+    # vocab 128,256, untied); 8.03B and 70.6B parameters.
+    "llama3.1-8b": lambda: ModelSpec(name="llama3.1-8b", num_layers=32, hidden=4096,
+                                     ffn_hidden=14336, num_heads=32, num_kv_heads=8),
+    "llama3.1-70b": lambda: ModelSpec(name="llama3.1-70b", num_layers=80, hidden=8192,
+                                      ffn_hidden=28672, num_heads=64, num_kv_heads=8),
+    # Nemotron-4 15B (Parmar et al. 2024, arXiv 2402.16819, Table 1) and 340B (NVIDIA 2024,
+    # arXiv 2406.11704, Table 1): squared-ReLU two-matrix MLP of 4h (priced as the two-matrix
+    # "gelu" MLP: the same GEMMs), 8 kv heads, vocab 256,000, untied; 15.7B and 341B.
+    "nemotron4-15b": lambda: ModelSpec(name="nemotron4-15b", num_layers=32, hidden=6144,
+                                       ffn_hidden=24576, num_heads=48, num_kv_heads=8,
+                                       vocab_size=256000, mlp="gelu"),
+    "nemotron4-340b": lambda: ModelSpec(name="nemotron4-340b", num_layers=96, hidden=18432,
+                                        ffn_hidden=73728, num_heads=96, num_kv_heads=8,
+                                        vocab_size=256000, mlp="gelu"),
+    # GPT-3 175B (Brown et al. 2020, Table 2.1: 96 layers, d_model 12,288, 96 heads; Narayanan
+    # et al. 2021, Table 1: 174.6B parameters with a 51,200 vocab): GeLU, learned positions,
+    # tied embeddings, as the A100 validation records run it.
+    "gpt3-175b": lambda: ModelSpec(name="gpt3-175b", num_layers=96, hidden=12288,
+                                   ffn_hidden=49152, num_heads=96, num_kv_heads=96,
+                                   vocab_size=51200, tied_embeddings=True, mlp="gelu",
+                                   rope=False),
     # Tiny models for runtime tests: small enough for fp32 gradient parity on 2 CPU cores.
     "tiny": lambda: ModelSpec(name="tiny", num_layers=4, hidden=64, ffn_hidden=128,
                               num_heads=4, num_kv_heads=2, vocab_size=256),
