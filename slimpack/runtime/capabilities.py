@@ -97,7 +97,6 @@ def check_group_fields(group: Group, model: ModelSpec) -> None:
     check_cp_group(group, model)
     if group.recompute not in EXECUTED_RECOMPUTE:
         raise refuse(group, "recompute", group.recompute, str(EXECUTED_RECOMPUTE))
-
     if not 0.0 <= group.offload <= 1.0:
         raise refuse(group, "offload", group.offload, "a share in [0, 1]")
     if group.vocab_parallel_pp and group.pp > 1:

@@ -93,11 +93,12 @@ class ValidationRow:
 
     def as_dict(self) -> dict[str, Any]:
         c = self.case
+        recompute = (c.recompute if c.recompute_layers is None
+                     else f"{c.recompute}, {c.recompute_layers} layers per stage")
         return {"record": c.record_id, "source": c.source, "params_b": c.params_b,
                 "metric": c.metric, "unit": c.unit, "published": c.published,
                 "predicted": self.predicted, "bias_pct": 100 * self.bias,
-                "abs_error_pct": 100 * abs(self.bias), "recompute": (c.recompute if c.recompute_layers is None
-                              else f"{c.recompute}, {c.recompute_layers} layers per stage"),
+                "abs_error_pct": 100 * abs(self.bias), "recompute": recompute,
                 "sequence_parallel": c.training.sequence_parallel,
                 "zero_stage": c.training.zero_stage, "num_gpus": c.parallel.world,
                 "hardware": c.hardware.name, "precision": c.training.dtype, "cp": c.parallel.cp,
