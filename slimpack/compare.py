@@ -114,6 +114,9 @@ def plan_method(method: str, batch: Batch, model: ModelSpec, hardware: HardwareS
     setup = PlanSetup(model=model, hardware=hardware, parallel=parallel, cost=cost,
                       priced=priced)
     plan = spec.planner(batch, setup, typed)
+    if plan.parallel.ep != parallel.ep:  # never price a layout other than the one asked for
+        raise ValueError(f"{method}: planned ep={plan.parallel.ep} for a layout with "
+                         f"ep={parallel.ep}; this planner does not carry expert parallelism")
     plan.metadata["plan_seconds"] = time.perf_counter() - started
     if plan.zero_stage is None:  # a planner that states no recipe was planned under cost's
         plan = dataclasses.replace(plan, zero_stage=setup.training.zero_stage)

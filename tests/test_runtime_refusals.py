@@ -125,6 +125,9 @@ def test_moe_gelu_and_learned_position_models_are_refused_naming_the_field():
              model=dataclasses.replace(TINY, mlp="gelu"))
     _refused(plan, r"rope=False is not executed .* allowed: True",
              model=dataclasses.replace(TINY, rope=False))
+    spread = packed_plan(pp=1, dp=2)
+    _refused(dataclasses.replace(spread, parallel=dataclasses.replace(spread.parallel, ep=2)),
+             r"^plan: parallel.ep=2 is not executed by the runtime; allowed: 1")
 
 
 def test_recompute_modes_and_offload_shares_are_accepted():

@@ -38,6 +38,9 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
     for name in ("tp", "cp", "pp", "vpp", "dp"):
         p.add_argument(f"--{name}", type=int, default=None, help=f"{name} degree")
+    p.add_argument("--ep", type=int, default=None,
+                   help="expert-parallel degree (MoE models; divides dp*cp and the experts; "
+                        "simulated at tp 1 only)")
     p.add_argument("--pipeline-split", choices=PIPELINE_SPLITS, default="even",
                    help="decoder layers over the pp*vpp virtual stages: even (default), or "
                         "embedding-and-loss (each counted as a layer, as Megatron-Core's "
@@ -189,7 +192,7 @@ def load_batch(dataset: str, *, context: int, global_batch: int | None, seed: in
 
 
 def parallel_from_args(args: argparse.Namespace) -> ParallelSpec | None:
-    degrees = {k: getattr(args, k) for k in ("tp", "cp", "pp", "vpp", "dp")}
+    degrees = {k: getattr(args, k) for k in ("tp", "cp", "pp", "vpp", "dp", "ep")}
     given = {k: v for k, v in degrees.items() if v is not None}
     if args.auto_parallel:
         if given or args.pipeline_split != "even":
@@ -198,8 +201,8 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec | None:
         return None
     if args.gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
-    tp, cp, pp, vpp = (given.get(k, 1) for k in ("tp", "cp", "pp", "vpp"))
-    par = ParallelSpec.for_world(args.gpus, tp=tp, cp=cp, pp=pp, vpp=vpp,
+    tp, cp, pp, vpp, ep = (given.get(k, 1) for k in ("tp", "cp", "pp", "vpp", "ep"))
+    par = ParallelSpec.for_world(args.gpus, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep,
                                  pipeline_split=args.pipeline_split)
     if "dp" in given and given["dp"] != par.dp:
         raise ValueError(f"--dp {given['dp']} disagrees with --gpus {args.gpus} / "

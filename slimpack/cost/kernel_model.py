@@ -199,6 +199,27 @@ class KernelCostModel:
         rope = K.memory_seconds(self.hardware, tokens * self.rope_bytes_per_token(tp))
         return PassTimes(forward_s=f + rope, backward_s=2 * f + rope)
 
+    def moe_routing_times(self, tokens: int, tp: int = 1) -> PassTimes:
+        """An MoE layer's router and token permutation (0 for a dense model): the router GEMM
+        (``hidden x num_experts``, bf16: it stays outside Transformer Engine's fp8 region),
+        then the fused permute (read a token, write its ``top_k`` routed copies) and unpermute
+        (read the copies, write the weighted sum), each memory-bound on bf16 rows;
+        backward moves the same bytes and runs the router's two gradient GEMMs. Source of
+        the kernel sequence: Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with
+        ``moe_permute_fusion`` (Transformer Engine's ``moe_permute``/``moe_unpermute``). The
+        expert GEMMs are :meth:`linear_times`' rows (``tokens * top_k``, priced as one GEMM
+        of all routed rows: balanced routing, grouped-GEMM tile effects not modelled)."""
+        mdl = self.model
+        if not mdl.is_moe:
+            return ZERO_TIMES
+        rows = tokens / tp
+        permute = K.memory_seconds(self.hardware,
+                                   rows * 2 * (1 + mdl.moe_top_k) * mdl.hidden * BF16)
+        fwd = self._gemm(rows, mdl.num_experts, mdl.hidden, dtype="bf16") + permute
+        bwd = (self._gemm(rows, mdl.hidden, mdl.num_experts, dtype="bf16")
+               + self._gemm(mdl.hidden, mdl.num_experts, rows, dtype="bf16") + permute)
+        return PassTimes(forward_s=fwd, backward_s=bwd)
+
     def rope_bytes_per_token(self, tp: int = 1) -> float:
         """Rotary embedding of one token's queries and keys on one TP rank (0 without RoPE):
         the fused kernel reads and writes them in bf16, 4 B per element, forward and again on
@@ -391,6 +412,10 @@ class KernelCostModel:
     def _token_times(self, tokens: int, tp: int) -> PassTimes:
         """GEMMs, elementwise work, FP8 casts and (exposed) TP communication of one layer."""
         elem = self.elementwise_times(tokens, tp)
+        if self.model.is_moe:
+            routing = self.moe_routing_times(tokens, tp)
+            elem = PassTimes(forward_s=elem.forward_s + routing.forward_s,
+                             backward_s=elem.backward_s + routing.backward_s)
         cast = self.fp8_cast_times(tokens, tp)
         if self.training.tp_comm_overlap and tp > 1:
             lin_comm = self.overlapped_tp_times(tokens, tp)

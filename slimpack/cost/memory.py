@@ -369,39 +369,54 @@ def model_state_bytes(model: ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1
     parameters instead (1 B, plus their cached fp8 transpose, 1 B) and no bf16 copy exists.
     ``grad_bytes``: the data-parallel gradient buffer per parameter (4 fp32, 2 with bf16
     gradient reduction, :attr:`~slimpack.specs.training.TrainingSpec.grad_dtype`), stages 0
-    and 1.
+    and 1. ``ep`` (MoE): each rank holds ``num_experts / ep`` experts, whose gradients and
+    optimizer states shard over the expert-data-parallel group of ``dp * cp / ep`` ranks.
     """
     if grad_bytes not in (BF16, FP32):
         raise ValueError(f"grad_bytes must be 2 (bf16) or 4 (fp32), got {grad_bytes!r}")
     if fp8_params and not fp8:
         raise ValueError("fp8_params needs fp8 (FP8 weights exist only in FP8 recipes)")
-    layers = model.num_layers / pp
-    dense = model.attention_params_per_layer + 2 * model.hidden
-    if model.is_moe:
-        router = model.hidden * model.num_experts
-        experts = model.mlp_matrices * model.hidden * model.ffn_hidden * model.num_experts / ep
-        per_layer = dense + router + experts
-        gemm_per_layer = model.attention_params_per_layer + experts
-    else:
-        per_layer = dense + model.mlp_params_per_layer
-        gemm_per_layer = model.attention_params_per_layer + model.mlp_params_per_layer
-    params = layers * per_layer / tp
-    if include_embedding:
-        params += model.embedding_params / tp
-    gemm = layers * gemm_per_layer / tp
-    weights = params * BF16
-    if fp8_params:
-        weights += gemm * (FP8_PARAM_BYTES - BF16)
-    elif fp8:
-        weights += gemm * FP8_WEIGHT_CACHE_BYTES
+    if (dp * cp) % ep:
+        raise ValueError(f"ep ({ep}) must divide dp*cp ({dp * cp})")
     if zero_stage is None:
         zero_stage = 1 if distributed_optimizer else 0
     if zero_stage not in (0, 1, 3):
         raise ValueError(f"zero_stage must be one of 0, 1, 3; got {zero_stage!r}")
+    layers = model.num_layers / pp
+    dense = model.attention_params_per_layer + 2 * model.hidden
+    experts = 0.0
+    if model.is_moe:
+        # Each rank holds num_experts/ep experts; their gradients and optimizer states are
+        # sharded over the expert-data-parallel group, dp*cp/ep ranks (Megatron-Core's
+        # expert grid; expert tensor parallelism equal to tp).
+        dense += model.hidden * model.num_experts  # the router, replicated
+        experts = layers * model.mlp_matrices * model.hidden * model.ffn_hidden \
+            * model.num_experts / ep / tp
+        gemm_per_layer = model.attention_params_per_layer
+    else:
+        dense += model.mlp_params_per_layer
+        gemm_per_layer = model.attention_params_per_layer + model.mlp_params_per_layer
+    params = layers * dense / tp
+    if include_embedding:
+        params += model.embedding_params / tp
+
+    def weight_bytes(count: float, gemm: float) -> float:
+        """bf16 weights plus Transformer Engine's fp8 copies of the GEMM weights among them."""
+        if fp8_params:
+            return count * BF16 + gemm * (FP8_PARAM_BYTES - BF16)
+        if fp8:
+            return count * BF16 + gemm * FP8_WEIGHT_CACHE_BYTES
+        return count * BF16
+
+    weights = weight_bytes(params, layers * gemm_per_layer / tp)
+    expert_weights = weight_bytes(experts, experts)
     if zero_stage == 3:
-        return (weights + params * (BF16 + optimizer_bytes)) / (dp * cp)
+        return ((weights + params * (BF16 + optimizer_bytes)) / (dp * cp)
+                + (expert_weights + experts * (BF16 + optimizer_bytes)) * ep / (dp * cp))
     shard = dp * cp if zero_stage == 1 else 1
-    return weights + params * (grad_bytes + optimizer_bytes / shard)
+    expert_shard = shard // ep if zero_stage == 1 else 1
+    return (weights + params * (grad_bytes + optimizer_bytes / shard)
+            + expert_weights + experts * (grad_bytes + optimizer_bytes / expert_shard))
 
 
 def optimizer_bytes_per_param(*, optimizer: str = "megatron", optimizer_dtype: str = "fp32",

@@ -60,6 +60,10 @@ def check_model_supported(model: ModelSpec) -> None:
 
 def check_plan_fields(plan: Plan) -> None:
     """Plan-level fields the executor does not implement."""
+    if plan.parallel.ep != 1:
+        raise refuse(None, "parallel.ep", plan.parallel.ep,
+                     "1 (the runtime executes dense models; expert parallelism is simulated "
+                     "only)")
     if plan.zero_stage is not None and plan.zero_stage not in EXECUTED_ZERO_STAGES:
         raise refuse(None, "zero_stage", plan.zero_stage,
                      f"None or one of {EXECUTED_ZERO_STAGES} (0/1: gradients all-reduced, no "

@@ -18,6 +18,7 @@ from slimpack.records import OpTiming
 from slimpack.sim.costs import layers_per_virtual_stage
 from slimpack.sim.engine import GroupTimeline
 from slimpack.specs.model import ModelSpec
+from slimpack.specs.parallel import ParallelSpec
 
 FP32 = 4
 BF16 = 2
@@ -83,15 +84,25 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
     ops = []
     longest = 0.0
     longest_step = 0.0
+    expert_per_layer = (model.mlp_matrices * model.hidden * model.ffn_hidden * model.num_experts
+                        if model.is_moe else 0)
     for b in range(base.pp):
-        params = len(base_layers[b]) * model.params_per_layer / base.tp
+        experts = len(base_layers[b]) * expert_per_layer / base.ep / base.tp
+        params = len(base_layers[b]) * (model.params_per_layer - expert_per_layer) / base.tp
         if b == 0:
             params += model.embedding_params / base.tp
         if b == base.pp - 1 and not model.tied_embeddings:
             params += model.embedding_params / base.tp
+        # MoE: the experts' gradients reduce over the expert-data-parallel group (dp*cp/ep
+        # ranks), the other parameters' over dp*cp.
+        intra = base.same_node(base.dp_group(base.rank(pp=b)))
+        buckets = [(params, sync_size, intra)]
+        if experts:
+            buckets.append((experts, sync_size // base.ep,
+                            intra if base.ep == 1 else _expert_dp_same_node(base, b)))
         step = 0.0
         if optimizer_step is not None:
-            step = optimizer_step(params / (sync_size if zero_stage else 1))
+            step = optimizer_step(sum(n / (size if zero_stage else 1) for n, size, _ in buckets))
         longest_step = max(longest_step, step)
         if sync_size == 1:
             ends.append(done[b] + step)
@@ -100,15 +111,16 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
                                     start_s=done[b], end_s=done[b] + step, lane="optimizer",
                                     group=-1))
             continue
-        intra = base.same_node(base.dp_group(base.rank(pp=b)))
-        if zero_stage == 3:
-            seconds = (comm.reduce_scatter(params * BF16, sync_size, intra_node=intra)
-                       + 2 * comm.all_gather(params * BF16, sync_size, intra_node=intra))
-        elif zero_stage == 0:
-            seconds = comm.all_reduce(params * FP32, sync_size, intra_node=intra)
-        else:
-            seconds = (comm.reduce_scatter(params * FP32, sync_size, intra_node=intra)
-                       + comm.all_gather(params * BF16, sync_size, intra_node=intra))
+        seconds = 0.0
+        for n, size, intra in buckets:
+            if zero_stage == 3:
+                seconds += (comm.reduce_scatter(n * BF16, size, intra_node=intra)
+                            + 2 * comm.all_gather(n * BF16, size, intra_node=intra))
+            elif zero_stage == 0:
+                seconds += comm.all_reduce(n * FP32, size, intra_node=intra)
+            else:
+                seconds += (comm.reduce_scatter(n * FP32, size, intra_node=intra)
+                            + comm.all_gather(n * BF16, size, intra_node=intra))
         longest = max(longest, seconds)
         end = max(done[b], ready[b] + seconds) + step
         ends.append(end)
@@ -120,3 +132,12 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
                                 start_s=end - step, end_s=end, lane="optimizer", group=-1))
     return DpSync(stage_end_s=tuple(ends), duration_s=longest, optimizer_s=longest_step,
                   ops=tuple(ops))
+
+
+def _expert_dp_same_node(base: ParallelSpec, stage: int) -> bool:
+    """Whether stage ``stage``'s expert-data-parallel groups stay inside a node: with tp = 1
+    (the simulator's condition for ep > 1) a stage's dp*cp ranks are consecutive, an expert
+    group is ``ep`` consecutive ones and an expert-data-parallel group every ``ep``-th."""
+    first = base.rank(pp=stage)
+    block = range(first, first + base.dp * base.cp)
+    return base.same_node(list(block[::base.ep]))

@@ -121,7 +121,7 @@ class BlockExtras:
 
 
 def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
-                      vocab_parallel_pp: bool,
+                      vocab_parallel_pp: bool, ep: int = 1,
                       training: TrainingSpec | None = None,
                       stage_layers: Sequence[int] | None = None) -> list[float]:
     """Model-state bytes on one device of each pipeline stage: the layers' share, the input
@@ -136,9 +136,10 @@ def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
         "optimizer_bytes": optimizer_bytes_per_param(optimizer=training.optimizer,
                                                      optimizer_dtype=training.optimizer_dtype,
                                                      fp8_params=training.fp8_params)}
-    states_no_embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp,
+    states_no_embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
                                             include_embedding=False, **zero)
-    embedding = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, **zero) - states_no_embedding
+    embedding = (model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, **zero)
+                 - states_no_embedding)
     states = [states_no_embedding] * pp
     if stage_layers is not None:
         states = [states_no_embedding * n * pp / model.num_layers for n in stage_layers]
@@ -153,13 +154,13 @@ def stage_state_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, dp: int,
 
 def stage_constant_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, vpp: int, dp: int,
                          vocab_parallel_pp: bool, training: TrainingSpec | None,
-                         longest_slice: int, stage_layers: Sequence[int] | None = None
-                         ) -> tuple[list[float], list[float]]:
+                         longest_slice: int, stage_layers: Sequence[int] | None = None,
+                         ep: int = 1) -> tuple[list[float], list[float]]:
     """Per stage, the bytes held for the whole step: model states (:func:`stage_state_bytes`)
     and the fp32 logits of the longest slice where (a share of) the LM head runs."""
     states = stage_state_bytes(model, tp=tp, cp=cp, pp=pp, dp=dp,
                                vocab_parallel_pp=vocab_parallel_pp, training=training,
-                               stage_layers=stage_layers)
+                               stage_layers=stage_layers, ep=ep)
     logits = [0.0] * pp
     shards = pp if vocab_parallel_pp else 1
     for vs in head_stages(pp, vpp, vocab_parallel_pp=vocab_parallel_pp):
@@ -170,20 +171,21 @@ def stage_constant_bytes(model: ModelSpec, *, tp: int, cp: int, pp: int, vpp: in
 def group_memory(group: Group, *, model: ModelSpec, dp: int,
                  training: TrainingSpec | None = None,
                  accounting: ActivationAccounting = GPU_BF16,
-                 cp_index: int | None = None) -> GroupMemory:
+                 cp_index: int | None = None, ep: int = 1) -> GroupMemory:
     """What each of ``group``'s ops allocates and frees; ``accounting`` says whose saved
     activations are counted (the default: the suite's bf16 GPU accounting). The runtime
-    accounting at cp > 1 is per cp rank (``cp_index``: its rows differ)."""
+    accounting at cp > 1 is per cp rank (``cp_index``: its rows differ). ``ep``: the plan's
+    expert parallelism (MoE expert states, :func:`~slimpack.cost.memory.model_state_bytes`)."""
     if accounting.saved == "runtime":
         return _runtime_group_memory(group, model=model, dp=dp, training=training,
-                                     accounting=accounting, cp_index=cp_index)
+                                     accounting=accounting, cp_index=cp_index, ep=ep)
     if group.recompute_layers is not None:
-        return _block_recompute_memory(group, model=model, dp=dp, training=training)
-    return _uniform_group_memory(group, model=model, dp=dp, training=training)
+        return _block_recompute_memory(group, model=model, dp=dp, training=training, ep=ep)
+    return _uniform_group_memory(group, model=model, dp=dp, training=training, ep=ep)
 
 
 def _block_recompute_memory(group: Group, *, model: ModelSpec, dp: int,
-                            training: TrainingSpec | None) -> GroupMemory:
+                            training: TrainingSpec | None, ep: int = 1) -> GroupMemory:
     """``recompute_layers``: the first ``k`` layers of every virtual stage keep what full
     recompute keeps, the others what no recompute keeps, so a unit's bytes per layer are
     ``k/n`` of the first plus ``(n - k)/n`` of the second. The walk multiplies bytes per layer
@@ -199,7 +201,7 @@ def _block_recompute_memory(group: Group, *, model: ModelSpec, dp: int,
     f = shares.pop()
     kept, recomputed = (_uniform_group_memory(
         dataclasses.replace(group, recompute=mode, recompute_layers=None), model=model, dp=dp,
-        training=training) for mode in ("none", "full"))
+        training=training, ep=ep) for mode in ("none", "full"))
 
     def blend(a: list[float], b: list[float]) -> list[float]:
         return [x * (1.0 - f) + y * f for x, y in zip(a, b, strict=True)]
@@ -213,7 +215,7 @@ def _block_recompute_memory(group: Group, *, model: ModelSpec, dp: int,
 
 
 def _uniform_group_memory(group: Group, *, model: ModelSpec, dp: int,
-                          training: TrainingSpec | None) -> GroupMemory:
+                          training: TrainingSpec | None, ep: int = 1) -> GroupMemory:
     """:func:`group_memory` under the default accounting, every layer in ``group.recompute``."""
     tp, cp, pp = group.tp, group.cp, group.pp
     a = activation_bytes_per_token_per_layer(
@@ -269,7 +271,8 @@ def _uniform_group_memory(group: Group, *, model: ModelSpec, dp: int,
         model, tp=tp, cp=cp, pp=pp, vpp=group.vpp, dp=dp,
         vocab_parallel_pp=group.vocab_parallel_pp, training=training,
         longest_slice=int(slice_tokens.max()),  # every slice of the group
-        stage_layers=None if counts is None else [sum(counts[s::pp]) for s in range(pp)])
+        stage_layers=None if counts is None else [sum(counts[s::pp]) for s in range(pp)],
+        ep=ep)
     if group.recompute == "full":
         kv_share = kept_kv / max(sum(slice_act.tolist()), 1e-30)
     else:
@@ -335,7 +338,7 @@ def _segment_table(group: Group) -> _SegmentTable:
 def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
                           training: TrainingSpec | None,
                           accounting: ActivationAccounting,
-                          cp_index: int | None) -> GroupMemory:
+                          cp_index: int | None, ep: int = 1) -> GroupMemory:
     """:func:`group_memory` under the runtime's accounting (:class:`ActivationAccounting`):
     per slice, what ``slimpack/runtime`` keeps on one rank for its backward
     (:func:`~slimpack.cost.memory.runtime_slice_bytes_per_layer`; at ring cp > 1, tp = 1,
@@ -420,7 +423,7 @@ def _runtime_group_memory(group: Group, *, model: ModelSpec, dp: int,
                                 if spread else ()))
     kv_alloc, kv_free = _runtime_kv_accumulators(
         group, rows, kv_bytes_per_token_per_layer(model, tp) * e / BF16)
-    default = group_memory(group, model=model, dp=dp, training=training)
+    default = group_memory(group, model=model, dp=dp, training=training, ep=ep)
     return GroupMemory(
         fwd_alloc=per_unit(per_layer, fwd), bwd_free=per_unit(per_layer, bwd),
         kvgrad_alloc=kv_alloc, kvgrad_free=kv_free,
@@ -624,24 +627,27 @@ def peak_bytes_from_counts(counts: list[np.ndarray], memory: GroupMemory,
 def schedule_peak_bytes(group: Group, model: ModelSpec, dp: int,
                         training: TrainingSpec | None = None,
                         ops: list[list[Op]] | None = None, *,
-                        accounting: ActivationAccounting = GPU_BF16) -> list[float]:
+                        accounting: ActivationAccounting = GPU_BF16,
+                        ep: int = 1) -> list[float]:
     """Per-stage peak bytes of ``group`` under its own schedule (order-only walk, no timing):
     the same numbers the timed simulator reports for that group (under ``training``'s ZeRO
     stage, as the simulator takes it from a cost model that carries one). ``ops``: the
     group's :func:`build_schedule` op lists when the caller already built them;
     ``accounting``: whose saved activations (:func:`group_memory`)."""
-    return peaks_and_schedule(group, model, dp, training, ops, accounting=accounting)[0]
+    return peaks_and_schedule(group, model, dp, training, ops, accounting=accounting,
+                              ep=ep)[0]
 
 
 def peaks_and_schedule(group: Group, model: ModelSpec, dp: int,
                        training: TrainingSpec | None = None,
                        ops: list[list[Op]] | None = None, *,
-                       accounting: ActivationAccounting = GPU_BF16
+                       accounting: ActivationAccounting = GPU_BF16, ep: int = 1
                        ) -> tuple[list[float], list[list[Op]] | None]:
     """:func:`schedule_peak_bytes` and the op lists it used: ``ops`` when given, those it
     had to build (virtual stages), or None: without virtual stages the peaks come from the
     schedule's forward counts (:func:`peak_bytes_from_counts`) and no op list is built."""
-    memory = group_memory(group, model=model, dp=dp, training=training, accounting=accounting)
+    memory = group_memory(group, model=model, dp=dp, training=training, accounting=accounting,
+                          ep=ep)
     layers = group_layers(group, model.num_layers)
     if ops is None and group.vpp == 1:
         return peak_bytes_from_counts(stage_forward_counts(group), memory, layers), None
@@ -674,7 +680,7 @@ def plan_peak_bytes(plan: Plan, model: ModelSpec, training: TrainingSpec | None 
     check_zero_stage(plan, training)
     schedules = schedules or {}
     return max(max(schedule_peak_bytes(g, model, plan.parallel.dp, training,
-                                       schedules.get(g.group_id)))
+                                       schedules.get(g.group_id), ep=plan.parallel.ep))
                for g in plan.groups())
 
 

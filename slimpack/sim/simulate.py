@@ -22,6 +22,7 @@ from slimpack.schedules import Op, build_schedule, validate_schedule
 from slimpack.sim.costs import GroupCosts, SliceShards, group_costs, with_host_copies
 from slimpack.sim.dp_sync import DpSync, dp_sync
 from slimpack.sim.engine import GroupTimeline, run_group
+from slimpack.sim.expert_dispatch import check_expert_parallel, with_expert_dispatch
 from slimpack.sim.memory import GroupMemory, check_zero_stage, group_memory
 from slimpack.sim.redistribution import PricedGroup, apply_moves, group_moves, merge_stats
 from slimpack.specs.hardware import HardwareSpec
@@ -88,6 +89,7 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
               priced: Mapping[int, PricedGroup] | None) -> SimResult:
     if validate:
         plan.validate()
+    check_expert_parallel(plan, model)
     cost = cost if cost is not None else default_cost_model(model, hardware)
     check_zero_stage(plan, training_of(cost))
     world = plan.world_size
@@ -114,7 +116,7 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
                 ops = build_schedule(group)
             used_schedules[group.group_id] = ops
             memory = group_memory(group, model=model, dp=plan.parallel.dp,
-                                  training=training_of(cost))
+                                  training=training_of(cost), ep=plan.parallel.ep)
             if reuse is not None:
                 costs = reuse.costs
                 redistributed.append(reuse.stats)
@@ -134,6 +136,8 @@ def _simulate(plan: Plan, *, model: ModelSpec, hardware: HardwareSpec, cost: Cos
                                                model=model, cost=cost,
                                                gpus_per_node=gpus_per_node, shards=shards)
                 redistributed.append(stats)
+            costs = with_expert_dispatch(costs, group, model=model, cost=cost,
+                                         parallel=plan.parallel)
             costs = with_host_copies(costs, fwd_offload=memory.fwd_offload,
                                      bwd_fetch=memory.bwd_fetch,
                                      host_link_gbps=hardware.host_link_gbps)

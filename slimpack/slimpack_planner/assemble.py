@@ -88,7 +88,7 @@ def max_tokens_in_flight(ctx: BuildContext, cp: int) -> int:
     """Tokens whose activations fit on the worst pipeline stage of one group with CP ``cp``."""
     par, model = ctx.parallel, ctx.model
     budget = ctx.hardware.usable_memory_bytes * ctx.options.memory_headroom
-    budget -= model_state_bytes(model, tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp)
+    budget -= model_state_bytes(model, tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp, ep=par.ep)
     # Terms a token count leaves out (logits, dK/dV buffers, the spread LM head's weights)
     # take a few percent; without this margin most groups need one repacking round.
     budget *= IN_FLIGHT_MARGIN
@@ -282,7 +282,8 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
         repairs += 1
     group = _emit_group(ctx, group_id, replicas, layout, est, deadline)
     check(deadline)
-    peaks, ops = peaks_and_schedule(group, ctx.model, ctx.parallel.dp, training)
+    peaks, ops = peaks_and_schedule(group, ctx.model, ctx.parallel.dp, training,
+                                     ep=ctx.parallel.ep)
     peak = max(peaks)
     for _ in range(MAX_MEMORY_REPAIRS - repairs):
         if peak <= budget or round_capacity <= floor:
@@ -292,7 +293,8 @@ def _group(ctx: BuildContext, group_id: int, replicas: list[int], seqs: dict[int
                                merged=len(replicas))
         group = _emit_group(ctx, group_id, replicas, layout, est, deadline)
         check(deadline)
-        peaks, ops = peaks_and_schedule(group, ctx.model, ctx.parallel.dp, training)
+        peaks, ops = peaks_and_schedule(group, ctx.model, ctx.parallel.dp, training,
+                                     ep=ctx.parallel.ep)
         peak = max(peaks)
     if ops is not None:
         ctx.schedules[group.group_id] = ops
@@ -319,7 +321,7 @@ def _layout_peak(ctx: BuildContext, layout: ReplicaLayout, merged: int,
     return layout_peak_bytes(layout, model=ctx.model, tp=par.tp, cp=par.cp * merged, pp=par.pp,
                              dp=par.dp, vocab_parallel_pp=vocab_over_pp(ctx), training=training,
                              mirrored=ctx.options.no_asymmetric,
-                             recompute=ctx.options.recompute_mode)
+                             recompute=ctx.options.recompute_mode, ep=par.ep)
 
 
 def _peak_floor_bytes(ctx: BuildContext, longest: int, merged: int,
@@ -332,7 +334,8 @@ def _peak_floor_bytes(ctx: BuildContext, longest: int, merged: int,
     par, model = ctx.parallel, ctx.model
     cp = par.cp * merged
     states = stage_state_bytes(model, tp=par.tp, cp=cp, pp=par.pp, dp=par.dp,
-                               vocab_parallel_pp=vocab_over_pp(ctx), training=training)
+                               vocab_parallel_pp=vocab_over_pp(ctx), training=training,
+                               ep=par.ep)
     per_layer = (longest * activation_bytes_per_token_per_layer(model, ctx.options.recompute_mode)
                  / (par.tp * cp))
     layers = layers_per_virtual_stage(model.num_layers, par.pp, par.vpp)

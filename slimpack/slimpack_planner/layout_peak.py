@@ -43,7 +43,7 @@ from slimpack.specs.training import TrainingSpec
 def layout_peak_bytes(layout: ReplicaLayout, *, model: ModelSpec, tp: int, cp: int, pp: int,
                       dp: int, vocab_parallel_pp: bool, training: TrainingSpec | None,
                       mirrored: bool, schedule: str = "asymmetric",
-                      recompute: str = "none") -> float:
+                      recompute: str = "none", ep: int = 1) -> float:
     """The largest per-stage peak of a vpp-1 group packed as ``layout`` with mirrored
     backward MicroPacks (module docstring). ``mirrored``: the packing's backward MicroPacks
     are the mirror (``asymmetric=False``), so every backward needs its mirror forward."""
@@ -78,7 +78,7 @@ def layout_peak_bytes(layout: ReplicaLayout, *, model: ModelSpec, tp: int, cp: i
     states, logits = stage_constant_bytes(model, tp=tp, cp=cp, pp=pp, vpp=1, dp=dp,
                                           vocab_parallel_pp=vocab_parallel_pp,
                                           training=training,
-                                          longest_slice=int(fwd_tokens.max()))
+                                          longest_slice=int(fwd_tokens.max()), ep=ep)
     zeros = np.zeros(n)
     memory = GroupMemory(
         fwd_alloc=fwd_tokens * per_token, bwd_free=bwd_tokens * per_token,

@@ -154,7 +154,7 @@ def _uniform_groups(ctx: BuildContext, bins: tuple[tuple[int, ...], ...], deal: 
                    for b in sorted(members)]  # the batch's order within a replica
         group = sliced_group(replica, ranks, layout,
                              [cut_sample(sample, length) for sample in samples])
-        peaks, ops = peaks_and_schedule(group, model, par.dp, training)
+        peaks, ops = peaks_and_schedule(group, model, par.dp, training, ep=par.ep)
         peak = max(peak, *peaks)
         if ops is not None:
             schedules[group.group_id] = ops

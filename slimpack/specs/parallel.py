@@ -106,6 +106,9 @@ class ParallelSpec:
                 f"divide or be a multiple of num_kv_heads={model.num_kv_heads} ({model.name})"
             )
         self.virtual_stage_layers(model.num_layers, name=model.name)
+        if not model.is_moe and self.ep != 1:
+            raise ValueError(f"ParallelSpec.ep={self.ep} needs an MoE model; {model.name} is "
+                             f"dense (num_experts=1); allowed: ep=1")
         if model.is_moe and model.num_experts % self.ep:
             raise ValueError(f"ParallelSpec.ep={self.ep} must divide num_experts={model.num_experts}")
 

@@ -91,8 +91,9 @@ def express_hopper(record: dict[str, Any]) -> Case | Skipped:
         return Skipped(record_id=rid, reason=f"GPU {record.get('hardware', {}).get('gpu')!r} "
                                              f"has no preset")
     m, p = record["model"], record["parallel"]
-    if p.get("ep", 1) != 1:
-        return Skipped(record_id=rid, reason="expert parallelism (MoE) is not in this set's scope")
+    if "sliding-window" in m.get("arch", ""):
+        return Skipped(record_id=rid, reason="sliding-window attention not modelled "
+                                             "(every layer is priced with full causal attention)")
     recompute = _recompute(record.get("recompute", ""))
     if recompute is None:
         return Skipped(record_id=rid, reason=f"recompute {record.get('recompute')!r} not modelled")
@@ -102,10 +103,16 @@ def express_hopper(record: dict[str, Any]) -> Case | Skipped:
     model = ModelSpec(name=m["name"], num_layers=m["layers"], hidden=m["hidden"],
                       ffn_hidden=m["ffn"], num_heads=m["heads"], num_kv_heads=m["kv_heads"],
                       vocab_size=m["vocab"], tied_embeddings="untied" not in m.get("arch", ""),
-                      mlp=mlp, rope="rope" in m.get("arch", "").lower())
-    parallel = ParallelSpec(tp=p["tp"], pp=p["pp"], cp=p.get("cp", 1), dp=p["dp"],
-                            vpp=p.get("vpp", 1), pipeline_split=p.get("pipeline_split", "even"),
-                            gpus_per_node=record["hardware"].get("gpus_per_node", 8))
+                      mlp=mlp, rope="rope" in m.get("arch", "").lower(),
+                      head_dim=m.get("head_dim", 0), num_experts=m.get("experts", 1),
+                      moe_top_k=m.get("top_k", 1))
+    try:
+        parallel = ParallelSpec(tp=p["tp"], pp=p["pp"], cp=p.get("cp", 1), dp=p["dp"],
+                                ep=p.get("ep", 1), vpp=p.get("vpp", 1),
+                                pipeline_split=p.get("pipeline_split", "even"),
+                                gpus_per_node=record["hardware"].get("gpus_per_node", 8))
+    except ValueError as exc:
+        return Skipped(record_id=rid, reason=str(exc))
     if parallel.world != p["num_gpus"]:
         return Skipped(record_id=rid, reason=f"tp*cp*pp*dp = {parallel.world} != num_gpus "
                                              f"{p['num_gpus']}")
