@@ -193,3 +193,40 @@ def test_the_cli_plans_and_simulates_ep_and_refuses_it_on_a_dense_model(tmp_path
     assert main(["plan", "--method", "megatron", "--model", "mixtral-8x7b", "--auto-parallel",
                  *flags[:2], *flags[4:]]) == 2  # --ep 4 with --auto-parallel
     assert "--auto-parallel" in capsys.readouterr().err
+
+
+def test_router_and_permutation_are_priced_per_moe_layer():
+    """Forward: the router GEMM (bf16) plus the fused permute and unpermute, 2 (1 + top_k)
+    hidden bf16 values a token through HBM at the elementwise rate; backward the same bytes
+    and the router's two gradient GEMMs. A dense model has none."""
+    from slimpack.cost import kernels as K
+
+    cost = KernelCostModel(model=MIXTRAL, hardware=H100, training=TrainingSpec(dtype="fp8"))
+    tokens, h, e = 8192, MIXTRAL.hidden, MIXTRAL.num_experts
+    permute = tokens * 2 * (1 + MIXTRAL.moe_top_k) * h * 2 / (H100.hbm_tbps * 1e12
+                                                              * K.HBM_FRACTION)
+    routing = cost.moe_routing_times(tokens)
+    gemm = cost._gemm  # the one GEMM price every kernel of the model uses
+    assert routing.forward_s == pytest.approx(gemm(tokens, e, h, dtype="bf16") + permute,
+                                              rel=1e-12)
+    assert routing.backward_s == pytest.approx(
+        gemm(tokens, h, e, dtype="bf16") + gemm(h, e, tokens, dtype="bf16") + permute,
+        rel=1e-12)
+    layer = cost.layer_times([(tokens, 0)])
+    dense = KernelCostModel(model=dataclasses.replace(MIXTRAL, num_experts=1, moe_top_k=1),
+                            hardware=H100, training=TrainingSpec(dtype="fp8"))
+    assert dense.moe_routing_times(tokens).forward_s == 0.0
+    assert layer.forward_s > cost.linear_times(tokens).forward_s + routing.forward_s
+
+
+def test_an_moe_layer_keeps_each_tokens_routed_copies():
+    """No recompute, bf16: ``12h + 4 kv + 6 ffn top_k`` plus ``top_k - 1`` more hidden rows
+    (the grouped GEMM's permuted input), 2 B each; in fp8 those rows are 1 B; full recompute
+    keeps the layer input only."""
+    from slimpack.cost.memory import activation_bytes_per_token_per_layer as saved
+
+    h, kv, ffn, k = MIXTRAL.hidden, MIXTRAL.kv_dim, MIXTRAL.ffn_hidden, MIXTRAL.moe_top_k
+    assert saved(MIXTRAL) == 12 * h + 4 * kv + 6 * ffn * k + (k - 1) * h * 2
+    assert saved(MIXTRAL, fp8=True) == (12 * h + 4 * kv + 6 * ffn * k - (3 * h + ffn * k)
+                                        + (k - 1) * h)
+    assert saved(MIXTRAL, "full") == 2 * h

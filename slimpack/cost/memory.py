@@ -283,13 +283,21 @@ def activation_bytes_per_token_per_layer(model: ModelSpec, recompute: str = "non
     and up-projection inputs (``h`` each), the out-projection input (``h``) and the
     down-projection input (``ffn``) shrink by half, ``3h + ffn`` bytes less (none under full
     recompute, which keeps only the layer input).
+
+    MoE: the expert GEMMs' input is each token's ``top_k`` routed copies (the permuted rows a
+    grouped GEMM keeps for its weight gradient), not one: ``top_k - 1`` more hidden rows,
+    ``2h`` bytes each (``h`` in fp8). Megatron-Core applies the routing probabilities after
+    the activation (``moe_apply_probs_on_input`` False by default: NVIDIA/Megatron-LM
+    d98e8a64dd, ``megatron/core/transformer/transformer_config.py``), so the combine keeps
+    no expert outputs of its own.
     """
     h, kv, ffn = model.hidden, model.kv_dim, model.ffn_hidden * model.moe_top_k
     saved_fp8 = 3 * h + ffn if fp8 else 0
+    routed_copies = (model.moe_top_k - 1) * h * (1 if fp8 else 2)
     if recompute == "none":
-        return 12 * h + 4 * kv + 6 * ffn - saved_fp8
+        return 12 * h + 4 * kv + 6 * ffn - saved_fp8 + routed_copies
     if recompute == "selective":
-        return 12 * h + 4 * kv + 2 * ffn - saved_fp8
+        return 12 * h + 4 * kv + 2 * ffn - saved_fp8 + routed_copies
     if recompute == "full":
         return 2 * h
     raise ValueError(f"recompute must be one of none, selective, full; got {recompute!r}")
