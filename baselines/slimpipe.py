@@ -91,7 +91,7 @@ def choose_slices(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSp
     count that fits is returned and the planner keeps the one the simulator finds fastest.
     """
     degrees = dict(tp=parallel.tp, cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp,
-                   dp=parallel.dp)
+                   dp=parallel.dp, ep=parallel.ep)
     if opts.num_slices is not None:
         n = opts.num_slices
         mode = choose_recompute(model, hardware, tokens=tokens, schedule="slimpipe",

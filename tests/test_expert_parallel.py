@@ -230,3 +230,68 @@ def test_an_moe_layer_keeps_each_tokens_routed_copies():
     assert saved(MIXTRAL, fp8=True) == (12 * h + 4 * kv + 6 * ffn * k - (3 * h + ffn * k)
                                         + (k - 1) * h)
     assert saved(MIXTRAL, "full") == 2 * h
+
+
+def test_the_layout_search_has_an_ep_axis_for_moe_models_only():
+    """ep in {1, 2, 4, 8} for mixtral's 8 experts, a power of two dividing dp*cp, at tp 1
+    only; a dense model keeps ep 1."""
+    from slimpack.planning.auto_parallel import auto_parallel_candidates
+
+    moe = auto_parallel_candidates(MIXTRAL, H100, 32, 8192)
+    assert {c.parallel.ep for c in moe} == {1, 2, 4, 8}
+    assert all(c.parallel.tp == 1 and (c.parallel.dp * c.parallel.cp) % c.parallel.ep == 0
+               for c in moe if c.parallel.ep > 1)
+    dense = auto_parallel_candidates(model_preset("llama-7b"), H100, 32, 8192)
+    assert {c.parallel.ep for c in dense} == {1}
+
+
+def test_megatrons_recompute_choice_prices_the_experts_it_holds():
+    """mixtral on 16 H100 at pp 2 dp 8: every rank holding all 8 experts (ep 1) fits no
+    recompute mode; with ep 8 each holds one and a cheaper mode fits."""
+    from slimpack.planning.memory_fit import resolve_recompute
+    from slimpack.specs import ParallelSpec
+
+    one = resolve_recompute("auto", MIXTRAL, H100, ParallelSpec(pp=2, dp=8), 8192, "1f1b")
+    eight = resolve_recompute("auto", MIXTRAL, H100, ParallelSpec(pp=2, dp=8, ep=8), 8192,
+                              "1f1b")
+    assert one == ("full", False)
+    assert eight[1] is True
+
+
+def test_compare_searches_expert_parallelism_for_an_moe_model():
+    """16 H100, 16 samples of 4K: the search's candidates are the ep-extended layouts, and
+    the fastest holds the experts spread (its states, its DP sync and its recompute shrink
+    with ep; the all-to-alls of 4K-token units stay on NVLink)."""
+    from slimpack.batch import Batch
+    from slimpack.compare import compare, method_candidates
+
+    batch = Batch.from_lengths([SEQ] * 16)
+    (record,) = compare(["megatron"], batch, MIXTRAL, H100, 16, auto_parallel=True,
+                        context=SEQ, time_limit_s=None)
+    layouts = method_candidates("megatron", MIXTRAL, H100, 16, SEQ)
+    assert record.layouts_candidates == len(layouts)
+    assert {c.parallel.ep for c in layouts} == {1, 2, 4, 8}
+    assert record.search_exhaustive and not record.error
+    assert record.parallel["ep"] > 1
+
+
+def test_slimpack_keeps_its_replicas_unmerged_under_ep():
+    """A 256K outlier among 4K documents: at ep 1 SlimPack merges replicas for it (a group at
+    cp 8 of a cp 2 layout); at ep 2 it plans without DP-Merge, whose merged groups would
+    leave the plan's layout, and the simulator prices the plan."""
+    from slimpack.batch import Batch
+    from slimpack.compare import plan_method
+    from slimpack.cost.kernel_model import default_cost_model
+    from slimpack.specs import ParallelSpec
+
+    model = dataclasses.replace(model_preset("llama-7b"), name="moe-7b", num_experts=8,
+                                moe_top_k=2, ffn_hidden=2752)
+    batch = Batch.from_lengths([262144] + [4096] * 120)
+    cost = default_cost_model(model, H100)
+    cps = {}
+    for ep in (1, 2):
+        plan = plan_method("slimpack", batch, model, H100, ParallelSpec(cp=2, pp=2, dp=4, ep=ep),
+                           cost, context=262144, time_limit_s=None)
+        cps[ep] = {g.cp for g in plan.groups()}
+        simulate(plan, model=model, hardware=H100, cost=cost)
+    assert max(cps[1]) > 2 and cps[2] == {2}

@@ -97,7 +97,7 @@ def default_s_max(model: ModelSpec, hardware: HardwareSpec, parallel: ParallelSp
                   context: int) -> int:
     fit = max_tokens_that_fit(model, hardware, schedule=schedule_for(parallel), tp=parallel.tp,
                               cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp, dp=parallel.dp,
-                              upper=2 * context)
+                              ep=parallel.ep, upper=2 * context)
     return max(context, fit)
 
 

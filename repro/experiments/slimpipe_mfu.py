@@ -106,7 +106,8 @@ def _describe(row: pd.Series) -> str:
     """One record's MFU, configuration and where its time goes, from its columns."""
     par = row["parallel"]
     par = json.loads(par) if isinstance(par, str) else dict(par)
-    degrees = " ".join(f"{k}{par[k]}" for k in ("tp", "cp", "pp", "vpp", "dp") if k in par)
+    degrees = " ".join(f"{k}{par[k]}" for k in ("tp", "cp", "pp", "vpp", "dp", "ep")
+                       if k in par and (k != "ep" or par[k] > 1))
     parts = [f"{100 * row['mfu']:.1f}% MFU at {degrees}", f"recompute {row.get('recompute')}"]
     offload = row.get("offload", 0.0)
     if isinstance(offload, float) and offload > 0:

@@ -468,13 +468,15 @@ def logits_bytes(model: ModelSpec, tokens: int, *, tp: int = 1, cp: int = 1,
 
 def estimate_memory(model: ModelSpec, *, seq_len: int, schedule: str, tp: int = 1, cp: int = 1,
                     pp: int = 1, vpp: int = 1, slices: int = 1, dp: int = 1, rank: int = 0,
-                    recompute: str = "none", vocab_parallel_pp: bool | None = None) -> MemoryEstimate:
+                    recompute: str = "none", vocab_parallel_pp: bool | None = None,
+                    ep: int = 1) -> MemoryEstimate:
     """Peak memory on pipeline ``rank`` for micro-batches of one ``seq_len``-token sequence.
 
     One unit of activations is ``(s / (n*tp*cp)) * (L / (pp*vpp)) * a`` bytes with n slices
     (n = 1 for 1F1B and interleaved); it is multiplied by :func:`inflight_units`. With
     llama-13b, s = 256K, tp*cp = 16, pp = 8, n = 16, v = 5 this gives 14.78 GiB on rank 0 (the
-    SlimPipe artifact's value).
+    SlimPipe artifact's value). ``ep``: expert parallelism (MoE expert states,
+    :func:`model_state_bytes`).
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len must be > 0, got {seq_len}")
@@ -503,7 +505,7 @@ def estimate_memory(model: ModelSpec, *, seq_len: int, schedule: str, tp: int = 
     kv_grad = 0.0
     if slices > 1:
         kv_grad = (seq_len / cp) * layers_per_chunk * kv_bytes_per_token_per_layer(model, tp)
-    states = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp)
+    states = model_state_bytes(model, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep)
     logit_tokens = seq_len // slices
     if vocab_parallel_pp:
         logits = logits_bytes(model, logit_tokens, tp=tp, cp=cp, spread_over_pp=pp)

@@ -9,7 +9,7 @@ bound; the estimate here only orders the search).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slimpack.cost.model import CostModel
 from slimpack.planning.estimates import microbatch_stage_times, pipeline_seconds
@@ -38,7 +38,9 @@ def auto_parallel_candidates(model: ModelSpec, hardware: HardwareSpec, gpus: int
                              max_cp: int = 32, max_pp: int = 16, vpp_options: Sequence[int] = (1, 2),
                              slices_per_stage: int = 4) -> list[Candidate]:
     """Every (tp, cp, pp, vpp, dp) over ``gpus`` GPUs that shards ``model`` and fits a
-    ``context``-token micro-batch with some recompute mode.
+    ``context``-token micro-batch with some recompute mode; for an MoE model also every
+    expert-parallel degree ``ep`` (a power of two dividing ``dp * cp`` and the experts) at
+    tp = 1, where the simulator prices it (:mod:`slimpack.sim.expert_dispatch`).
 
     ``schedule``: ``1f1b`` (vpp > 1 means interleaved), or ``slimpipe`` (memory priced for
     ``slices_per_stage * pp`` slices per sequence, vocabulary spread over pipeline ranks).
@@ -67,12 +69,23 @@ def auto_parallel_candidates(model: ModelSpec, hardware: HardwareSpec, gpus: int
                     kind = schedule if schedule == "slimpipe" else (
                         "interleaved" if vpp > 1 else "1f1b")
                     slices = slices_per_stage * pp if kind == "slimpipe" else 1
-                    mode = choose_recompute(model, hardware, tokens=context, schedule=kind,
-                                            tp=tp, cp=cp, pp=pp, vpp=vpp, dp=par.dp,
-                                            slices=slices)
-                    if mode is not None:
-                        out.append(Candidate(parallel=par, recompute=mode))
+                    for ep in _expert_degrees(model, par):
+                        layout = par if ep == 1 else replace(par, ep=ep)
+                        mode = choose_recompute(model, hardware, tokens=context, schedule=kind,
+                                                tp=tp, cp=cp, pp=pp, vpp=vpp, dp=par.dp,
+                                                slices=slices, ep=ep)
+                        if mode is not None:
+                            out.append(Candidate(parallel=layout, recompute=mode))
     return out
+
+
+def _expert_degrees(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
+    """1, and for an MoE model at tp = 1 every power of two dividing dp*cp and the experts."""
+    if not model.is_moe or parallel.tp != 1:
+        return [1]
+    ranks = parallel.dp * parallel.cp
+    return [ep for ep in _powers_of_two(ranks)
+            if ranks % ep == 0 and model.num_experts % ep == 0]
 
 
 def estimate_fixed_length_step(cost: CostModel, lengths: Sequence[int], candidate: Candidate,

@@ -21,7 +21,8 @@ def memory_schedule(schedule: str) -> str:
 
 def peak_memory_bytes(model: ModelSpec, *, tokens: int, schedule: str, tp: int = 1, cp: int = 1,
                       pp: int = 1, vpp: int = 1, dp: int = 1, slices: int = 1,
-                      recompute: str = "none", vocab_parallel_pp: bool | None = None) -> float:
+                      recompute: str = "none", vocab_parallel_pp: bool | None = None,
+                      ep: int = 1) -> float:
     """Peak bytes over pipeline ranks 0 (most activations) and pp-1 (logits) for micro-batches
     of ``tokens`` tokens."""
     schedule = memory_schedule(schedule)
@@ -30,7 +31,8 @@ def peak_memory_bytes(model: ModelSpec, *, tokens: int, schedule: str, tp: int =
     if schedule == "1f1b":
         vpp = 1
     kwargs = dict(seq_len=max(int(tokens), 1), schedule=schedule, tp=tp, cp=cp, pp=pp, vpp=vpp,
-                  slices=slices, dp=dp, recompute=recompute, vocab_parallel_pp=vocab_parallel_pp)
+                  slices=slices, dp=dp, recompute=recompute, vocab_parallel_pp=vocab_parallel_pp,
+                  ep=ep)
     peak = estimate_memory(model, rank=0, **kwargs).peak_bytes
     if pp > 1:
         peak = max(peak, estimate_memory(model, rank=pp - 1, **kwargs).peak_bytes)
@@ -80,5 +82,6 @@ def resolve_recompute(requested: str, model: ModelSpec, hardware: HardwareSpec,
         largest = max(parallel.virtual_stage_layers(model.num_layers))
         model = dataclasses.replace(model, num_layers=largest * parallel.pp * parallel.vpp)
     mode = choose_recompute(model, hardware, tokens=tokens, schedule=schedule, tp=parallel.tp,
-                            cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp, dp=parallel.dp)
+                            cp=parallel.cp, pp=parallel.pp, vpp=parallel.vpp, dp=parallel.dp,
+                            ep=parallel.ep)
     return (mode, True) if mode is not None else ("full", False)

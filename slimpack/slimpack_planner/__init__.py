@@ -101,6 +101,10 @@ def _plan(batch: Batch, model: ModelSpec, hardware: HardwareSpec, parallel: Para
     candidates = _slice_candidates(batch, parallel, opts,
                                    fit_tokens=max_tokens_in_flight(ctx, parallel.cp))
     merge_choices = (True,) if opts.no_dp_merge else (True, False)
+    if parallel.ep > 1:
+        # A merged group spans replicas at another CP degree than the plan's, and the
+        # simulator prices expert groups only in the plan's own layout (sim/expert_dispatch).
+        merge_choices = (False,)
     record = None
     chosen_moves: Mapping[int, PricedGroup] = {}
     if not opts.search:

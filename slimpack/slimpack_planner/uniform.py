@@ -76,7 +76,7 @@ def uniform_counts(ctx: BuildContext) -> list[int]:
     mode = ctx.options.recompute_mode
     fitting = [n for n in counts if fits_memory(
         model, ctx.hardware, tokens=longest, schedule="slimpipe", slices=n, recompute=mode,
-        tp=par.tp, cp=par.cp, pp=par.pp, vpp=par.vpp, dp=par.dp)]
+        tp=par.tp, cp=par.cp, pp=par.pp, vpp=par.vpp, dp=par.dp, ep=par.ep)]
     if not fitting:
         return counts[-1:]
     return fitting[:1] if mode == "none" else fitting[:UNIFORM_TRIALS]
