@@ -398,8 +398,7 @@ def model_state_bytes(model: ModelSpec, *, tp: int = 1, pp: int = 1, dp: int = 1
         # sharded over the expert-data-parallel group, dp*cp/ep ranks (Megatron-Core's
         # expert grid; expert tensor parallelism equal to tp).
         dense += model.hidden * model.num_experts  # the router, replicated
-        experts = layers * model.mlp_matrices * model.hidden * model.ffn_hidden \
-            * model.num_experts / ep / tp
+        experts = layers * model.expert_params_per_layer / ep / tp
         gemm_per_layer = model.attention_params_per_layer
     else:
         dense += model.mlp_params_per_layer

@@ -17,8 +17,8 @@ from slimpack.plan import Group, Plan
 from slimpack.records import OpTiming
 from slimpack.sim.costs import layers_per_virtual_stage
 from slimpack.sim.engine import GroupTimeline
+from slimpack.sim.expert_dispatch import expert_data_parallel_intra_node
 from slimpack.specs.model import ModelSpec
-from slimpack.specs.parallel import ParallelSpec
 
 FP32 = 4
 BF16 = 2
@@ -84,8 +84,7 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
     ops = []
     longest = 0.0
     longest_step = 0.0
-    expert_per_layer = (model.mlp_matrices * model.hidden * model.ffn_hidden * model.num_experts
-                        if model.is_moe else 0)
+    expert_per_layer = model.expert_params_per_layer
     for b in range(base.pp):
         experts = len(base_layers[b]) * expert_per_layer / base.ep / base.tp
         params = len(base_layers[b]) * (model.params_per_layer - expert_per_layer) / base.tp
@@ -99,7 +98,8 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
         buckets = [(params, sync_size, intra)]
         if experts:
             buckets.append((experts, sync_size // base.ep,
-                            intra if base.ep == 1 else _expert_dp_same_node(base, b)))
+                            intra if base.ep == 1
+                            else expert_data_parallel_intra_node(base, b)))
         step = 0.0
         if optimizer_step is not None:
             step = optimizer_step(sum(n / (size if zero_stage else 1) for n, size, _ in buckets))
@@ -133,11 +133,3 @@ def dp_sync(plan: Plan, groups: list[tuple[Group, GroupTimeline]], *, model: Mod
     return DpSync(stage_end_s=tuple(ends), duration_s=longest, optimizer_s=longest_step,
                   ops=tuple(ops))
 
-
-def _expert_dp_same_node(base: ParallelSpec, stage: int) -> bool:
-    """Whether stage ``stage``'s expert-data-parallel groups stay inside a node: with tp = 1
-    (the simulator's condition for ep > 1) a stage's dp*cp ranks are consecutive, an expert
-    group is ``ep`` consecutive ones and an expert-data-parallel group every ``ep``-th."""
-    first = base.rank(pp=stage)
-    block = range(first, first + base.dp * base.cp)
-    return base.same_node(list(block[::base.ep]))

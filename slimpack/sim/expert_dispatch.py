@@ -52,15 +52,29 @@ def check_expert_parallel(plan: Plan, model: ModelSpec) -> None:
                 f"expert group spans data-parallel replicas: not modelled for mixed layouts)")
 
 
+def _stage_ranks(parallel: ParallelSpec, stage: int) -> range:
+    """A pipeline stage's ``dp * cp`` ranks, consecutive at tp = 1 (the simulator's
+    condition for ep > 1)."""
+    first = parallel.rank(pp=stage)
+    return range(first, first + parallel.dp * parallel.cp)
+
+
 def expert_groups_intra_node(parallel: ParallelSpec) -> bool:
-    """Whether every expert group (``ep`` consecutive ranks of a stage's ``dp * cp`` ranks,
-    at tp = 1) sits inside one node."""
+    """Whether every expert group (``ep`` consecutive ranks of a stage) sits inside one
+    node."""
     for stage in range(parallel.pp):
-        first = parallel.rank(pp=stage)
-        for start in range(first, first + parallel.dp * parallel.cp, parallel.ep):
-            if not parallel.same_node(list(range(start, start + parallel.ep))):
+        ranks = _stage_ranks(parallel, stage)
+        for start in range(0, len(ranks), parallel.ep):
+            if not parallel.same_node(list(ranks[start:start + parallel.ep])):
                 return False
     return True
+
+
+def expert_data_parallel_intra_node(parallel: ParallelSpec, stage: int) -> bool:
+    """Whether stage ``stage``'s expert-data-parallel groups (every ``ep``-th rank of the
+    stage: the ranks holding the same experts, which reduce their gradients) stay inside a
+    node, judged on the first of them."""
+    return parallel.same_node(list(_stage_ranks(parallel, stage)[::parallel.ep]))
 
 
 def dispatch_seconds(rank_tokens: float, *, model: ModelSpec, cost: CostModel, ep: int,

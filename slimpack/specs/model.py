@@ -88,6 +88,14 @@ class ModelSpec:
         return self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
 
     @property
+    def expert_params_per_layer(self) -> int:
+        """MoE: every expert's MLP weights of one layer (what expert parallelism splits);
+        0 for a dense model."""
+        if not self.is_moe:
+            return 0
+        return self.mlp_matrices * self.hidden * self.ffn_hidden * self.num_experts
+
+    @property
     def mlp_params_per_layer(self) -> int:
         """All experts' MLP weights (SwiGLU: gate, up, down) plus the router for MoE."""
         router = self.hidden * self.num_experts if self.is_moe else 0
