@@ -1,18 +1,20 @@
-"""Megatron-core dynamic context parallelism (hybrid CP), reconstructed from its description.
+"""Megatron-Core hybrid (dynamic) context parallelism at pipeline parallelism 1.
 
-Rules (docs/methods.md):
+Megatron-Core gives each document the power-of-two CP size it needs and regroups the data-
+parallel x context-parallel ranks, round by round, so every rank carries about the same
+``sum s^2 / cp`` (:mod:`baselines.hybrid_cp_scheduler`, the rules of its
+``BalancedCPScheduler``). Here each round is a plan phase (Megatron-Core puts a barrier
+between rounds), each group a set of consecutive ranks running its documents one at a time,
+each document its own forward and backward (one sub-sample per ``forward_step`` in
+Megatron-Core's ``hybrid_context_parallel_forward_backward``).
 
-* per-rank capacity ``C`` tokens (default ``context / parallel.cp``: what static CP gives each
-  rank); a sequence of ``s`` tokens runs with CP size ``next_pow2(ceil(s / C))``, so short
-  sequences stop paying ring-attention communication and long ones get just enough ranks;
-* the dp*cp ranks of a pipeline stage (slots, :mod:`slimpack.planning.ranks`) are regrouped
-  per micro-batch group into aligned power-of-two CP groups, sized so every slot carries about
-  the same ``sum s^2 / cp`` (attention dominates long sequences);
-* sequences whose CP size finds no room roll into the next micro-batch group (a later phase).
-
-*Reconstructed*: the slot-allocation heuristic (one group per size class, then extra groups to
-the class with the heaviest per-slot load) and the first-fit packing of each group's
-sequences into micro-batches of ``cp * C`` tokens are our choices.
+Megatron-Core refuses hybrid CP with pipeline parallelism (NVIDIA/Megatron-LM d98e8a64dd,
+``megatron/training/arguments.py``), so this method plans pp = 1 (and vpp = 1) only and
+refuses any other layout by name. Per-rank capacity ``capacity_tokens`` is Megatron-Core's
+``max_seqlen_per_dp_cp_rank``; its default, ``ceil(context / cp)``, is what the layout's
+static CP gives each rank (raised to ``ceil(longest / (dp * cp))`` for a longer document).
+The recompute mode (Megatron-Core's is one for the run) is ours: each group's cheapest mode
+that fits its longest document, escalated until the plan fits.
 """
 
 from __future__ import annotations
@@ -20,23 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from baselines.common.finish import finish_plan
+from baselines.hybrid_cp_scheduler import schedule_rounds
 from slimpack.batch import Batch
 from slimpack.plan import Phase, Plan
-from slimpack.planning import (
-    GroupLayout,
-    aligned_blocks,
-    choose_recompute,
-    first_fit_decreasing,
-    lpt_partition,
-    next_power_of_two,
-    num_slots,
-    packed_group,
-    schedule_for,
-    slot_ranks,
-    whole,
-)
+from slimpack.planning import GroupLayout, choose_recompute, num_slots, packed_group, slot_ranks, whole
 from slimpack.planning.method import MethodSpec
 from slimpack.planning.setup import PlanSetup
+from slimpack.specs import ParallelSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,8 +36,10 @@ class DCPOptions:
     context: int | None = None
     """Longest sequence the static layout is sized for; default: the batch's longest."""
     capacity_tokens: int | None = None
-    """Per-rank capacity C; default ceil(context / parallel.cp)."""
+    """Per-rank capacity (Megatron-Core's ``max_seqlen_per_dp_cp_rank``); default
+    ceil(context / parallel.cp), or ceil(longest / (dp * cp)) where that is larger."""
     time_limit_s: float | None = 1.0
+    """Accepted as every method's option; the scheduler is a bounded greedy pass."""
 
     def __post_init__(self) -> None:
         for name in ("context", "capacity_tokens"):
@@ -56,81 +50,52 @@ class DCPOptions:
             raise ValueError(f"megatron-dcp: time_limit_s must be >= 0, got {self.time_limit_s}")
 
 
-def cp_size(length: int, capacity: int, max_cp: int) -> int:
-    return min(next_power_of_two(-(-length // capacity)), max_cp)
-
-
-def _allocate_blocks(loads: dict[int, float], total_slots: int) -> dict[int, int]:
-    """Blocks per CP size: one per size (largest first, while slots last), then one more to
-    the size whose blocks carry the most load per slot, until no size fits."""
-    blocks: dict[int, int] = {}
-    used = 0
-    for k in sorted(loads, reverse=True):
-        if used + k <= total_slots:
-            blocks[k] = 1
-            used += k
-    while True:
-        fitting = [k for k in blocks if used + k <= total_slots]
-        if not fitting:
-            return blocks
-        k = max(fitting, key=lambda k: (loads[k] / blocks[k], k))
-        blocks[k] += 1
-        used += k
+def unpipelined(parallel: ParallelSpec) -> bool:
+    """Megatron-Core's hybrid CP runs without pipeline parallelism (pp = 1, vpp = 1)."""
+    return parallel.pp == 1 and parallel.vpp == 1
 
 
 def plan(batch: Batch, setup: PlanSetup, options: DCPOptions) -> Plan:
     model, hardware, parallel = setup.model, setup.hardware, setup.parallel
+    if not unpipelined(parallel):
+        raise ValueError(f"megatron-dcp: parallel.pp={parallel.pp}, parallel.vpp="
+                         f"{parallel.vpp}: Megatron-Core's hybrid context parallelism runs "
+                         f"at pp = 1 and vpp = 1 only (\"Hybrid context parallelism not "
+                         f"supported with pipeline parallelism\", megatron/training/"
+                         f"arguments.py)")
     context = options.context or max(batch.lengths)
-    capacity = options.capacity_tokens or -(-context // parallel.cp)
-    slots = num_slots(parallel)
-    max_cp = 1 << (slots.bit_length() - 1)  # largest power of two <= slots
-    pending = sorted(batch.sequences, key=lambda s: (-s.length, s.seq_id))
-    schedule = schedule_for(parallel)
-    phases, group_id, recomputes = [], 0, {}
-    while pending:
-        by_size: dict[int, list] = {}
-        for s in pending:
-            by_size.setdefault(cp_size(s.length, capacity, max_cp), []).append(s)
-        loads = {k: sum(s.length**2 for s in seqs) / k for k, seqs in by_size.items()}
-        blocks = _allocate_blocks(loads, slots)
-        sizes = [k for k in sorted(blocks, reverse=True) for _ in range(blocks[k])]
-        placement = aligned_blocks(sizes, slots)
-        assert placement is not None  # _allocate_blocks keeps sum(sizes) <= slots
-        groups, cursor = [], 0
-        for k in sorted(blocks, reverse=True):
-            seqs = by_size[k]
-            parts = lpt_partition([s.length**2 / k for s in seqs], blocks[k])
-            for part in parts:
-                block = placement[cursor]
-                cursor += 1
-                if not part:
-                    continue
-                members = [seqs[i] for i in part]
-                bins = first_fit_decreasing([s.length for s in members], max(
-                    k * capacity, max(s.length for s in members)))
-                mbs = [[whole(members[i].seq_id, members[i].length) for i in b] for b in bins]
-                tokens = max(sum(x.num_tokens for x in mb) for mb in mbs)
-                recompute = choose_recompute(
-                    model, hardware, tokens=tokens, schedule=schedule, tp=parallel.tp, cp=k,
-                    pp=parallel.pp, vpp=parallel.vpp, dp=parallel.dp) or "full"
-                recomputes[str(group_id)] = recompute
-                layout = GroupLayout(tp=parallel.tp, cp=k, pp=parallel.pp, vpp=parallel.vpp,
-                                     schedule=schedule, recompute=recompute)
-                groups.append(packed_group(group_id, slot_ranks(parallel, block), layout, mbs))
-                group_id += 1
-        phases.append(Phase(groups=tuple(groups)))
-        pending = [s for k, seqs in by_size.items() if k not in blocks for s in seqs]
-        pending.sort(key=lambda s: (-s.length, s.seq_id))
+    ranks = num_slots(parallel)
+    # Default: what static CP gives a rank, raised where a longer document (a hand-made batch;
+    # the sampler splits at the context) would find too few ranks: Megatron-Core never
+    # places a document needing more than every rank. A capacity given is kept (or refused).
+    capacity = options.capacity_tokens or max(-(-context // parallel.cp),
+                                              -(-max(batch.lengths) // ranks))
+    rounds = schedule_rounds([(s.seq_id, s.length) for s in batch.sequences], capacity, ranks)
+    phases, recomputes = [], {}
+    for groups in rounds:
+        planned = []
+        for group in groups:
+            group_id, cp = len(recomputes), len(group.ranks)
+            recompute = choose_recompute(
+                model, hardware, tokens=max(n for _, n in group.documents), schedule="1f1b",
+                tp=parallel.tp, cp=cp, dp=parallel.dp, ep=parallel.ep) or "full"
+            recomputes[str(group_id)] = recompute
+            layout = GroupLayout(tp=parallel.tp, cp=cp, pp=1, vpp=1, schedule="1f1b",
+                                 recompute=recompute)
+            planned.append(packed_group(group_id, slot_ranks(parallel, group.ranks), layout,
+                                        [[whole(seq_id, n)] for seq_id, n in group.documents]))
+        phases.append(Phase(groups=tuple(planned)))
     return finish_plan(
         method="megatron-dcp", setup=setup,
         sequence_lengths={s.seq_id: s.length for s in batch.sequences}, phases=phases,
-        metadata={"context": context, "capacity_tokens": capacity, "schedule": schedule,
+        metadata={"context": context, "capacity_tokens": capacity, "schedule": "1f1b",
                   "recompute_by_group": recomputes, "num_phases": len(phases)},
         escalate_recompute=True,
     )
 
 
 METHOD = MethodSpec(
-    name="megatron-dcp", planner=plan, options=DCPOptions,
-    summary="Megatron-Core dynamic CP: each sequence gets the power-of-two CP size it needs",
-    source="Megatron-Core dynamic context parallelism (docs/methods.md)")
+    name="megatron-dcp", planner=plan, options=DCPOptions, allows=unpipelined,
+    summary="Megatron-Core hybrid CP: each document gets the power-of-two CP size it needs, "
+            "ranks regrouped every round (pp = 1)",
+    source="Megatron-Core hybrid context parallelism, BalancedCPScheduler (docs/methods.md)")

@@ -28,9 +28,9 @@ def length_samples_dir() -> Path:
 @pytest.fixture(scope="session")
 def registered_planner_plans() -> list:
     """Every registered planner's plan (llama-7b on H800, the analytic cost model, tp2 cp2
-    pp4 dp2; the Ulysses methods without a pipeline) of two real length samples, and the
-    pipeline planners' with virtual stages (vpp 2): the groups the compiled walks are checked
-    on (a few seconds)."""
+    pp4 dp2; the Ulysses methods and Megatron-Core hybrid CP without a pipeline) of two real
+    length samples, and the pipeline planners' with virtual stages (vpp 2): the groups the
+    compiled walks are checked on (a few seconds)."""
     import dataclasses
 
     from slimpack import data
@@ -43,12 +43,14 @@ def registered_planner_plans() -> list:
     cost = AnalyticCostModel(model=model, hardware=hardware)
     parallel = ParallelSpec(tp=2, cp=2, pp=4, dp=2)
     no_pipeline = ParallelSpec(tp=2, cp=4, pp=1, dp=2)
+    def unpipelined(method: str) -> bool:
+        return method.startswith("ulysses") or method == "megatron-dcp"
+
     out = []
     for seed, dataset in enumerate(("commoncrawl", "github")):
         batch = data.sample_batch(dataset, num_sequences=96, context=65536, seed=seed)
         out.extend(plan_method(m, batch, model, hardware,
-                               no_pipeline if m.startswith("ulysses") else parallel, cost,
-                               context=65536)
+                               no_pipeline if unpipelined(m) else parallel, cost, context=65536)
                    for m in method_names())
     batch = data.sample_batch("wikipedia", num_sequences=96, context=65536, seed=3)
     out.extend(plan_method(m, batch, model, hardware, dataclasses.replace(parallel, vpp=2),

@@ -6,7 +6,6 @@ from functools import partial
 
 import pytest
 
-from baselines.megatron_dcp import cp_size
 from slimpack.batch import Batch
 from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
@@ -51,16 +50,22 @@ def test_naive_packings_fixed_count(packing):
     assert p.num_tokens == BATCH.num_tokens
 
 
-def test_dcp_cp_size_is_next_power_of_two_and_groups_tile_slots():
-    assert [cp_size(n, 4096, 8) for n in (100, 4096, 4097, 9000, 20000, 99999)] == [
-        1, 1, 2, 4, 8, 8]
-    par = ParallelSpec(tp=2, cp=4, pp=2, dp=2)
+def test_dcp_plans_one_phase_per_round_and_one_document_per_microbatch():
+    par = ParallelSpec(tp=2, cp=4, pp=1, dp=2)
     p = dcp_plan(BATCH, MODEL, HW, par, COST, context=32768)
-    for phase in p.phases:
-        assert sum(g.cp for g in phase.groups) <= par.dp * par.cp
+    assert p.metadata["capacity_tokens"] == 8192 and p.metadata["num_phases"] == len(p.phases)
+    for phase in p.phases:  # every tp x dp x cp rank in exactly one group of each round
+        assert sorted(r for g in phase.groups for r in g.ranks) == list(range(par.world))
         for g in phase.groups:
-            cap = g.cp * p.metadata["capacity_tokens"]
-            assert all(s.num_tokens <= max(cap, 32768) for s in g.slices)
+            assert g.pp == 1 and g.schedule == "1f1b"
+            assert all(len(s.segments) == 1 and s.segments[0].start == 0 for s in g.slices)
+    assert p.num_tokens == BATCH.num_tokens
+
+
+@pytest.mark.parametrize("parallel", [dict(pp=2), dict(pp=2, vpp=2)])
+def test_dcp_refuses_pipeline_parallelism_as_megatron_core_does(parallel):
+    with pytest.raises(ValueError, match="parallel.pp=2.*pp = 1 and vpp = 1 only"):
+        dcp_plan(BATCH, MODEL, HW, ParallelSpec(tp=8, cp=2, dp=2, **parallel), COST)
 
 
 def test_slimpipe_uniform_slices_and_reverse_backward():
@@ -76,3 +81,13 @@ def test_slimpipe_uniform_slices_and_reverse_backward():
         bwd = [u.slice_ids[0] for u in g.backward_units]
         assert bwd[:n] == fwd[:n][::-1] and sorted(fwd) == sorted(bwd)
     assert p.attention_redistribution is True
+
+
+def test_dcp_capacity_default_places_a_document_longer_than_the_context():
+    # 30000 tokens at context 8192 on cp2 x dp2: static CP's 4096 a rank would need 8 ranks of
+    # 4; the default rises to ceil(30000 / 4) and a capacity given too small is refused.
+    par = ParallelSpec(tp=8, cp=2, pp=1, dp=2)
+    p = dcp_plan(BATCH, MODEL, HW, par, COST, context=8192)
+    assert p.metadata["capacity_tokens"] == 7500
+    with pytest.raises(ValueError, match="capacity_tokens=4096.*at least 7500"):
+        dcp_plan(BATCH, MODEL, HW, par, COST, context=8192, capacity_tokens=4096)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from slimpack.batch import Batch
 from slimpack.compare import plan_method
 from slimpack.cost import AnalyticCostModel
+from slimpack.methods import get_method
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 
 METHODS = ("naive", "megatron", "megatron-dcp", "wlb-llm", "flexsp", "slimpipe")
@@ -36,6 +37,11 @@ def test_every_method_returns_a_valid_plan(method, lengths, parallel, context):
     lengths = [min(n, context) for n in lengths]
     batch = Batch.from_lengths(lengths)
     options = {"time_limit_s": 0.05, "context": context}
+    if method == "megatron-dcp" and not get_method(method).allows(parallel):
+        # Megatron-Core's hybrid CP runs at pp = 1 only: refused by name, never planned.
+        with pytest.raises(ValueError, match="parallel.pp="):
+            plan_method(method, batch, MODEL, HARDWARE, parallel, COST, **options)
+        return
     plan = plan_method(method, batch, MODEL, HARDWARE, parallel, COST, **options)
     plan.validate()
     assert plan.num_tokens == sum(lengths)  # no token dropped or duplicated

@@ -35,6 +35,7 @@ MODEL, HW = model_preset("llama-7b"), hardware_preset("h800")
 COST = AnalyticCostModel(model=MODEL, hardware=HW)
 PARALLEL = ParallelSpec(tp=2, cp=2, pp=4, dp=2)
 NO_PIPELINE = ParallelSpec(tp=2, cp=4, pp=1, dp=2)
+UNPIPELINED = ("megatron-dcp",)  # and the Ulysses methods: planned on NO_PIPELINE
 """DeepSpeed-Ulysses (FlexSP's baselines) runs without pipeline parallelism."""
 DP = 2
 
@@ -85,8 +86,8 @@ def plans() -> list[Plan]:
     for seed, dataset in enumerate(("commoncrawl", "github", "wikipedia")):
         batch = data.sample_batch(dataset, num_sequences=96, context=65536, seed=seed)
         out.extend(plan_method(m, batch, MODEL, HW,
-                               NO_PIPELINE if m.startswith("ulysses") else PARALLEL, COST,
-                               context=65536)
+                               NO_PIPELINE if m in UNPIPELINED or m.startswith("ulysses")
+                               else PARALLEL, COST, context=65536)
                    for m in method_names())
     return out
 

@@ -25,7 +25,7 @@ from slimpack.specs import hardware_preset, model_preset
 POINT = {"model": "llama-7b", "hardware": "h100-80g", "num_gpus": 16,
          "parallel": {"tp": 4, "pp": 2}, "context": 32768, "dataset": "commoncrawl",
          "global_batch": 48, "seed": 3}
-CLOCKED = ("wlb-llm", "flexsp", "slimpipe", "slimpack", "megatron-dcp")
+CLOCKED = ("wlb-llm", "flexsp", "slimpipe", "slimpack")
 """Planners with a search that a wall-clock limit could cut."""
 
 

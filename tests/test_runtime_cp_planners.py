@@ -32,9 +32,11 @@ def _cp_by_phase(plan) -> list[list[tuple[int, str, str]]]:
 CASES = [
     # Megatron-LM: static cp2 with per-document (THD) sharding.
     ("megatron", dict(cp=2, dp=2), MIXED, 320, [[(2, "ring", "per-document")]]),
-    # Megatron dynamic CP: cp 1, 2 and 4 in one step, two phases.
+    # Megatron-Core hybrid CP: a cp4 round (the 300-token document on every rank), a cp2
+    # round (150 | 120, 90) and a round of cp1 groups, one phase each.
     ("megatron-dcp", dict(cp=4), MIXED, 320,
-     [[(1, "ring", "per-sequence"), (2, "ring", "per-sequence")], [(4, "ring", "per-sequence")]]),
+     [[(4, "ring", "per-sequence")], [(2, "ring", "per-sequence")],
+      [(1, "ring", "per-sequence")]]),
     # SlimPack DP-Merge: the outlier on both cp2 replicas merged into cp4, then split again.
     ("slimpack", dict(cp=2, dp=2), OUTLIER, 1024,
      [[(4, "ring", "per-sequence")], [(2, "ring", "per-sequence")]]),
