@@ -64,8 +64,8 @@ SEARCH_SPACE = LayoutSpace()
 """The one layout space every method is searched over (issue 24, "equal terms"): the union of
 what the papers run, pp up to 32 and vpp up to 5 (SlimPipe's artifact: pp 8 with vpp 5 for
 llama-13b at 256K), cp up to 32 (Megatron-LM at 256K+). A method narrows it only by what it
-cannot run (``MethodSpec.allows``: SlimPipe needs pp > 1, the Ulysses baselines pp = 1), never
-by a smaller search."""
+cannot run (``MethodSpec.allows``: SlimPipe needs pp > 1, megatron-dcp and the Ulysses
+baselines pp = 1), never by a smaller search."""
 
 
 HARNESS_SEARCH_LAYOUTS = 3
