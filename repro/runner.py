@@ -130,7 +130,11 @@ def compute_point(registry: str, name: str, key: str, config: Point) -> tuple[st
         raise ValueError(f"experiment {name!r}: point {config} produced no records")
     lead = {"experiment": name, "point_key": key, "point_rows": len(rows),
             "repro_version": REPRO_VERSION, "backend": config["backend"]}
-    return key, [{**flatten_config(config), **row, **lead} for row in rows]
+    # A failed method's row has no model, hardware, GPUs... of its own (None): it keeps the
+    # point's, so every row names the setting it belongs to.
+    point = flatten_config(config)
+    return key, [{**point, **{k: v for k, v in row.items() if v is not None or k not in point},
+                  **lead} for row in rows]
 
 
 def _worker_signals(parent_pid: int | None = None) -> None:

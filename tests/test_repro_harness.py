@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -381,3 +382,21 @@ def test_finalize_keeps_an_all_empty_runtime_refusal_column(tmp_path):
     header, rows = RecordStore(tmp_path / "records.csv").read()
     assert "runtime_refusal" in header and "note" not in header
     assert rows[0]["runtime_refusal"] == ""
+
+
+def test_a_failed_methods_row_keeps_the_points_setting(monkeypatch: pytest.MonkeyPatch):
+    # A method that failed to plan has a record without model, GPUs... (None): its row keeps
+    # the point's, while a row's own value (the layout it ran) still wins over the point's.
+    import repro.runner as runner
+    from repro.experiment import Experiment
+
+    point = {"model": "llama-7b", "num_gpus": 64, "parallel": {"tp": 8, "pp": 2}}
+    rows = [{"method": "ok", "model": "llama-7b", "num_gpus": 64, "parallel": '{"tp": 8}'},
+            {"method": "failed", "model": None, "num_gpus": None, "error": "refused"}]
+    experiment = Experiment(name="x", description="", points=lambda quick: [point],
+                            run_point=lambda p: [dict(r) for r in rows])
+    monkeypatch.setattr(runner, "resolve_experiment", lambda name, registry: experiment)
+    _, out = runner.compute_point("any", "x", "k", {**point, "backend": "sim"})
+    assert [(r["model"], r["num_gpus"]) for r in out] == [("llama-7b", 64)] * 2
+    assert out[0]["parallel"] == '{"tp": 8}' and json.loads(out[1]["parallel"]) == {"pp": 2, "tp": 8}
+    assert out[1]["error"] == "refused"
