@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from repro.experiments.common import fits_memory, method_registry
+from repro.experiments.common import (
+    DOCUMENTS_WORKLOAD,
+    SAMPLE_PIECES_WORKLOAD,
+    fits_memory,
+    method_registry,
+)
 
 if TYPE_CHECKING:
     from slimpack.methods import MethodRegistry
@@ -29,13 +34,7 @@ SlimPack, which keeps documents whole. (``megatron-causal`` cuts too but attends
 documents: more work, not less.) tests/test_diagnosis.py checks the set against the planners."""
 
 
-DOCUMENTS_WORKLOAD = "documents"
-"""A record's ``workload`` when every method got the batch's documents (each cutting them its
-own way); rows without the column are that too. Under any other workload (the same sample
-pieces for every method) no method cuts what another keeps, so rule 5 does not apply."""
-SAMPLE_PIECES_WORKLOAD = "sample pieces"
-"""The ``workload`` of the same batch cut into Megatron-LM's sample pieces for every method
-(``repro.experiments.e2e_throughput``): the sibling the ``documents`` rule compares with."""
+
 
 
 def _layout(cell: object) -> str:
@@ -198,11 +197,13 @@ def _same_pieces(frame: pd.DataFrame, setting: pd.DataFrame,
 
 
 def losses(frame: pd.DataFrame, keys: list[str], *, value: str = "tokens_per_s",
-           label: callable | None = None) -> tuple[float, list[str]]:
+           label: callable | None = None,
+           siblings: pd.DataFrame | None = None) -> tuple[float, list[str]]:
     """(share of settings SlimPack wins, one diagnosis line per setting it loses). A setting is
     a group of ``keys`` holding SlimPack and another method; only methods that fit memory and
     planned can win (a plan over memory does not run), and a setting where none fits is
-    left out."""
+    left out. ``siblings`` (None: ``frame``) holds the sample-pieces rows the ``documents``
+    rule looks up."""
     if frame.empty or CHALLENGER not in set(frame.get("method", [])):
         return math.nan, []
     frame = frame.assign(_fits=fits_memory(frame))
@@ -227,7 +228,8 @@ def losses(frame: pd.DataFrame, keys: list[str], *, value: str = "tokens_per_s",
             continue
         mine = ours.iloc[0]
         ratio = float(best[value]) / float(mine[value])
-        diagnosis = cause(mine, best, _same_pieces(frame, group, str(best["method"])))
+        pieces = _same_pieces(frame if siblings is None else siblings, group, str(best["method"]))
+        diagnosis = cause(mine, best, pieces)
         lines.append(f"{name}: {best['method']} {ratio:.2f}x faster ({_layout(best['parallel'])}"
                      f" vs SlimPack's {_layout(mine['parallel'])}); {diagnosis}")
     return (wins / settings if settings else math.nan), lines
@@ -241,6 +243,10 @@ SETTING_EXPERIMENTS: dict[str, list[str]] = {
 method), and what makes a setting: a point, or for ``paper-scale`` (one method per point) the
 workload columns. Left out: sensitivity corners (``robustness``), ablations, FlexSP's own
 protocol (no SlimPack)."""
+SIBLINGS_ONLY = frozenset({"balance"})
+"""Experiments whose sample-pieces points run SlimPack and the methods that cut documents only
+(``repro.experiments.balance``): the ``documents`` rule's siblings, not settings (a setting
+without every method would be a win on easier terms)."""
 DESCRIBE = ("model", "dataset", "context", "num_gpus", "global_batch", "token_budget", "seed",
             "protocol", "workload")
 
@@ -272,8 +278,11 @@ def report_lines(records_of: callable, registry: MethodRegistry | None = None) -
         frame = frame[frame["method"].isin(registered)]
         if "protocol" in frame.columns:  # e2e-throughput: each protocol's rows are a setting
             keys = [*keys, "protocol"]
+        siblings = frame
+        if name in SIBLINGS_ONLY and "workload" in frame.columns:
+            frame = frame[frame["workload"].fillna(DOCUMENTS_WORKLOAD) == DOCUMENTS_WORKLOAD]
         labels = {key: describe_setting(g) for key, g in frame.groupby(keys, dropna=False)}
-        share, losses_here = losses(frame, keys, label=labels.__getitem__)
+        share, losses_here = losses(frame, keys, label=labels.__getitem__, siblings=siblings)
         if math.isnan(share):
             continue
         n = _settings(frame, keys)

@@ -68,6 +68,25 @@ def test_balance_bracket_divides_by_each_megatron():
     assert claim.verdict == "reproduced"  # judged against megatron (document masks)
 
 
+def test_balance_claims_and_figure_read_the_documents_only():
+    rows = [{"method": m, "imbalance_degree": v, "workload": "documents"} for m, v in
+            (("megatron", 1.25), ("megatron-causal", 1.0), ("slimpack", 1.0))]
+    # The sample-pieces sibling of the batch (SlimPack and the methods that cut) is the
+    # diagnosis's, not a second measurement of SlimPack's balance.
+    rows.append({"method": "slimpack", "imbalance_degree": 3.0, "workload": "sample pieces"})
+    (claim,) = balance.claims(pd.DataFrame(rows))
+    assert claim.bracket == (("megatron", 0.8), ("megatron-causal", 1.0))
+
+
+def test_balance_full_sweep_adds_each_seeds_sample_pieces_for_slimpack_and_the_cutters():
+    full = balance.points(quick=False)
+    documents = [p for p in full if p["workload"] == "documents"]
+    pieces = [p for p in full if p["workload"] == "sample pieces"]
+    assert [p["seed"] for p in documents] == [p["seed"] for p in pieces] == list(balance.SEEDS)
+    assert all(set(p["methods"]) == {"megatron", "slimpipe", "slimpack"} for p in pieces)
+    assert [p["workload"] for p in balance.points(quick=True)] == ["documents"]
+
+
 def test_bracket_must_start_with_the_reproduced_value():
     def make(value: float, bracket) -> Claim:
         return Claim(claim_id="c", text="t", source="s", paper_value="p", reproduced=value,

@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from repro.diagnosis import cause, losses
+from repro.diagnosis import cause, losses, report_lines
 
 LAYOUT_A = json.dumps({"tp": 2, "cp": 4, "pp": 8, "dp": 2, "vpp": 2})
 LAYOUT_B = json.dumps({"tp": 1, "cp": 4, "pp": 16, "dp": 2, "vpp": 5})
@@ -119,6 +119,33 @@ def test_across_layouts_the_same_batchs_sample_pieces_name_the_documents_cause()
     assert wikipedia_docs.startswith("wikipedia-documents: slimpipe 1.03x faster") \
         and "; planner: SlimPack was also planned on the winner's layout" in wikipedia_docs
     assert "; planner:" in wikipedia_pieces
+
+
+def test_balance_sample_pieces_are_siblings_not_settings():
+    # balance's sample-pieces points run SlimPack and the methods that cut only: the report
+    # does not count them as settings (a win there is over fewer methods), yet its
+    # documents rule reads them (balance seed 2 of 2026-12-06: SlimPipe 1.10x on the
+    # documents at another layout, SlimPack's search held it).
+    def point(workload: str, tokens: dict[str, float]) -> list[dict]:
+        base = {"model": "llama-13b", "dataset": "commoncrawl", "context": 262144,
+                "num_gpus": 128, "global_batch": 512, "seed": 2, "workload": workload,
+                "layouts_from_winners": 1}
+        return [{**_row(m, t, layout=LAYOUT_B if m == "slimpipe" else LAYOUT_A,
+                        simulated=100, setting=f"seed2-{workload}"), **base,
+                 "methods": json.dumps(sorted(tokens))} for m, t in tokens.items()]
+
+    frame = pd.DataFrame(point("documents", {"slimpack": 100.0, "slimpipe": 110.0,
+                                             "megatron": 60.0})
+                         + point("sample pieces", {"slimpack": 112.0, "slimpipe": 110.0}))
+    text = "\n".join(report_lines(lambda name: frame if name == "balance" else pd.DataFrame()))
+    assert "- **balance**: SlimPack fastest in 0 of 1 settings." in text
+    assert "(33%)" not in text and "Over 1 settings" in text
+    assert "slimpipe 1.10x faster" in text and "SlimPack is 1.02x slimpipe" in text
+    # Without the siblings the same loss cannot tell planning from the cuts.
+    alone = "\n".join(report_lines(
+        lambda name: frame[frame["workload"] == "documents"] if name == "balance"
+        else pd.DataFrame()))
+    assert "these records hold no run on the batch's sample pieces" in alone
 
 
 def _layout(method, parallel):

@@ -4,6 +4,13 @@ A pipeline runs at the pace of its slowest unit (micro-batch or MicroPack); vari
 batches make units unequal, which is what SlimPack's MicroPacks and asymmetric forward/backward
 partitioning address (arXiv 2509.26246). Common Crawl-like lengths at 256K, llama-13b on 128
 GPUs, each method at its best parallel configuration; three batches (seeds) in the full sweep.
+
+Beside each full-sweep batch, the same batch cut into Megatron-LM's sample pieces
+(``workload`` "sample pieces") for SlimPack and the methods that cut documents at sample
+boundaries (``repro.diagnosis.CUTS_DOCUMENTS``) only: the sibling that lets the report tell a
+SlimPipe win from its cuts (less attention work) from one of SlimPack's planning. These points
+are not settings of their own: the figure, the claims and the report's count of settings read
+the documents only.
 """
 
 from __future__ import annotations
@@ -16,13 +23,17 @@ import pandas as pd
 import seaborn as sns
 
 from repro.analysis import scalar, select
+from repro.diagnosis import CHALLENGER, CUTS_DOCUMENTS
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import (
+    DOCUMENTS_WORKLOAD,
     MEGATRON_BRACKET,
+    SAMPLE_PIECES_WORKLOAD,
     SLIMPACK_SOURCE,
     TIMING_COLUMNS,
     all_methods,
     best_record_rows,
+    workload_batch,
 )
 from repro.figures import method_order, new_figure, placeholder, save
 
@@ -34,14 +45,34 @@ SEEDS, QUICK_SEEDS = (0, 1, 2), (0,)
 
 
 def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
-    """Every compared method of ``registry`` (None: the suite's) at each seed."""
-    return [{"model": MODEL, "dataset": DATASET, "context": CONTEXT, "num_gpus": GPUS,
-             "global_batch": 4 * GPUS, "seed": seed, "hardware": HARDWARE,
-             "methods": list(all_methods(registry))} for seed in (QUICK_SEEDS if quick else SEEDS)]
+    """Every compared method of ``registry`` (None: the suite's) at each seed on the documents;
+    in the full sweep, each seed's sample pieces for SlimPack and the registry's methods that
+    cut documents (module docstring), where it holds SlimPack and one of them."""
+    methods = list(all_methods(registry))
+
+    def point(seed: int, workload: str, names: list[str]) -> Point:
+        return {"model": MODEL, "dataset": DATASET, "context": CONTEXT, "num_gpus": GPUS,
+                "global_batch": 4 * GPUS, "seed": seed, "hardware": HARDWARE,
+                "workload": workload, "methods": names}
+
+    documents = [point(seed, DOCUMENTS_WORKLOAD, methods)
+                 for seed in (QUICK_SEEDS if quick else SEEDS)]
+    siblings = [m for m in methods if m == CHALLENGER or m in CUTS_DOCUMENTS]
+    if quick or CHALLENGER not in siblings or len(siblings) < 2:
+        return documents
+    return documents + [point(seed, SAMPLE_PIECES_WORKLOAD, siblings) for seed in SEEDS]
 
 
 def run_point(point: Point, registry: MethodRegistry | None = None) -> list[Row]:
-    return best_record_rows(point, tuple(point["methods"]), "balance", registry=registry)
+    return best_record_rows(point, tuple(point["methods"]), "balance",
+                            batch=workload_batch(point, "balance"), registry=registry)
+
+
+def documents_only(records: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the documents points (records without a ``workload`` are those)."""
+    if records.empty or "workload" not in records.columns:
+        return records
+    return records[records["workload"].fillna(DOCUMENTS_WORKLOAD) == DOCUMENTS_WORKLOAD]
 
 
 def unit_times(records: pd.DataFrame) -> pd.DataFrame:
@@ -61,6 +92,7 @@ def unit_times(records: pd.DataFrame) -> pd.DataFrame:
 
 def plot(records: pd.DataFrame, out_dir: Path,
          registry: MethodRegistry | None = None) -> list[Path]:
+    records = documents_only(records)
     long = unit_times(records) if not records.empty else pd.DataFrame()
     if long.empty:
         return [placeholder(out_dir, "unit_times.png", "no records: run balance")]
@@ -79,6 +111,7 @@ def plot(records: pd.DataFrame, out_dir: Path,
 
 
 def claims(records: pd.DataFrame) -> list[Claim]:
+    records = documents_only(records)
     slim = scalar(select(records, method="slimpack"), "imbalance_degree")
     bracket = tuple((base, slim / scalar(select(records, method=base), "imbalance_degree"))
                     for base in MEGATRON_BRACKET)

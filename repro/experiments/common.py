@@ -89,6 +89,32 @@ def harness_caps(methods: tuple[str, ...] | list[str],
             for m in methods}
 
 
+DOCUMENTS_WORKLOAD = "documents"
+"""A record's ``workload`` when every method got the batch's documents (each cutting them its
+own way); rows without the column are that too. Under any other workload (the same sample
+pieces for every method) no method cuts what another keeps (``repro.diagnosis``, rule 5)."""
+SAMPLE_PIECES_WORKLOAD = "sample pieces"
+"""The ``workload`` of the same batch cut into Megatron-LM's sample pieces for every method
+(``slimpack.planning.packing.sample_pieces``): the sibling the diagnosis's ``documents`` rule
+compares with (``e2e-throughput``, ``balance``)."""
+WORKLOADS = (DOCUMENTS_WORKLOAD, SAMPLE_PIECES_WORKLOAD)
+
+
+def workload_batch(point: Point, experiment: str) -> Any:
+    """The point's batch under its ``workload`` (none: documents): the documents drawn
+    (:func:`draw_batch`), or those documents cut into Megatron-LM's sample pieces for every
+    method."""
+    from slimpack.planning.packing import sample_pieces
+
+    workload = point.get("workload", DOCUMENTS_WORKLOAD)
+    if workload not in WORKLOADS:
+        raise ValueError(f"{experiment}: workload must be one of {WORKLOADS}, got "
+                         f"{workload!r}")
+    batch = draw_batch(point, experiment)
+    return sample_pieces(batch, point["context"]) if workload == SAMPLE_PIECES_WORKLOAD \
+        else batch
+
+
 def draw_batch(point: Point, experiment: str) -> Any:
     """The point's global batch: ``global_batch`` documents of ``dataset`` split at ``context``,
     or, when the point has ``token_budget``, documents drawn until that many tokens.

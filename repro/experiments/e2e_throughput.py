@@ -48,21 +48,24 @@ import pandas as pd
 import seaborn as sns
 
 from repro.analysis import scalar, select
-from repro.diagnosis import DOCUMENTS_WORKLOAD, SAMPLE_PIECES_WORKLOAD, losses
+from repro.diagnosis import losses
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import (
     BASELINE,
     BEST_LAYOUT,
+    DOCUMENTS_WORKLOAD,
     FIXED_LAYOUT,
+    SAMPLE_PIECES_WORKLOAD,
     SLIMPACK_SOURCE,
     TIMING_COLUMNS,
+    WORKLOADS,
     all_methods,
     bracket_speedups,
     compare_rows,
-    draw_batch,
     fits_memory,
     harness_caps,
     speedups,
+    workload_batch,
 )
 from repro.figures import (
     batch_tokens_text,
@@ -104,8 +107,7 @@ before the short points of other experiments. Orders work only; never in a recor
 point's key."""
 KEYS = ["model", "dataset", "context", "num_gpus", "token_budget", "seed", "workload"]
 DOCUMENTS, SAMPLE_PIECES = DOCUMENTS_WORKLOAD, SAMPLE_PIECES_WORKLOAD
-"""The ``workload`` of a point (module docstring)."""
-WORKLOADS = (DOCUMENTS, SAMPLE_PIECES)
+"""The ``workload`` of a point (module docstring); ``WORKLOADS``: both."""
 
 
 FLEXSP_OPTIONS = {"milp_counts": 0}
@@ -172,7 +174,7 @@ def run_point(point: Point, registry: MethodRegistry | None = None) -> list[Row]
     # arXiv 2412.01523, evaluation; under ZeRO-1 the model states of llama-70b leave its SP
     # pool no room for a 64K sequence), the others under Megatron-LM's ZeRO-1; records carry
     # ``zero_stage``. FLEXSP_OPTIONS apply only where FlexSP is compared.
-    batch = workload_batch(point)
+    batch = workload_batch(point, "e2e-throughput")
     rows = compare_rows(point, tuple(point["methods"]), "e2e-throughput", registry,
                         auto_parallel_top_k=point["search_top_k"], search_budget_s=None,
                         method_options={"flexsp": FLEXSP_OPTIONS}, batch=batch)
@@ -194,19 +196,6 @@ def run_point(point: Point, registry: MethodRegistry | None = None) -> list[Row]
         row["samples_per_replica"] = (point["token_budget"] / point["context"] / parallel["dp"]
                                       if parallel else float("nan"))
     return rows
-
-
-def workload_batch(point: Point):
-    """The point's batch under its ``workload``: the documents drawn, or those documents cut
-    into Megatron-LM's sample pieces for every method."""
-    from slimpack.planning.packing import sample_pieces
-
-    batch = draw_batch(point, "e2e-throughput")
-    workload = point.get("workload", DOCUMENTS)
-    if workload not in WORKLOADS:
-        raise ValueError(f"e2e-throughput: workload must be one of {WORKLOADS}, got "
-                         f"{workload!r}")
-    return sample_pieces(batch, point["context"]) if workload == SAMPLE_PIECES else batch
 
 
 def plot(records: pd.DataFrame, out_dir: Path,

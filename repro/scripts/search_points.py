@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from repro.experiments import e2e_throughput, paper_scale
-from repro.experiments.common import draw_batch
+from repro.experiments.common import DOCUMENTS_WORKLOAD as DOCUMENTS
+from repro.experiments.common import workload_batch
 
-DOCUMENTS = "documents"
-"""The workload of a point whose records have no ``workload`` column (paper-scale: every
-method trains the documents drawn)."""
+# DOCUMENTS: the workload of a point whose records have no ``workload`` column (paper-scale:
+# every method trains the documents drawn).
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,11 +48,9 @@ class SearchedExperiment:
         point = {"model": model, "dataset": dataset, "context": self.context,
                  "num_gpus": self.gpus, "token_budget": self.samples * self.context,
                  "seed": 0, "workload": workload}
-        if self.name == e2e_throughput.EXPERIMENT.name:
-            return e2e_throughput.workload_batch(point)
-        if workload != DOCUMENTS:
+        if self.name != e2e_throughput.EXPERIMENT.name and workload != DOCUMENTS:
             raise ValueError(f"{self.name}: workload must be {DOCUMENTS!r}, got {workload!r}")
-        return draw_batch(point, self.name)
+        return workload_batch(point, self.name)
 
 
 EXPERIMENTS = {
