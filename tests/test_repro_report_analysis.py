@@ -43,6 +43,31 @@ def test_e2e_analysis_is_computed_from_the_records():
         claims["max-speedup"].analysis
 
 
+def test_e2e_wins_analysis_reads_the_sample_pieces_as_the_report_section_does():
+    # SlimPipe wins the documents at another layout; on the same batch cut into sample
+    # pieces SlimPack is 1.05x SlimPipe: the claim's analysis names the documents cause
+    # (repro.diagnosis rule 1), not the planner, as "Where SlimPack is not the fastest" does.
+    rows = []
+    for workload, tokens in (("documents", {"megatron": 1.0, "slimpack": 1.5, "slimpipe": 1.6}),
+                             ("sample pieces", {"megatron": 1.0, "slimpack": 1.68,
+                                                "slimpipe": 1.6})):
+        for method, tps in tokens.items():
+            tp = 4 if method == "slimpipe" else 8
+            rows.append({"point_key": workload, "model": "llama-7b", "dataset": "github",
+                         "context": 65536, "num_gpus": 128, "token_budget": 512 * 65536,
+                         "seed": 0, "workload": workload, "protocol": "best layout",
+                         "method": method, "tokens_per_s": tps, "bubble_fraction": 0.05,
+                         "step_over_ideal": 1.05, "num_tokens": 1_130_000, "oom": False,
+                         "error": "", "layouts_simulated": 10, "layouts_candidates": 10,
+                         "layouts_pruned": 0,
+                         "parallel": f'{{"tp": {tp}, "cp": 2, "pp": 4, "dp": {16 // tp}}}'})
+    claims = {c.claim_id: c for c in e2e_throughput.claims(pd.DataFrame(rows))}
+    analysis = claims["slimpack-wins"].analysis
+    assert "llama-7b github: slimpipe 1.07x faster" in analysis
+    assert "on the same batch as sample pieces (the same attention for every method) " \
+        "SlimPack is 1.05x slimpipe (not a planner cause)" in analysis
+
+
 def test_e2e_fixed_layout_analysis_separates_balance_from_work():
     """The fixed-layout lead is read off the records: each method's step over its own ideal at
     the largest lead, and SlimPack's ideal over Megatron-LM's on that layout (the work) beside

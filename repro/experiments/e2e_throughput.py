@@ -227,13 +227,16 @@ def panel_title(frame: pd.DataFrame) -> str:
             f"({batch_tokens_text(with_workload(frame), KEYS)}), {GPUS} GPUs ({HARDWARE})")
 
 
-def _wins(frame: pd.DataFrame, heading: str) -> tuple[float, str]:
+def _wins(frame: pd.DataFrame, heading: str,
+          siblings: pd.DataFrame | None = None) -> tuple[float, str]:
     """(share of settings SlimPack wins, ``heading`` then the fastest method's count per
     setting and a diagnosis line per loss). Only methods that fit memory can be the fastest
-    (a plan over memory does not run)."""
+    (a plan over memory does not run). ``siblings``: the sample-pieces rows the diagnosis's
+    ``documents`` rule reads (as the report's section on losses does)."""
     fitting = frame[fits_memory(frame)]
     best = fitting.loc[fitting.groupby(KEYS)["tokens_per_s"].idxmax(), "method"]
-    share, lost = losses(frame, KEYS, label=lambda key: f"{key[0]} {key[1]}")
+    share, lost = losses(frame, KEYS, label=lambda key: f"{key[0]} {key[1]}",
+                         siblings=siblings)
     return share, (heading + ", ".join(f"{m} {n}" for m, n in best.value_counts().items())
                    + f" (of {len(best)})." + "".join(f" {line}." for line in lost))
 
@@ -316,8 +319,10 @@ def claims(records: pd.DataFrame) -> list[Claim]:
                                      lambda f: scalar(_slimpack(f), "speedup", "max"))
     wins = fewest = float("nan")
     wins_note = speedup_note = ""
+    pieces = headline(raw, BEST_LAYOUT, SAMPLE_PIECES)
     if not frame.empty:
-        wins, wins_note = _wins(frame, "Fastest method per setting (fitting memory): ")
+        wins, wins_note = _wins(frame, "Fastest method per setting (fitting memory): ",
+                                siblings=pieces if not pieces.empty else None)
         megatron, slimpack = select(frame, method="megatron"), select(frame, method="slimpack")
         needed = {"step_over_ideal", "bubble_fraction"}
         if not megatron.empty and not slimpack.empty and needed <= set(frame.columns):
@@ -328,7 +333,6 @@ def claims(records: pd.DataFrame) -> list[Claim]:
                 f"{slimpack['step_over_ideal'].mean():.2f}x: the lead is what balancing "
                 "removes from an already well-filled pipeline (the batch-size experiment shows "
                 "smaller batches).")
-    pieces = headline(raw, BEST_LAYOUT, SAMPLE_PIECES)
     pieces_wins, pieces_note = float("nan"), ""
     worst_vs_slimpipe = {DOCUMENTS: float("nan"), SAMPLE_PIECES: float("nan")}
     for workload, rows in ((DOCUMENTS, records), (SAMPLE_PIECES, pieces)):
