@@ -128,7 +128,9 @@ EXPERIMENT = Experiment(
     name="balance",
     description=("Per-unit forward and backward times of each method relative to its mean unit "
                  "(violins): llama-13b, Common Crawl lengths, 256K context, 128 H800 GPUs, each "
-                 "method at its best parallel configuration."),
+                 "method at its best parallel configuration. Each batch also as Megatron-LM's "
+                 "sample pieces for SlimPack and the methods that cut documents (the diagnosis "
+                 "of a SlimPipe win; not in the violins or the claims)."),
     points=points, run_point=run_point, plot=plot, claims=claims,
     needs=("slimpack.compare", "slimpack.sim", "slimpack.data"), timing_columns=TIMING_COLUMNS,
 )
