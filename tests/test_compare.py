@@ -125,6 +125,29 @@ def test_cli_option_is_typed_and_checked(capsys):
     assert [r["error"] for r in records] == ["", ""]
 
 
+def test_cli_sample_pieces_workload_gives_every_method_megatrons_pieces(capsys):
+    argv = ["compare", "--methods", "megatron,slimpack", *WORKLOAD, "--tp", "8", "--pp", "4"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    # On the documents the table says which methods price less attention (they cut).
+    assert ("Documents: megatron cut documents at the 65536-token sample boundaries" in table)
+    assert main([*argv, "--workload", "sample-pieces"]) == 0
+    table = capsys.readouterr().out
+    assert "sequences (sample pieces)" in table and "Documents:" not in table
+    runs = {}
+    for workload in ("documents", "sample-pieces"):
+        assert main([*argv, "--workload", workload, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["workload"] == workload
+        runs[workload] = {r["method"]: r for r in out["records"]}
+    # Megatron-LM's data path cuts exactly these pieces: its step does not move; SlimPack's
+    # batch is now the pieces too (the same tokens, more sequences).
+    docs, pieces = runs["documents"], runs["sample-pieces"]
+    assert pieces["megatron"]["step_time_s"] == docs["megatron"]["step_time_s"]
+    assert pieces["slimpack"]["num_tokens"] == docs["slimpack"]["num_tokens"]
+    assert pieces["slimpack"]["num_sequences"] > docs["slimpack"]["num_sequences"]
+
+
 def test_cli_token_budget_sizes_the_batch_in_tokens(capsys):
     workload = [a for a in WORKLOAD]
     i = workload.index("--global-batch")

@@ -27,9 +27,14 @@ from slimpack.cost.kernel_model import default_cost_model
 from slimpack.jsonio import check_output_path, strict_json
 from slimpack.methods import DEFAULT_METHODS, MethodRegistry
 from slimpack.planning.options import parse_options
+from slimpack.planning.packing import sample_pieces
 from slimpack.specs import ParallelSpec, hardware_preset, model_preset
 from slimpack.specs.parallel import PIPELINE_SPLITS
 from slimpack.specs.training import ZERO_STAGES, TrainingSpec
+
+DOCUMENTS, SAMPLE_PIECES = "documents", "sample-pieces"
+WORKLOADS = (DOCUMENTS, SAMPLE_PIECES)
+"""``--workload``: what every method is given (the flag's help)."""
 
 
 def _add_workload_flags(p: argparse.ArgumentParser) -> None:
@@ -60,6 +65,13 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
                            "Megatron's 'global batch 512' of context-length samples); 1 to "
                            f"{MAX_TOKEN_BUDGET:,}")
     p.add_argument("--seed", type=int, default=0, help="sampler seed for the batch (default 0)")
+    p.add_argument("--workload", choices=WORKLOADS, default=DOCUMENTS,
+                   help="documents (default): the batch's documents, each method cutting or "
+                        "keeping them its own way (Megatron-LM, naive packing and SlimPipe cut "
+                        "a document at each context-length sample boundary, so they compute "
+                        "less attention); sample-pieces: the documents cut every --context "
+                        "tokens as Megatron-LM's GPTDataset cuts them, given to every method, "
+                        "so all compute the same attention")
     p.add_argument("--time-limit", type=positive_float, default=None,
                    help="planner time limit in seconds, a finite number > 0 (default: each "
                         "planner's own)")
@@ -176,9 +188,12 @@ def run_methods(args: argparse.Namespace) -> int:
 
 
 def load_batch(dataset: str, *, context: int, global_batch: int | None, seed: int,
-               token_budget: int | None = None) -> Batch:
+               token_budget: int | None = None, workload: str = "documents") -> Batch:
     """Sample the global batch by document count or token budget (documents longer than
-    ``context`` are split)."""
+    ``context`` are split); for the ``sample-pieces`` workload, cut into Megatron-LM's
+    sample pieces (:func:`slimpack.planning.packing.sample_pieces`)."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
     if global_batch is not None and global_batch < 1:
         raise ValueError(f"--global-batch must be >= 1, got {global_batch}")
     if token_budget is not None and token_budget < 1:
@@ -187,8 +202,9 @@ def load_batch(dataset: str, *, context: int, global_batch: int | None, seed: in
         raise ValueError(f"--context must be >= 1, got {context}")
     from slimpack.data import sample_batch
 
-    return sample_batch(dataset, num_sequences=global_batch, token_budget=token_budget,
-                        context=context, seed=seed, truncation="split")
+    batch = sample_batch(dataset, num_sequences=global_batch, token_budget=token_budget,
+                         context=context, seed=seed, truncation="split")
+    return sample_pieces(batch, context) if workload == SAMPLE_PIECES else batch
 
 
 def parallel_from_args(args: argparse.Namespace) -> ParallelSpec | None:
@@ -223,8 +239,8 @@ def run_plan(args: argparse.Namespace) -> int:
     model, hardware, cost = _specs(args)
     parallel = parallel_from_args(args)
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
-                       token_budget=args.token_budget,
-                       seed=args.seed)
+                       token_budget=args.token_budget, seed=args.seed,
+                       workload=args.workload)
     registry: MethodRegistry = args.registry
     options = method_options([args.method], args.option, prefixed=False,
                              registry=registry)[args.method]
@@ -252,6 +268,7 @@ def run_plan(args: argparse.Namespace) -> int:
         plan.save(args.output)
     summary = {
         "method": args.method, "model": model.name, "hardware": hardware.name,
+        "workload": args.workload,
         "parallel": parallel.to_dict(), "num_sequences": len(batch),
         "num_tokens": plan.num_tokens, "num_phases": len(plan.phases),
         "num_groups": sum(1 for _ in plan.groups()),
@@ -277,6 +294,21 @@ def _peak_note(plan, model, hardware, cost) -> str:
             f"{hardware.usable_memory_bytes / 2**30:.1f} GiB")
 
 
+def cut_documents_note(methods: list[str], workload: str, context: int,
+                       registry: MethodRegistry) -> str:
+    """A line under the table where, on the documents, some methods cut documents at sample
+    boundaries (``MethodSpec.cuts_at_sample_boundaries``) and others keep them whole: their
+    steps then price different attention, which a reader of the table must know."""
+    if workload != DOCUMENTS:
+        return ""
+    cutting = [m for m in methods if registry.get(m).cuts_at_sample_boundaries]
+    if not cutting or len(cutting) == len(methods):
+        return ""
+    return (f"Documents: {', '.join(cutting)} cut documents at the {context}-token sample "
+            "boundaries (a cut tail no longer attends to its head), the others keep each "
+            "document whole; --workload sample-pieces gives every method the same pieces.")
+
+
 def run_compare(args: argparse.Namespace) -> int:
     from slimpack.compare import compare, format_table
 
@@ -296,8 +328,8 @@ def run_compare(args: argparse.Namespace) -> int:
     if parallel is not None:
         parallel.validate_for_model(model)
     batch = load_batch(args.dataset, context=args.context, global_batch=args.global_batch,
-                       token_budget=args.token_budget,
-                       seed=args.seed)
+                       token_budget=args.token_budget, seed=args.seed,
+                       workload=args.workload)
     stages = zero_stages(methods, args.zero_stage, registry)
     method_costs = {m: default_cost_model(model, hardware, TrainingSpec(zero_stage=z))
                     for m, z in stages.items() if z != DEFAULT_ZERO_STAGE}
@@ -308,13 +340,18 @@ def run_compare(args: argparse.Namespace) -> int:
                    method_costs=method_costs, jobs=args.jobs or usable_cpus(),
                    registry=registry)
     if args.json:
-        print(strict_json({"records": [r.to_dict() for r in records]}, indent=1))
+        print(strict_json({"workload": args.workload,
+                           "records": [r.to_dict() for r in records]}, indent=1))
     else:
+        pieces = " (sample pieces)" if args.workload == SAMPLE_PIECES else ""
         print(f"{model.name} on {args.gpus} x {hardware.name}, {args.dataset}, context "
-              f"{args.context}, {len(batch)} sequences ({batch.num_tokens:,} tokens), "
+              f"{args.context}, {len(batch)} sequences{pieces} ({batch.num_tokens:,} tokens), "
               f"seed {args.seed}")
         print(format_table(records))
         print("ZeRO stage: " + ", ".join(f"{m} {z}" for m, z in stages.items()))
+        note = cut_documents_note(methods, args.workload, args.context, registry)
+        if note:
+            print(note)
     for r in records:
         if r.fallback:
             print(f"slimpack compare: {r.method} fell back: {r.fallback}", file=sys.stderr)
