@@ -96,6 +96,7 @@ def plan(batch: Batch, setup: PlanSetup, options: DCPOptions) -> Plan:
 
 METHOD = MethodSpec(
     name="megatron-dcp", planner=plan, options=DCPOptions, allows=unpipelined,
+    layout_rule="pp = 1, vpp = 1 (Megatron-Core's hybrid CP runs without a pipeline)",
     summary="Megatron-Core hybrid CP: each document gets the power-of-two CP size it needs, "
             "ranks regrouped every round (pp = 1)",
     source="Megatron-Core hybrid context parallelism, BalancedCPScheduler (docs/methods.md)")

@@ -232,7 +232,8 @@ def _pipelined(parallel: ParallelSpec) -> bool:
 
 METHOD = MethodSpec(
     name="slimpipe", planner=plan, options=SlimPipeOptions, schedule_family="slimpipe",
-    allows=_pipelined, cuts_at_sample_boundaries=True, ring_cp_at_layout_degree=True,
+    allows=_pipelined, layout_rule="pp > 1 (a pipeline schedule)",
+    cuts_at_sample_boundaries=True, ring_cp_at_layout_degree=True,
     simulates_to_plan=True,
     summary="uniform sequence slices, slice-level 1F1B, attention redistribution",
     source="SlimPipe, arXiv 2504.14519")

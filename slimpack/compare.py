@@ -203,6 +203,8 @@ class SearchResult:
     winner_layouts: int = 0
     """Of ``simulated``, layouts tried because a faster method won with them
     (:mod:`slimpack.planning.winners`), beyond the search's own cap."""
+    space: str = ""
+    """The layout space searched, in words (``MethodSpec.search_space``)."""
     unvisited: tuple[tuple[tuple, float], ...] = ()
     """(layout key, step lower bound) of every layout a cap left neither simulated nor
     pruned: the layouts that could still hold a faster plan (:attr:`gain_bound`)."""
@@ -393,7 +395,7 @@ def best_parallel(method: str, batch: Batch, model: ModelSpec, hardware: Hardwar
         "exhaustive": exhaustive, "seconds": time.perf_counter() - started}
     return SearchResult(plan=best[1], record=best[2], parallel=best[3], tried=tuple(tried),
                         candidates=len(candidates), simulated=simulated, pruned=pruned,
-                        exhaustive=exhaustive, unvisited=unvisited)
+                        exhaustive=exhaustive, unvisited=unvisited, space=spec.search_space())
 
 
 def extend_search(found: SearchResult, method: str, layouts: Sequence[ParallelSpec],
@@ -505,7 +507,7 @@ def search_columns(search: str, found: SearchResult | None) -> dict[str, Any]:
     it held, simulated and pruned (None for a fixed layout), so a reader can check that no
     method was searched less than another."""
     return {"search": search, "search_exhaustive": found.exhaustive if found else True,
-            "search_space": SEARCH_SPACE.describe() if found else "fixed layout",
+            "search_space": found.space if found else "fixed layout",
             "layouts_candidates": found.candidates if found else None,
             "layouts_simulated": found.simulated if found else None,
             "layouts_pruned": found.pruned if found else None,

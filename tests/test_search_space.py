@@ -35,3 +35,32 @@ def test_methods_differ_only_in_layouts_they_cannot_run():
             continue  # other memory families or FlexSP's SP pool: compared among themselves
         own = {c.parallel for c in method_candidates(name, model, hw, 64, 32768)}
         assert own == {p for p in widest if spec.allows(p)}, name
+
+
+def test_a_method_that_narrows_the_space_says_how_and_its_records_print_it():
+    import dataclasses
+
+    import pytest
+
+    from slimpack.compare import best_parallel
+    from slimpack.cost.kernel_model import default_cost_model
+    from slimpack.data import sample_batch
+
+    shared = SEARCH_SPACE.describe()
+    for name in method_names():
+        spec = get_method(name)
+        if spec.layout_rule:
+            assert spec.search_space() == f"{shared}; {spec.layout_rule}", name
+        else:
+            assert spec.search_space() == shared, name
+    assert "pp = 1" in get_method("megatron-dcp").search_space()
+    assert "pp > 1" in get_method("slimpipe").search_space()
+    with pytest.raises(ValueError, match="layout_rule must say how"):
+        dataclasses.replace(get_method("slimpipe"), layout_rule="")
+    # The search's answer carries the method's own space into its record.
+    model, hw = model_preset("llama-7b"), hardware_preset("h100")
+    batch = sample_batch("wikipedia", num_sequences=16, context=16384, seed=0)
+    found = best_parallel("megatron-dcp", batch, model, hw, 8,
+                          default_cost_model(model, hw), context=16384, top_k=2)
+    assert found.space == get_method("megatron-dcp").search_space()
+    assert found.parallel.pp == 1

@@ -30,8 +30,13 @@ def is_sp_pool(parallel: ParallelSpec) -> bool:
     return parallel.pp == 1 and parallel.cp == 1 and parallel.vpp == 1
 
 
+SP_POOL_RULE = "pp = 1, vpp = 1, the layout's cp folded into dp (an SP pool of tp x dp*cp GPUs)"
+"""``is_sp_pool`` and ``sp_pool`` in words (``MethodSpec.layout_rule``)."""
+
+
 METHOD = MethodSpec(
     name="flexsp", planner=plan, options=FlexSPOptions, allows=is_sp_pool, reshape=sp_pool,
+    layout_rule=SP_POOL_RULE,
     paper_zero_stage=3,  # FlexSP ran every SP method with ZeRO-3 (arXiv 2412.01523, evaluation)
     summary="heterogeneous Ulysses SP groups per micro-batch chosen by a MILP (HiGHS)",
     source="FlexSP, arXiv 2412.01523")

@@ -101,6 +101,10 @@ class MethodSpec:
     """Which parallel layouts the method runs on (e.g. SlimPipe needs pp > 1)."""
     reshape: Callable[[Sequence[Candidate]], list[Candidate]] = keep_layouts
     """Turns the memory-feasible layouts into the method's own (e.g. FlexSP's SP pool)."""
+    layout_rule: str = ""
+    """``allows`` and ``reshape`` in words (e.g. "pp > 1"), for records and tables
+    (:meth:`search_space`); empty for a method that runs on every layout. A registry entry that
+    narrows the layouts must say how (tests/test_search_space.py)."""
     compared: bool = True
     """Whether the suite's method comparisons (``MethodRegistry.compared_names``: the
     harness's all-method experiments) include the method. False for the
@@ -166,6 +170,11 @@ class MethodSpec:
         if self.paper_zero_stage is not None and self.paper_zero_stage not in ZERO_STAGES:
             raise ValueError(f"MethodSpec {self.name}: paper_zero_stage must be None or one of "
                              f"{ZERO_STAGES}, got {self.paper_zero_stage!r}")
+        narrows = self.allows is not any_layout or self.reshape is not keep_layouts
+        if narrows and not self.layout_rule:
+            raise ValueError(f"MethodSpec {self.name}: allows/reshape narrow the layout space, "
+                             "so layout_rule must say how in words (records and tables print "
+                             "it as the method's search space)")
         names = {f.name for f in dataclasses.fields(self.options)}
         missing = {"context", "time_limit_s"} - names
         if missing:
@@ -175,6 +184,12 @@ class MethodSpec:
     def make_options(self, options: dict[str, Any]) -> Any:
         """The options dataclass from keyword values; unknown names list the allowed ones."""
         return build_options(self.options, self.name, options)
+
+    def search_space(self) -> str:
+        """The layout space the configuration search gives this method: the shared
+        :data:`SEARCH_SPACE`, narrowed by :attr:`layout_rule`."""
+        shared = SEARCH_SPACE.describe()
+        return f"{shared}; {self.layout_rule}" if self.layout_rule else shared
 
     def describe_options(self) -> list[tuple[str, str, str]]:
         """(name, type, default) of every option, for ``--list-options``."""
