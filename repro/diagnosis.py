@@ -31,7 +31,8 @@ CUTS_DOCUMENTS = frozenset({"megatron", "slimpipe"})
 boundary into independent pieces under document masks (``Plan.documents.pieces``): a cut
 tail no longer attends to its head, so the same batch has less attention work than under
 SlimPack, which keeps documents whole. (``megatron-causal`` cuts too but attends across
-documents: more work, not less.) tests/test_repro_diagnosis.py checks the set against the planners."""
+documents: more work, not less.) tests/test_repro_diagnosis.py checks the set against the
+planners."""
 
 
 def _layout(cell: object) -> str:
