@@ -10,10 +10,11 @@ its own best parallel configuration. Megatron-LM (both attention semantics), nai
 Megatron dynamic CP, WLB-LLM, FlexSP and SlimPipe (every baseline of a SlimPack ratio) are
 searched exhaustively, pruned only by the lower bound, so they run at their best layout;
 SlimPack gets its 3 best-estimated layouts, then every layout with which a faster method won
-(the winner-layout pass, ``slimpack.planning.winners``). Every method is searched over the same layout space
-(``slimpack.planning.method.SEARCH_SPACE``), and the records say how many layouts each one
-simulated of its candidates and how much faster a layout it did not simulate could be at most
-(``search_gain_bound``).
+(the winner-layout pass, ``slimpack.planning.winners``). Every method is searched over the same
+layout space (``slimpack.planning.method.SEARCH_SPACE``) less what it cannot run, and the
+records say that space (``search_space``: the shared one with ``MethodSpec.layout_rule``), how
+many layouts each one simulated of its candidates and how much faster a layout it did not
+simulate could be at most (``search_gain_bound``).
 
 Two protocols (issue 24): *best layout* (each method at the best layout its search found, as
 the SlimPipe authors compared methods) and *fixed layout* (every method at Megatron-LM's best
