@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: figures are written on machines without a display
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 if TYPE_CHECKING:
@@ -36,6 +38,22 @@ def method_order(present: object, registry: MethodRegistry | None = None) -> lis
     names = [str(m) for m in present]
     known = [m for m in (registry or DEFAULT_METHODS).names() if m in names]
     return known + sorted(set(names) - set(known))
+
+
+JITTER_SEED = 0
+
+
+@contextlib.contextmanager
+def fixed_jitter(seed: int = JITTER_SEED):
+    """Seaborn's ``stripplot`` draws its jitter from NumPy's global generator, so a figure
+    changed on every drawing of the same records. Inside this block the generator starts from
+    ``seed``; its state before is restored after, so nothing outside sees the seed."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
 
 
 def save(fig, out_dir: Path, name: str) -> Path:

@@ -20,7 +20,7 @@ import seaborn as sns
 from repro.analysis import mean_ci95, select
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import SLIMPACK_SOURCE, TIMING_COLUMNS, simulate_planner
-from repro.figures import new_figure, placeholder, save
+from repro.figures import JITTER_SEED, fixed_jitter, new_figure, placeholder, save
 
 HARDWARE, MODEL, CONTEXT, GPUS = "h800-80g", "llama-13b", 256 * 1024, 128
 PARALLEL = {"tp": 8, "pp": 4}
@@ -137,10 +137,12 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
     sns.move_legend(ax, "upper left", fontsize=8)
     ax = axes[0][1]
     per_batch = gains(records)
-    sns.stripplot(per_batch, x="component", y="gain", hue="dataset", dodge=True, ax=ax,
-                  size=4, legend=False)
+    with fixed_jitter():
+        sns.stripplot(per_batch, x="component", y="gain", hue="dataset", dodge=True, ax=ax,
+                      size=4, legend=False)
     sns.pointplot(per_batch, x="component", y="gain", hue="dataset", dodge=0.4,
-                  errorbar=("ci", 95), linestyle="none", markers="_", ax=ax)
+                  errorbar=("ci", 95), seed=JITTER_SEED, linestyle="none", markers="_",
+                  ax=ax)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel("gain on the same batch (each dot one batch)")
     ax.set_xlabel("")

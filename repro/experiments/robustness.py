@@ -27,7 +27,7 @@ import seaborn as sns
 
 from repro.experiment import Check, Claim, Experiment, Point, Row
 from repro.experiments.common import TIMING_COLUMNS, method_rows, with_harness_options
-from repro.figures import new_figure, placeholder, save
+from repro.figures import fixed_jitter, new_figure, placeholder, save
 
 SOURCE = "this suite (perturbed kernel-grounded cost model)"
 GEMM, ATTENTION, NETWORK = (0.85, 1.15), (0.75, 1.25), (0.5, 1.5)
@@ -188,8 +188,9 @@ def plot(records: pd.DataFrame, out_dir: Path) -> list[Path]:
         return [placeholder(out_dir, "bands.png", "no successful runs")]
     fig, axes = new_figure(1, width=7.5, height=3.8)
     ax = axes[0][0]
-    sns.stripplot(data, y="comparison", x="ratio", hue="network_scale", ax=ax, jitter=0.15,
-                  size=5, palette="viridis")
+    with fixed_jitter():
+        sns.stripplot(data, y="comparison", x="ratio", hue="network_scale", ax=ax,
+                      jitter=0.15, size=5, palette="viridis")
     nominal = _nominal(data)
     ax.scatter(nominal["ratio"], nominal["comparison"], marker="D", color="red", s=50, zorder=3,
                label="nominal")
