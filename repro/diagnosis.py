@@ -18,6 +18,7 @@ import pandas as pd
 from repro.experiments.common import (
     DOCUMENTS_WORKLOAD,
     SAMPLE_PIECES_WORKLOAD,
+    documents_only,
     fits_memory,
     method_registry,
 )
@@ -277,8 +278,8 @@ def report_lines(records_of: callable, registry: MethodRegistry | None = None) -
         if "protocol" in frame.columns:  # e2e-throughput: each protocol's rows are a setting
             keys = [*keys, "protocol"]
         siblings = frame
-        if name in SIBLINGS_ONLY and "workload" in frame.columns:
-            frame = frame[frame["workload"].fillna(DOCUMENTS_WORKLOAD) == DOCUMENTS_WORKLOAD]
+        if name in SIBLINGS_ONLY:
+            frame = documents_only(frame)
         labels = {key: describe_setting(g) for key, g in frame.groupby(keys, dropna=False)}
         share, losses_here = losses(frame, keys, label=labels.__getitem__, siblings=siblings)
         if math.isnan(share):

@@ -33,6 +33,7 @@ from repro.experiments.common import (
     TIMING_COLUMNS,
     all_methods,
     best_record_rows,
+    documents_only,
     workload_batch,
 )
 from repro.figures import method_order, new_figure, placeholder, save
@@ -66,13 +67,6 @@ def points(quick: bool, registry: MethodRegistry | None = None) -> list[Point]:
 def run_point(point: Point, registry: MethodRegistry | None = None) -> list[Row]:
     return best_record_rows(point, tuple(point["methods"]), "balance",
                             batch=workload_batch(point, "balance"), registry=registry)
-
-
-def documents_only(records: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the documents points (records without a ``workload`` are those)."""
-    if records.empty or "workload" not in records.columns:
-        return records
-    return records[records["workload"].fillna(DOCUMENTS_WORKLOAD) == DOCUMENTS_WORKLOAD]
 
 
 def unit_times(records: pd.DataFrame) -> pd.DataFrame:

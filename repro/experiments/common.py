@@ -100,6 +100,13 @@ compares with (``e2e-throughput``, ``balance``)."""
 WORKLOADS = (DOCUMENTS_WORKLOAD, SAMPLE_PIECES_WORKLOAD)
 
 
+def documents_only(records: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the documents workload (records without a ``workload`` are those)."""
+    if records.empty or "workload" not in records.columns:
+        return records
+    return records[records["workload"].fillna(DOCUMENTS_WORKLOAD) == DOCUMENTS_WORKLOAD]
+
+
 def workload_batch(point: Point, experiment: str) -> Any:
     """The point's batch under its ``workload`` (none: documents): the documents drawn
     (:func:`draw_batch`), or those documents cut into Megatron-LM's sample pieces for every

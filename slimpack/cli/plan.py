@@ -188,7 +188,7 @@ def run_methods(args: argparse.Namespace) -> int:
 
 
 def load_batch(dataset: str, *, context: int, global_batch: int | None, seed: int,
-               token_budget: int | None = None, workload: str = "documents") -> Batch:
+               token_budget: int | None = None, workload: str = DOCUMENTS) -> Batch:
     """Sample the global batch by document count or token budget (documents longer than
     ``context`` are split); for the ``sample-pieces`` workload, cut into Megatron-LM's
     sample pieces (:func:`slimpack.planning.packing.sample_pieces`)."""
